@@ -1,0 +1,1 @@
+"""Mutants: deliberately buggy variants of bound functions, one module per kernel."""

@@ -1,0 +1,1 @@
+"""Contract loading, validation, generation, the results ledger, coverage and audit."""

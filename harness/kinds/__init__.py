@@ -1,0 +1,1 @@
+"""Check kinds: one small module per kind of executable check."""

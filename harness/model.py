@@ -1,0 +1,338 @@
+"""The typed contract model: what every `pv` verb and `falsify` command works on.
+
+`load_contract` reads one file (native or compat mode), validates it against the JSON Schema and
+returns a `Contract` plus the list of `Finding`s. Semantic rules live in `validate.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+
+from falsify.harness import yamlio
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS_DIR = ROOT / "contracts"
+SCHEMA_PATH = CONTRACTS_DIR / "contract.schema.json"
+BACKENDS = ("reference", "torch", "triton")
+
+# Keys only the native format has: their presence means the author wrote a falsify contract.
+NATIVE_MARKERS = ("inputs", "mutants")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One validation message. `rule` is stable (V0xx errors, W1xx warnings)."""
+
+    rule: str
+    severity: str  # "error" | "warning"
+    path: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.severity} {self.rule} [{self.field}] {self.message}"
+
+    def as_dict(self) -> dict:
+        return dict(rule=self.rule, severity=self.severity, file=self.path, line=self.line,
+                    field=self.field, message=self.message)
+
+
+@dataclass
+class Equation:
+    name: str
+    formula: str
+    latex: str | None = None
+    domain: str | None = None
+    codomain: str | None = None
+    invariants: list[str] = field(default_factory=list)
+    derivation: str | None = None
+    bindings: dict[str, str] = field(default_factory=dict)
+    gpu_only: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Obligation:
+    id: str
+    type: str
+    property: str
+    formal: str | None = None
+    tolerance: object = None
+    applies_to: list[str] = field(default_factory=list)
+    derived_id: bool = False
+    index: int = 0
+
+
+@dataclass
+class Check:
+    """A falsification test. `spec` is the executable `check:` block (None in compat mode)."""
+
+    id: str
+    rule: str
+    prediction: str
+    obligation: str | None
+    if_fails: str | None
+    test: str | None
+    spec: dict | None
+    index: int = 0
+
+    @property
+    def kind(self) -> str | None:
+        return self.spec.get("kind") if self.spec else None
+
+
+@dataclass
+class Mutant:
+    id: str
+    obligation: str
+    replaces: str  # "<equation>.<backend>"
+    with_: str
+    description: str
+    source: str | None = None
+    index: int = 0
+
+    @property
+    def equation(self) -> str:
+        return self.replaces.rsplit(".", 1)[0]
+
+    @property
+    def backend(self) -> str:
+        return self.replaces.rsplit(".", 1)[1]
+
+
+@dataclass
+class Contract:
+    id: str
+    path: Path
+    mode: str  # "native" | "compat"
+    sha256: str
+    raw: dict
+    located: yamlio.Located
+    version: str
+    description: str
+    references: list[str]
+    depends_on: list[str]
+    kernel: str | None
+    status: str
+    critical: bool
+    equations: dict[str, Equation]
+    inputs: dict[str, dict]
+    obligations: list[Obligation]
+    checks: list[Check]
+    mutants: list[Mutant]
+    kani_harnesses: list[dict]
+    qa_gate: dict | None
+
+    def line(self, *path) -> int:
+        return self.located.line_of(path)
+
+    def obligation(self, oid: str) -> Obligation | None:
+        return next((o for o in self.obligations if o.id == oid), None)
+
+    def check(self, cid: str) -> Check | None:
+        return next((c for c in self.checks if c.id == cid), None)
+
+    def checks_for(self, oid: str) -> list[Check]:
+        return [c for c in self.checks if c.obligation == oid and c.spec]
+
+    @property
+    def symbolic_checks(self) -> list[Check]:
+        return [c for c in self.checks if c.kind == "symbolic"]
+
+
+class ContractError(Exception):
+    """A file that cannot be turned into a Contract at all (unreadable, not a mapping)."""
+
+    def __init__(self, finding: Finding):
+        self.finding = finding
+        super().__init__(str(finding))
+
+
+@cache
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def detect_mode(data: dict) -> str:
+    if any(k in data for k in NATIVE_MARKERS):
+        return "native"
+    eqs = data.get("equations")
+    if isinstance(eqs, dict) and any(isinstance(e, dict) and "bindings" in e for e in eqs.values()):
+        return "native"
+    obs = data.get("proof_obligations")
+    if isinstance(obs, list) and any(isinstance(o, dict) and "id" in o for o in obs):
+        return "native"
+    return "compat"
+
+
+def _json_path(parts) -> str:
+    return ".".join(str(p) for p in parts) or "<root>"
+
+
+def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
+    """JSON Schema errors, pointed at file:line. In compat mode unknown keys and wrong
+    types inside pv's free-text sections are warnings (pv ignored them too)."""
+    out = []
+    validator = jsonschema.Draft202012Validator(schema())
+    for err in sorted(validator.iter_errors(loc.data), key=lambda e: list(map(str, e.path))):
+        where = list(err.absolute_path)
+        if err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            for key in extra:
+                sev = "error" if mode == "native" else "warning"
+                rule = "V003" if mode == "native" else "W103"
+                out.append(Finding(rule, sev, path, loc.line_of(where + [key]),
+                                   _json_path(where + [key]), f"unknown key {key!r}"))
+            continue
+        required_missing = err.validator == "required"
+        sev = "error"
+        if mode == "compat" and not (required_missing and len(where) <= 1):
+            sev = "warning"  # pv's own loader would still have read this file
+        rule = "V002" if sev == "error" else "W102"
+        msg = err.message if len(err.message) < 200 else err.message[:197] + "..."
+        out.append(Finding(rule, sev, path, loc.line_of(where), _json_path(where), msg))
+    return out
+
+
+def _prefix(stem: str, data: dict) -> str:
+    """The id prefix of a compat contract: from its falsification ids, else its stem."""
+    for t in data.get("falsification_tests") or []:
+        if isinstance(t, dict) and isinstance(t.get("id"), str):
+            m = re.match(r"^FALSIFY-(.+)-\d+$", t["id"])
+            if m:
+                return m.group(1)
+    words = [w for w in re.split(r"[-_]", stem) if w and not re.fullmatch(r"v\d+", w)]
+    return "".join(w[0] for w in words).upper() or "C"
+
+
+TYPE_ABBR = {"invariant": "INV", "equivalence": "EQV", "bound": "BND", "monotonicity": "MON",
+             "idempotency": "IDM", "linearity": "LIN", "symmetry": "SYM", "associativity": "ASC",
+             "conservation": "CNS", "ordering": "ORD", "completeness": "CMP", "soundness": "SND"}
+
+
+def _str(x) -> str | None:
+    return x if isinstance(x, str) else (None if x is None else str(x))
+
+
+def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
+    """Turn validated data into the typed model. Tolerant of compat-mode gaps."""
+    data = loc.data
+    stem = path.name.rsplit(".", 1)[0]
+    md = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    eqs = {}
+    for name, e in (data.get("equations") or {}).items() if isinstance(data.get("equations"),
+                                                                       dict) else []:
+        e = e if isinstance(e, dict) else {}
+        inv = e.get("invariants")
+        eqs[str(name)] = Equation(
+            name=str(name), formula=_str(e.get("formula")) or "", latex=_str(e.get("latex")),
+            domain=_str(e.get("domain")), codomain=_str(e.get("codomain")),
+            invariants=[str(i) for i in inv] if isinstance(inv, list) else [],
+            derivation=_str(e.get("derivation")),
+            bindings={k: v for k, v in (e.get("bindings") or {}).items() if isinstance(v, str)}
+            if isinstance(e.get("bindings"), dict) else {},
+            gpu_only=dict(e.get("gpu_only") or {}) if isinstance(e.get("gpu_only"), dict) else {},
+        )
+    prefix = _prefix(stem, data)
+    obligations, counters = [], {}
+    for i, o in enumerate(_list(data.get("proof_obligations"))):
+        o = o if isinstance(o, dict) else {}
+        otype = _str(o.get("type")) or "invariant"
+        oid, derived = _str(o.get("id")), False
+        if not oid:
+            counters[otype] = counters.get(otype, 0) + 1
+            oid = f"{prefix}-{TYPE_ABBR.get(otype, 'OBL')}-{counters[otype]:03d}"
+            derived = True
+        at = o.get("applies_to")
+        applies = [at] if isinstance(at, str) else [str(a) for a in at] if isinstance(at,
+                                                                                       list) else []
+        obligations.append(Obligation(oid, otype, _str(o.get("property")) or "",
+                                      _str(o.get("formal")), o.get("tolerance"), applies, derived,
+                                      i))
+    checks = []
+    for i, t in enumerate(_list(data.get("falsification_tests"))):
+        t = t if isinstance(t, dict) else {}
+        spec = t.get("check") if isinstance(t.get("check"), dict) else None
+        checks.append(Check(_str(t.get("id")) or f"FALSIFY-{prefix}-{i + 1:03d}",
+                            _str(t.get("rule")) or "", _str(t.get("prediction")) or "",
+                            _str(t.get("obligation")), _str(t.get("if_fails")),
+                            _str(t.get("test")), spec, i))
+    mutants = []
+    for i, m in enumerate(_list(data.get("mutants"))):
+        if isinstance(m, dict):
+            mutants.append(Mutant(_str(m.get("id")) or f"MUT-{prefix}-{i + 1:03d}",
+                                  _str(m.get("obligation")) or "", _str(m.get("replaces")) or ".",
+                                  _str(m.get("with")) or "", _str(m.get("description")) or "",
+                                  _str(m.get("source")), i))
+    deps = md.get("depends_on")
+    refs = md.get("references")
+    return Contract(
+        id=stem, path=path, mode=mode, sha256=hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.exists() else "", raw=data, located=loc,
+        version=_str(md.get("version")) or "", description=_str(md.get("description")) or "",
+        references=[str(r) for r in refs] if isinstance(refs, list) else [],
+        depends_on=[str(d) for d in deps] if isinstance(deps, list) else [],
+        kernel=_str(md.get("kernel")), status=_str(md.get("status")) or "draft",
+        critical=bool(md.get("critical", False)), equations=eqs,
+        inputs={k: v for k, v in (data.get("inputs") or {}).items() if isinstance(v, dict)}
+        if isinstance(data.get("inputs"), dict) else {},
+        obligations=obligations, checks=checks, mutants=mutants,
+        kani_harnesses=[h for h in _list(data.get("kani_harnesses")) if isinstance(h, dict)],
+        qa_gate=data.get("qa_gate") if isinstance(data.get("qa_gate"), dict) else None,
+    )
+
+
+def _list(x) -> list:
+    return x if isinstance(x, list) else []
+
+
+def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, list[Finding]]:
+    """Read, schema-check and model one contract file. Raises ContractError only when the file
+    cannot be read as a YAML mapping at all; everything else becomes a Finding."""
+    path = Path(path)
+    spath = str(path)
+    try:
+        loc = yamlio.load_file(path)
+    except yamlio.YamlError as e:
+        raise ContractError(Finding("V001", "error", spath, e.line or 1, "<file>",
+                                    e.message)) from None
+    if not isinstance(loc.data, dict):
+        raise ContractError(Finding("V001", "error", spath, 1, "<root>",
+                                    f"a contract is a mapping, got {type(loc.data).__name__}"))
+    mode = mode or detect_mode(loc.data)
+    findings = []
+    for where, line in loc.duplicates:
+        sev, rule = ("error", "V004") if mode == "native" else ("warning", "W104")
+        findings.append(Finding(rule, sev, spath, line, _json_path(where),
+                                f"duplicate key {where[-1]!r}: YAML keeps only the last value"))
+    findings += schema_findings(loc, spath, mode)
+    return build_contract(path, loc, mode), findings
+
+
+def content_hash(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def discover(paths: list[str | Path]) -> list[Path]:
+    """Contract files named by `paths` (files, or directories searched recursively)."""
+    out = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
+        else:
+            out.append(p)
+    seen, uniq = set(), []
+    for p in out:
+        r = p.resolve()
+        if r not in seen:
+            seen.add(r)
+            uniq.append(p)
+    return uniq

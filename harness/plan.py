@@ -1,0 +1,85 @@
+"""Which (backend, variant) pairs a check runs on. One function, used by the generator, the
+validator, coverage and audit, so that "what should have run" has a single definition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from falsify.harness.model import BACKENDS, Check, Contract
+
+# Fields each check kind needs; the validator reports a missing one as V018.
+REQUIRED_FIELDS = {
+    "parity": ("input",),
+    "property": ("input", "predicate"),
+    "metamorphic": ("input", "transform", "relation"),
+    "gradient": ("input", "wrt", "backward"),
+    "roundtrip": ("input", "inverse", "relation"),
+    "statistical": ("input", "samples", "statistic", "predicate"),
+    "training": ("run", "predicate"),
+    "symbolic": ("engine", "target"),
+    "static": ("kernel", "gpu_targets"),
+}
+INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical"}
+
+
+@dataclass(frozen=True)
+class Run:
+    backend: str
+    variant: str  # a dtype name, a GPU target like "sm_90", or "proof"
+
+
+def equation_of(contract: Contract, check: Check) -> str | None:
+    """The equation a check exercises: explicit `equation`, else its obligation's applies_to."""
+    spec = check.spec or {}
+    if spec.get("equation"):
+        return spec["equation"]
+    ob = contract.obligation(check.obligation) if check.obligation else None
+    if ob and ob.applies_to:
+        return ob.applies_to[0]
+    if len(contract.equations) == 1:
+        return next(iter(contract.equations))
+    return None
+
+
+def backends_of(contract: Contract, check: Check) -> list[str]:
+    spec = check.spec or {}
+    kind = spec.get("kind")
+    if kind == "symbolic":
+        return [spec.get("engine", "z3")]
+    if kind == "static":
+        return ["triton"]
+    if spec.get("backends"):
+        return list(spec["backends"])
+    if kind == "training":
+        return ["torch"]
+    eq = contract.equations.get(equation_of(contract, check) or "")
+    bound = [b for b in BACKENDS if eq and b in eq.bindings]
+    if kind == "parity":
+        return [b for b in bound if b != "reference"]
+    return bound
+
+
+def variants_of(contract: Contract, check: Check) -> list[str]:
+    spec = check.spec or {}
+    kind = spec.get("kind")
+    if kind == "symbolic":
+        return ["proof"]
+    if kind == "static":
+        return [f"sm_{t}" for t in spec.get("gpu_targets", [])]
+    if spec.get("dtypes"):
+        return list(spec["dtypes"])
+    inp = contract.inputs.get(spec.get("input", ""))
+    if inp and isinstance(inp.get("dtypes"), list):
+        return list(inp["dtypes"])
+    return ["float32"]
+
+
+def runs(contract: Contract, check: Check) -> list[Run]:
+    """Every (backend, variant) this check must pass on for its obligation to be covered.
+    A dtype the equation declares GPU-only is excluded here and reported by coverage."""
+    if not check.spec:
+        return []
+    eq = contract.equations.get(equation_of(contract, check) or "")
+    gpu_only = eq.gpu_only if eq else {}
+    return [Run(b, v) for b in backends_of(contract, check) for v in variants_of(contract, check)
+            if not (b == "triton" and v in gpu_only)]

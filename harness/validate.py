@@ -1,0 +1,392 @@
+"""Semantic validation. Every rule has a stable id; messages name file, line and field.
+
+Errors (native mode):
+  V001 file unreadable / YAML syntax / not a mapping     V011 dependency cycle
+  V002 schema violation (type, required field, enum)     V012 binding does not resolve to a callable
+  V003 unknown key                                       V013 binding outside the project's packages
+  V004 duplicate YAML key                                V014 tolerance not positive / not evaluable
+  V005 duplicate id within a contract                    V015 tolerance missing for a dtype the check runs
+  V006 duplicate id across the repository                V016 qa_gate counts or check ids do not match
+  V007 obligation without an id or without an executable check
+  V008 check names a missing obligation                  V017 metadata.version is not semver
+  V009 applies_to names a missing equation               V018 check spec incomplete or inconsistent
+  V010 depends_on names a missing contract               V019 mutant names a missing obligation/binding
+  V020 metadata.references is empty
+Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
+  W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
+  W107 obligation without an executable check, W108 no references, W109 dangling reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from falsify.harness import expr
+from falsify.harness.model import (
+    BACKENDS,
+    Contract,
+    ContractError,
+    Finding,
+    discover,
+    load_contract,
+)
+from falsify.harness.plan import INPUT_KINDS, REQUIRED_FIELDS, equation_of, runs
+
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                    r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+PROJECT_PACKAGES = ("falsify", "tests")
+GATE_COUNT = re.compile(r"\bAll\s+(\d+)\s+(?:falsification\s+)?tests?\b", re.I)
+
+
+@dataclass
+class Report:
+    contracts: list[Contract] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+
+class _Ctx:
+    def __init__(self, c: Contract, out: list[Finding]):
+        self.c, self.out = c, out
+
+    def add(self, rule: str, path: tuple, fieldname: str, message: str, native_only=False,
+            warn_rule: str | None = None):
+        """Report a finding. In compat mode a native-only rule becomes a warning."""
+        sev = "error"
+        if self.c.mode == "compat" and native_only:
+            sev, rule = "warning", warn_rule or rule
+        self.out.append(Finding(rule, sev, str(self.c.path), self.c.line(*path), fieldname,
+                                message))
+
+
+def resolve_binding(ref: str, allow_import: bool = False):
+    """Import `module:function`. Returns (callable, None) or (None, (rule, message))."""
+    if ":" not in ref:
+        return None, ("V012", f"binding {ref!r} is not `module:function`")
+    mod, fn = ref.split(":", 1)
+    if not allow_import and mod.split(".")[0] not in PROJECT_PACKAGES:
+        return None, ("V013", f"binding {ref!r} imports outside the project's packages "
+                              f"({', '.join(PROJECT_PACKAGES)}); pass --allow-import to permit it")
+    root = str(Path(__file__).resolve().parents[1])
+    if mod.split(".")[0] == "tests" and root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        module = importlib.import_module(mod)
+    except Exception as e:  # any import failure is a finding, not a crash
+        return None, ("V012", f"binding {ref!r}: cannot import {mod!r}: "
+                              f"{type(e).__name__}: {e}")
+    obj = getattr(module, fn, None)
+    if obj is None:
+        return None, ("V012", f"binding {ref!r}: module {mod!r} has no attribute {fn!r}")
+    if not callable(obj):
+        return None, ("V012", f"binding {ref!r}: {fn!r} is not callable")
+    return obj, None
+
+
+def _check_binding(ctx: _Ctx, ref: str, path: tuple, fieldname: str, allow_import: bool,
+                   import_bindings: bool):
+    if not import_bindings:
+        return
+    _, err = resolve_binding(ref, allow_import)
+    if err:
+        ctx.add(err[0], path, fieldname, err[1])
+
+
+def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], input_spec):
+    if not isinstance(tol, dict):
+        return
+    for dt in dtypes:
+        if dt not in tol:
+            ctx.add("V015", path, ".".join(map(str, path)),
+                    f"no tolerance for dtype {dt!r} (the check runs on {', '.join(dtypes)})")
+    examples = (input_spec or {}).get("examples") or [{}]
+    dims = (input_spec or {}).get("dims") or {}
+    for dt, spec in tol.items():
+        if dt == "why" or not isinstance(spec, dict):
+            continue
+        for key in ("atol", "rtol"):
+            if key not in spec:
+                continue
+            val = spec[key]
+            p = path + (dt, key)
+            for ex in examples:
+                env = {k: (v if isinstance(v, int) else (v[0] if isinstance(v, list) and v else 1))
+                       for k, v in dims.items()}
+                env.update(ex if isinstance(ex, dict) else {})
+                try:
+                    num = expr.tolerance_value(val, dt, env, ref_max=1.0)
+                except expr.ExprError as e:
+                    ctx.add("V014", p, ".".join(map(str, p)), f"tolerance {val!r}: {e}")
+                    break
+                bad = not math.isfinite(num) or num < 0 or (key == "atol" and num == 0
+                                                            and not spec.get("rtol"))
+                if bad:
+                    ctx.add("V014", p, ".".join(map(str, p)),
+                            f"tolerance must be positive and finite, {val!r} gives {num!r}"
+                            f" at {ex or 'the declared dims'}")
+                    break
+
+
+def validate_contract(c: Contract, out: list[Finding], allow_import=False, import_bindings=True):
+    ctx = _Ctx(c, out)
+    native = c.mode == "native"
+    # V017 semver, V020 references
+    if c.version and not SEMVER.match(c.version):
+        ctx.add("V017", ("metadata", "version"), "metadata.version",
+                f"version {c.version!r} is not semver (MAJOR.MINOR.PATCH)")
+    if not c.references:
+        ctx.add("V020", ("metadata",), "metadata.references",
+                "no references: every contract cites its source (paper, spec, library)",
+                native_only=True, warn_rule="W108")
+    # V005 duplicate ids within the contract
+    seen: dict[str, tuple] = {}
+    groups = [("proof_obligations", [(o.id, o.index) for o in c.obligations if not o.derived_id]),
+              ("falsification_tests", [(t.id, t.index) for t in c.checks]),
+              ("mutants", [(m.id, m.index) for m in c.mutants]),
+              ("kani_harnesses", [(h.get("id"), i) for i, h in enumerate(c.kani_harnesses)])]
+    for section, ids in groups:
+        for ident, i in ids:
+            if not ident:
+                continue
+            if ident in seen:
+                ctx.add("V005", (section, i, "id"), f"{section}[{i}].id",
+                        f"duplicate id {ident!r} (first used at line {c.line(*seen[ident])})")
+            else:
+                seen[ident] = (section, i, "id")
+    # Obligations: ids, applies_to, executable checks
+    for o in c.obligations:
+        base = ("proof_obligations", o.index)
+        if o.derived_id:
+            ctx.add("V007", base, f"proof_obligations[{o.index}].id",
+                    f"obligation has no id (derived {o.id!r})", native_only=True,
+                    warn_rule="W101")
+        for a in o.applies_to:
+            if a not in c.equations and a not in ("all",):
+                ctx.add("V009", base + ("applies_to",), f"proof_obligations[{o.index}].applies_to",
+                        f"applies_to {a!r} is not an equation of this contract "
+                        f"(equations: {', '.join(c.equations)})", native_only=True,
+                        warn_rule="W109")
+        if isinstance(o.tolerance, (int, float)) and o.tolerance <= 0:
+            ctx.add("V014", base + ("tolerance",), f"proof_obligations[{o.index}].tolerance",
+                    f"tolerance must be positive, got {o.tolerance}")
+        if not c.checks_for(o.id):
+            ctx.add("V007", base, f"proof_obligations[{o.index}]",
+                    f"obligation {o.id} has no executable check (a falsification test with "
+                    "`obligation:` and a `check:` block)", native_only=True, warn_rule="W107")
+    # Bindings
+    has_binding = False
+    for name, eq in c.equations.items():
+        for backend, ref in eq.bindings.items():
+            has_binding = True
+            _check_binding(ctx, ref, ("equations", name, "bindings", backend),
+                           f"equations.{name}.bindings.{backend}", allow_import, import_bindings)
+    if not has_binding and not native:
+        ctx.add("W106", ("equations",), "equations",
+                "no bindings: nothing can be executed against this contract", native_only=True,
+                warn_rule="W106")
+    obligation_ids = {o.id for o in c.obligations}
+    # Checks
+    for t in c.checks:
+        base = ("falsification_tests", t.index)
+        fname = f"falsification_tests[{t.index}]"
+        if t.obligation and t.obligation not in obligation_ids:
+            ctx.add("V008", base + ("obligation",), fname + ".obligation",
+                    f"{t.id} names obligation {t.obligation!r}, which does not exist "
+                    f"(known: {', '.join(sorted(obligation_ids)) or 'none'})")
+        if not t.spec:
+            # A prose-only test counts for nothing; say so without failing the file.
+            ctx.out.append(Finding("W105", "warning", str(c.path), c.line(*base), fname,
+                                   f"{t.id} has no `check:` block: it cannot run"))
+            continue
+        if not t.obligation:
+            ctx.add("V008", base, fname, f"{t.id} has a check but names no obligation")
+        _check_spec(ctx, c, t, base, fname, allow_import, import_bindings)
+    # Mutants
+    for m in c.mutants:
+        base = ("mutants", m.index)
+        if m.obligation not in obligation_ids:
+            ctx.add("V019", base + ("obligation",), f"mutants[{m.index}].obligation",
+                    f"{m.id} names obligation {m.obligation!r}, which does not exist")
+        eq = c.equations.get(m.equation)
+        if not eq or m.backend not in eq.bindings:
+            ctx.add("V019", base + ("replaces",), f"mutants[{m.index}].replaces",
+                    f"{m.id} replaces {m.replaces!r}, which is not a binding of this contract")
+        _check_binding(ctx, m.with_, base + ("with",), f"mutants[{m.index}].with", allow_import,
+                       import_bindings)
+        if m.obligation in obligation_ids and not any(
+                m.backend in [r.backend for r in runs(c, t)] for t in c.checks_for(m.obligation)):
+            ctx.add("V019", base, f"mutants[{m.index}]",
+                    f"{m.id}: no check of {m.obligation} runs on backend {m.backend!r}, so "
+                    "nothing could kill this mutant")
+    # Kani harnesses naming obligations (compat contracts use free strings)
+    for i, h in enumerate(c.kani_harnesses):
+        ob = h.get("obligation")
+        if isinstance(ob, str) and ob and ob not in obligation_ids:
+            ctx.add("V008", ("kani_harnesses", i, "obligation"), f"kani_harnesses[{i}].obligation",
+                    f"{h.get('id')} names obligation {ob!r}, which does not exist",
+                    native_only=True, warn_rule="W109")
+    # V016 qa_gate
+    if c.qa_gate:
+        crit = c.qa_gate.get("pass_criteria")
+        m = GATE_COUNT.search(crit) if isinstance(crit, str) else None
+        if m and int(m.group(1)) != len(c.checks):
+            ctx.add("V016", ("qa_gate", "pass_criteria"), "qa_gate.pass_criteria",
+                    f"pass_criteria says {m.group(1)} tests but the contract has {len(c.checks)}",
+                    native_only=True, warn_rule="W109")
+        check_ids = {t.id for t in c.checks}
+        for i, cid in enumerate(c.qa_gate.get("checks") or []):
+            if native and isinstance(cid, str) and cid not in check_ids:
+                ctx.add("V016", ("qa_gate", "checks", i), f"qa_gate.checks[{i}]",
+                        f"qa_gate lists {cid!r}, which is not a falsification test id")
+
+
+def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
+    spec = t.spec
+    kind = spec.get("kind")
+    for req in REQUIRED_FIELDS.get(kind, ()):
+        if req not in spec:
+            ctx.add("V018", base + ("check",), fname + ".check",
+                    f"{t.id}: a {kind} check needs `{req}`")
+    inp = None
+    if kind in INPUT_KINDS and "input" in spec:
+        inp = c.inputs.get(spec["input"])
+        if inp is None:
+            ctx.add("V018", base + ("check", "input"), fname + ".check.input",
+                    f"{t.id}: input {spec['input']!r} is not declared under `inputs` "
+                    f"(declared: {', '.join(c.inputs) or 'none'})")
+    if kind in INPUT_KINDS:
+        eqname = equation_of(c, t)
+        eq = c.equations.get(eqname or "")
+        if eq is None:
+            ctx.add("V018", base + ("check",), fname + ".check",
+                    f"{t.id}: equation {eqname!r} does not exist; set check.equation or the "
+                    "obligation's applies_to")
+        else:
+            for b in spec.get("backends") or []:
+                if b not in eq.bindings:
+                    ctx.add("V018", base + ("check", "backends"), fname + ".check.backends",
+                            f"{t.id}: backend {b!r} has no binding in equation {eqname!r}")
+            if not runs(c, t):
+                ctx.add("V018", base + ("check",), fname + ".check",
+                        f"{t.id}: runs on no backend (equation {eqname!r} has no usable binding)")
+        for key in ("backward", "inverse"):
+            if spec.get(key) and spec[key] not in c.equations:
+                ctx.add("V018", base + ("check", key), f"{fname}.check.{key}",
+                        f"{t.id}: {key} equation {spec[key]!r} does not exist")
+    for key in ("run", "target", "kernel"):
+        if spec.get(key):
+            _check_binding(ctx, spec[key], base + ("check", key), f"{fname}.check.{key}",
+                           allow_import, import_bindings)
+    if "tolerance" in spec:
+        dtypes = sorted({r.variant for r in runs(c, t)} | set(spec.get("dtypes") or []))
+        _tolerance(ctx, c, spec["tolerance"], base + ("check", "tolerance"), dtypes, inp)
+    for key in ("predicate", "relation", "statistic"):
+        if isinstance(spec.get(key), str):
+            err = expr.syntax_error(spec[key])
+            if err:
+                ctx.add("V018", base + ("check", key), f"{fname}.check.{key}",
+                        f"{t.id}: {key} is not a valid expression: {err}")
+
+
+def _cycles(contracts: dict[str, Contract]) -> list[list[str]]:
+    color, stack, found = {}, [], []
+
+    def visit(n):
+        color[n] = 1
+        stack.append(n)
+        for d in contracts[n].depends_on:
+            if d not in contracts:
+                continue
+            if color.get(d) == 1:
+                found.append(stack[stack.index(d):] + [d])
+            elif not color.get(d):
+                visit(d)
+        stack.pop()
+        color[n] = 2
+
+    for n in sorted(contracts):
+        if not color.get(n):
+            visit(n)
+    return found
+
+
+def load_all(paths, mode: str | None = None) -> Report:
+    """Load every contract under `paths`; unreadable files become findings."""
+    rep = Report()
+    files = discover(paths)
+    for p in files:
+        if not p.exists():
+            rep.findings.append(Finding("V001", "error", str(p), 1, "<file>", "no such file"))
+            continue
+        try:
+            c, fs = load_contract(p, mode)
+        except ContractError as e:
+            rep.findings.append(e.finding)
+            continue
+        rep.contracts.append(c)
+        rep.findings += fs
+    return rep
+
+
+def known_contracts(rep: Report) -> dict[str, Contract]:
+    """Contracts named in the report plus their sibling files (so depends_on resolves when
+    a single file is validated)."""
+    known = {c.id: c for c in rep.contracts}
+    for d in {c.path.parent for c in rep.contracts}:
+        for p in sorted(d.glob("*.y*ml")):
+            stem = p.name.rsplit(".", 1)[0]
+            if stem not in known:
+                try:
+                    known[stem] = load_contract(p)[0]
+                except ContractError:
+                    pass
+    return known
+
+
+def validate(paths, mode: str | None = None, allow_import=False, import_bindings=True) -> Report:
+    rep = load_all(paths, mode)
+    for c in rep.contracts:
+        validate_contract(c, rep.findings, allow_import, import_bindings)
+    known = known_contracts(rep)
+    for c in rep.contracts:
+        ctx = _Ctx(c, rep.findings)
+        for i, d in enumerate(c.depends_on):
+            if d not in known:
+                ctx.add("V010", ("metadata", "depends_on", i), f"metadata.depends_on[{i}]",
+                        f"depends on {d!r}, which is not a contract here", native_only=True,
+                        warn_rule="W109")
+    for cyc in _cycles(known):
+        first = known[cyc[0]]
+        if first.id in {c.id for c in rep.contracts}:
+            _Ctx(first, rep.findings).add("V011", ("metadata", "depends_on"),
+                                          "metadata.depends_on",
+                                          "dependency cycle: " + " -> ".join(cyc))
+    # V006 ids shared across contracts
+    owner: dict[str, str] = {}
+    for c in rep.contracts:
+        ids = [("proof_obligations", o.index, o.id) for o in c.obligations if not o.derived_id]
+        ids += [("falsification_tests", t.index, t.id) for t in c.checks]
+        ids += [("mutants", m.index, m.id) for m in c.mutants]
+        for section, i, ident in ids:
+            if ident in owner and owner[ident] != c.id:
+                _Ctx(c, rep.findings).add("V006", (section, i, "id"), f"{section}[{i}].id",
+                                          f"id {ident!r} is also used by {owner[ident]}",
+                                          native_only=True, warn_rule="W109")
+            owner.setdefault(ident, c.id)
+    rep.findings.sort(key=lambda f: (f.path, f.line, f.rule))
+    return rep
+
+
+__all__ = ["validate", "load_all", "Report", "resolve_binding", "BACKENDS"]

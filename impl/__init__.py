@@ -1,0 +1,1 @@
+"""Optimized implementations: PyTorch (`impl.torch`) and Triton kernels (`impl.triton`)."""

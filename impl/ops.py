@@ -1,0 +1,186 @@
+"""Kernel backend selection for the model.
+
+The model never calls a kernel directly: it asks `get_ops(backend)` for an `Ops` bundle and calls
+`ops.rmsnorm(...)`, `ops.rope(...)`, ... . The kernels live at `falsify.impl.<backend>.<kernel>`
+(one module per kernel, the function named like the module), so the contract that tests
+`impl/torch/rope.py` tests exactly the code the training loop runs.
+
+Rules (DESIGN.md §4): a backend that was asked for by name and cannot run is an error, never a
+silent fallback. Only `backend="auto"` chooses, and it logs what it chose and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "triton", "auto")
+# The kernels the model needs. gemm is deliberately absent: projections go through
+# `Ops.linear` (F.linear, weights stored [out, in] like HF) on every backend; see `linear` below.
+KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested kernel backend cannot run here (no GPU, kernel module missing, ...)."""
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _triton_runnable() -> tuple[bool, str]:
+    """Triton kernels run on a GPU, or on CPU under the interpreter (TRITON_INTERPRET=1 set
+    before triton is imported)."""
+    if gpu_available():
+        return True, "a CUDA GPU is present"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "TRITON_INTERPRET=1 (interpreter on CPU; slow)"
+    return False, "no CUDA GPU is present and TRITON_INTERPRET is not '1'"
+
+
+def resolve_backend(requested: str) -> str:
+    """Map a requested backend to the one that will run; errors name the problem.
+
+    `auto` picks triton only when a GPU is present (the interpreter is for tests, far too slow to
+    train with), otherwise torch, and logs the choice at INFO level."""
+    if requested not in BACKENDS:
+        raise ValueError(f"backend={requested!r}: must be one of {', '.join(BACKENDS)}")
+    if requested == "auto":
+        if gpu_available():
+            missing = [k for k in KERNELS if _find_module("triton", k) is None]
+            if not missing:
+                log.info("backend=auto -> triton (CUDA GPU present, all triton kernels import)")
+                return "triton"
+            log.info("backend=auto -> torch (CUDA GPU present but triton kernels missing: %s)",
+                     ", ".join(missing))
+            return "torch"
+        log.info("backend=auto -> torch (no CUDA GPU)")
+        return "torch"
+    if requested == "triton":
+        ok, why = _triton_runnable()
+        if not ok:
+            raise BackendUnavailableError(
+                f"backend='triton' was requested but cannot run: {why}. Use backend=torch, "
+                "or backend=auto to choose automatically.")
+    return requested
+
+
+def _find_module(backend: str, kernel: str):
+    """Import falsify.impl.<backend>.<kernel>; None only if that exact module does not exist
+    (an ImportError raised *inside* an existing kernel module is a bug and propagates)."""
+    name = f"falsify.impl.{backend}.{kernel}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            return None
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# TEMPORARY until impl/torch/<kernel>.py lands. These are the plain torch formulations, used only
+# for the torch backend and only for a kernel whose module does not exist yet; `Ops.provenance`
+# records which were used so a test can insist on the real modules.
+def _tmp_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # TEMPORARY until impl/torch/rmsnorm.py lands
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype)
+
+
+def _tmp_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    # TEMPORARY until impl/torch/rope.py lands. Rotate-half convention (HF LLaMA): pairs
+    # (i, i + D/2) rotate by pos * theta^(-2i/D).
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d))
+    ang = pos.to(torch.float64)[:, None] * inv_freq[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    cos = ang.cos().to(x.dtype)[None, :, None, :]
+    sin = ang.sin().to(x.dtype)[None, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _tmp_attention(q, k, v, causal: bool = True, scale: float | None = None):
+    # TEMPORARY until impl/torch/attention.py lands
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _tmp_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    # TEMPORARY until impl/torch/swiglu.py lands
+    return F.silu(gate) * up
+
+
+def _tmp_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    # TEMPORARY until impl/torch/embedding.py lands
+    return F.embedding(ids, table)
+
+
+_TEMPORARY = {"rmsnorm": _tmp_rmsnorm, "rope": _tmp_rope, "attention": _tmp_attention,
+              "swiglu": _tmp_swiglu, "embedding": _tmp_embedding}
+# --------------------------------------------------------------------------------------------
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y = x @ W.T with W stored [out, in] (HF layout). On every backend this is torch's GEMM
+    (MKL/oneDNN on CPU, cuBLAS on GPU): the gemm kernel contract tests impl/*/gemm.py on its own,
+    and the model does not route projections through it."""
+    return F.linear(x, w)
+
+
+@dataclass(frozen=True)
+class Ops:
+    backend: str
+    rmsnorm: Callable
+    rope: Callable
+    attention: Callable
+    swiglu: Callable
+    embedding: Callable
+    linear: Callable
+    # kernel -> "falsify.impl.torch.rope:rope" or "TEMPORARY falsify.impl.ops:_tmp_rope"
+    provenance: dict
+
+    @property
+    def temporary(self) -> list[str]:
+        return [k for k, v in self.provenance.items() if v.startswith("TEMPORARY")]
+
+
+_CACHE: dict[str, Ops] = {}
+
+
+def get_ops(backend: str = "auto") -> Ops:
+    """The kernel bundle for `backend` ('torch', 'triton' or 'auto')."""
+    chosen = resolve_backend(backend)
+    if chosen in _CACHE:
+        return _CACHE[chosen]
+    fns: dict[str, Callable] = {}
+    prov: dict[str, str] = {}
+    for k in KERNELS:
+        mod = _find_module(chosen, k)
+        if mod is None:
+            if chosen == "torch":
+                fns[k] = _TEMPORARY[k]
+                prov[k] = f"TEMPORARY falsify.impl.ops:_tmp_{k}"
+                log.warning("impl/torch/%s.py not found: using the TEMPORARY formulation in "
+                            "impl/ops.py", k)
+                continue
+            raise BackendUnavailableError(
+                f"backend={chosen!r}: kernel module falsify.impl.{chosen}.{k} does not exist")
+        fn = getattr(mod, k, None)
+        if fn is None:
+            raise BackendUnavailableError(
+                f"backend={chosen!r}: falsify.impl.{chosen}.{k} has no function {k!r}")
+        fns[k] = fn
+        prov[k] = f"falsify.impl.{chosen}.{k}:{k}"
+    ops = Ops(backend=chosen, linear=linear, provenance=prov, **fns)
+    _CACHE[chosen] = ops
+    return ops

@@ -1,0 +1,1 @@
+"""PyTorch implementations: the fast path on CPU; autograd-aware."""

@@ -1,0 +1,12 @@
+"""Row softmax over the last dimension, accumulated in fp32 for low-precision inputs."""
+
+import torch
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    # fp16/bf16 inputs: reduce in fp32 (a half-precision sum of 4k terms loses ~3 digits),
+    # round once at the end.
+    xf = x.float()
+    z = xf - xf.amax(dim=-1, keepdim=True)
+    e = torch.exp(z)
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)

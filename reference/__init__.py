@@ -1,0 +1,4 @@
+"""Pure-numpy reference implementations (float64 unless a contract says otherwise).
+
+Clear over fast. Nothing here imports torch or triton.
+"""
