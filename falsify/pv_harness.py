@@ -1,7 +1,121 @@
-"""`pv` verbs (see falsify/pv.py for exit codes and the shared loading path)."""
+"""`pv generate`, `pv coverage`, `pv audit`: the verbs that connect contracts to results."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+
+def _load(paths, usage_error, mode=None):
+    from falsify.harness.validate import validate
+
+    rep = validate(paths, mode=mode, import_bindings=False)
+    if not rep.contracts and not rep.findings:
+        raise usage_error(f"no contracts found under {' '.join(map(str, paths))}")
+    return rep
+
+
+def cmd_generate(args, emit, usage_error) -> int:
+    from falsify.harness import generate
+
+    rep = _load(args.paths, usage_error)
+    if rep.errors:
+        for f in rep.errors:
+            print(f)
+        print(f"{len(rep.errors)} error(s): fix the contracts before generating")
+        return 1
+    out_dir = Path(args.out) if args.out else generate.GENERATED_DIR
+    expected = generate.plan_tests(rep.contracts, out_dir)
+    if args.check:
+        stale = generate.stale_files(expected, out_dir)
+        for p, why in stale:
+            print(f"{p}: {why}")
+        print(f"{len(stale)} generated file(s) out of date" if stale
+              else f"generated files are up to date ({len(expected)} file(s))")
+        return 1 if stale else 0
+    changed = generate.write_tests(expected, out_dir)
+    for p in changed:
+        print(f"wrote {p}")
+    pages = []
+    if not args.no_docs:
+        pages = _write_docs(rep.contracts)
+    print(f"{len(changed)} test module(s) changed, {len(expected)} in all; "
+          f"{len(pages)} docs page(s) written")
+    return 0
+
+
+def _write_docs(contracts):
+    try:
+        from falsify.harness import docs
+    except ImportError:
+        return []
+    from falsify.harness import coverage, ledger
+
+    try:
+        cov = coverage.compute(contracts, ledger.load())
+    except ledger.LedgerError as e:
+        print(f"warning: {e}; docs show every obligation as not-run")
+        cov = None
+    from falsify.harness.model import ROOT
+
+    return docs.write_site(contracts, cov, ROOT / "site")
+
+
+def cmd_coverage(args, emit, usage_error) -> int:
+    from falsify.harness import coverage, ledger
+
+    rep = _load(args.paths, usage_error)
+    contracts = [c for c in rep.contracts if c.mode == "native"]
+    if args.status:
+        contracts = [c for c in contracts if c.status == args.status]
+    if not contracts:
+        raise usage_error("no native contracts selected")
+    try:
+        data = ledger.load(Path(args.ledger) if args.ledger else None)
+    except ledger.LedgerError as e:
+        raise usage_error(str(e)) from None
+    cov = coverage.compute(contracts, data)
+    covered, total = cov.overall()
+    pct = 100.0 * covered / total if total else 100.0
+    emit(args, cov.as_json(), cov.as_text())
+    if args.min is not None and pct + 1e-9 < args.min:
+        print(f"coverage {pct:.1f}% is below --min {args.min:g}%")
+        return 1
+    return 0
+
+
+def cmd_audit(args, emit, usage_error) -> int:
+    from falsify.harness import audit, ledger
+
+    rep = _load(args.paths, usage_error)
+    try:
+        data = ledger.load(Path(args.ledger) if args.ledger else None)
+    except ledger.LedgerError as e:
+        raise usage_error(str(e)) from None
+    results = [audit.audit(c, data) for c in rep.contracts]
+    gaps = sum(len(r.gaps) for r in results)
+    emit(args, {"contracts": [r.as_dict() for r in results], "gaps": gaps},
+         "\n\n".join(r.as_text() for r in results))
+    return 1 if gaps else 0
+
 
 def register(sub, add_common, emit, usage_error) -> None:
-    """Add this module's subcommands to the `pv` parser."""
+    g = sub.add_parser("generate", help="write tests/generated/ and the docs pages")
+    add_common(g)
+    g.add_argument("--check", action="store_true",
+                   help="exit 1 if regenerating would change any file")
+    g.add_argument("--out", default=None, help="output directory for test modules")
+    g.add_argument("--no-docs", action="store_true", help="only the test modules")
+    g.set_defaults(func=lambda a: cmd_generate(a, emit, usage_error))
+
+    c = sub.add_parser("coverage", help="obligation coverage from the results ledger")
+    add_common(c)
+    c.add_argument("--min", type=float, default=None, help="exit 1 below this percentage")
+    c.add_argument("--ledger", default=None)
+    c.add_argument("--status", choices=["complete", "draft"], default=None,
+                   help="only contracts with this metadata.status")
+    c.set_defaults(func=lambda a: cmd_coverage(a, emit, usage_error))
+
+    a = sub.add_parser("audit", help="reference → equation → obligation → check → result chain")
+    add_common(a)
+    a.add_argument("--ledger", default=None)
+    a.set_defaults(func=lambda a_: cmd_audit(a_, emit, usage_error))

@@ -71,7 +71,9 @@ def evaluate(src, env: dict):
     ns = dict(SAFE_NAMES)
     ns.update(env)
     try:
-        return eval(code, {"__builtins__": {}}, ns)  # noqa: S307 - namespace is fixed above
+        # numpy's warning machinery imports lazily, so __import__ must exist; expressions
+        # themselves cannot name it (dunder names are rejected in compile_expr).
+        return eval(code, {"__builtins__": {"__import__": __import__}}, ns)  # noqa: S307
     except NameError as e:
         raise ExprError(f"{src!r}: {e}") from None
 

@@ -1,0 +1,240 @@
+"""Calling a bound function on a backend: argument conversion, binding overrides (`--bind`
+and mutants), poisoned-margin views for Triton, and output conversion back to float64.
+
+This is the only place that knows how reference (numpy float64) and torch/triton (tensors in the
+case dtype) differ, so the check kinds stay backend-agnostic.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from falsify.harness.cases import FLOAT_DTYPES, Case, arg_dtype
+from falsify.harness.model import Contract
+
+OVERRIDE_ENV = "FALSIFY_BIND"  # JSON {"<equation>.<backend>": "module:function"}
+_overrides: dict[str, str] = {}
+_cache: dict[str, object] = {}
+
+
+class BindingError(Exception):
+    pass
+
+
+class ImplementationRaised(AssertionError):
+    """The implementation under test raised on a valid input: the check fails (for a mutant,
+    that is a kill), unlike an error in the harness or the contract."""
+
+
+def call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except AssertionError:
+        raise
+    except Exception as e:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ImplementationRaised(f"{name} raised {type(e).__name__}: {e}") from e
+
+
+class MarginViolation(AssertionError):
+    """A Triton kernel read or wrote outside the tensor view it was given."""
+
+
+def env_overrides() -> dict[str, str]:
+    raw = os.environ.get(OVERRIDE_ENV)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise BindingError(f"{OVERRIDE_ENV} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BindingError(f"{OVERRIDE_ENV} must map 'equation.backend' to 'module:function'")
+    return data
+
+
+def active_overrides() -> dict[str, str]:
+    out = env_overrides()
+    out.update(_overrides)
+    return out
+
+
+@contextmanager
+def overriding(key: str, ref: str):
+    """Temporarily bind `equation.backend` (or `contract:equation.backend`) to `ref`."""
+    old = _overrides.get(key)
+    _overrides[key] = ref
+    try:
+        yield
+    finally:
+        if old is None:
+            _overrides.pop(key, None)
+        else:
+            _overrides[key] = old
+
+
+def resolve(ref: str):
+    if ref in _cache:
+        return _cache[ref]
+    from falsify.harness.validate import resolve_binding
+
+    fn, err = resolve_binding(ref, allow_import=True)
+    if err:
+        raise BindingError(err[1])
+    _cache[ref] = fn
+    return fn
+
+
+def binding_ref(contract: Contract, equation: str, backend: str) -> tuple[str, bool]:
+    """(module:function, overridden?) for an equation on a backend."""
+    ov = active_overrides()
+    for key in (f"{contract.id}:{equation}.{backend}", f"{equation}.{backend}"):
+        if key in ov:
+            return ov[key], True
+    eq = contract.equations.get(equation)
+    if eq is None:
+        raise BindingError(f"{contract.id}: no equation {equation!r}")
+    if backend not in eq.bindings:
+        raise BindingError(f"{contract.id}: equation {equation!r} has no {backend!r} binding "
+                           f"(bound: {', '.join(eq.bindings) or 'none'})")
+    return eq.bindings[backend], False
+
+
+def function(contract: Contract, equation: str, backend: str):
+    return resolve(binding_ref(contract, equation, backend)[0])
+
+
+# ---------------------------------------------------------------- argument conversion
+def torch_dtype(name: str):
+    import torch
+
+    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+            "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+            "uint8": torch.uint8, "bool": torch.bool}[name]
+
+
+def reference_args(case: Case) -> dict:
+    """Floats widened to float64 (values unchanged: they were rounded to the case dtype)."""
+    out = {}
+    for k, v in case.args.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            out[k] = v.astype(np.float64)
+        else:
+            out[k] = v.copy() if isinstance(v, np.ndarray) else v
+    return out
+
+
+def tensor_args(case: Case, spec_args: dict, requires_grad: tuple = ()) -> dict:
+    import torch
+
+    out = {}
+    for k, v in case.args.items():
+        if isinstance(v, np.ndarray):
+            dt = arg_dtype(spec_args.get(k, {}), case.dtype)
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(torch_dtype(dt))
+            if k in requires_grad:
+                t.requires_grad_(True)
+            out[k] = t
+        else:
+            out[k] = v
+    return out
+
+
+def args_for(backend: str, case: Case, spec_args: dict, requires_grad: tuple = ()) -> dict:
+    if backend == "reference":
+        return reference_args(case)
+    return tensor_args(case, spec_args, requires_grad)
+
+
+def to_numpy(x):
+    """Any output (tensor, array, scalar) → float64/int numpy array."""
+    try:
+        import torch
+    except ImportError:  # the reference path works without torch
+        torch = None
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+            x = x.float()
+        arr = x.numpy()
+    else:
+        arr = np.asarray(x)
+    return arr.astype(np.float64) if arr.dtype.kind in "fc" else arr
+
+
+def outputs(result) -> list:
+    if isinstance(result, (tuple, list)):
+        return [to_numpy(r) for r in result]
+    return [to_numpy(result)]
+
+
+# ---------------------------------------------------------------- poisoned margins (Triton)
+MARGIN = 16
+
+
+def _poisoned_view(t, pad_last: int = 3):
+    """A copy of `t` living inside a larger NaN-filled buffer: `MARGIN` NaNs before and after,
+    and `pad_last` NaN columns after each row, so the view is non-contiguous."""
+    import torch
+
+    shape = tuple(t.shape)
+    if t.dim() == 0 or t.numel() == 0:
+        return t, None
+    padded = shape[:-1] + (shape[-1] + pad_last,)
+    n = int(np.prod(padded))
+    buf = torch.full((n + 2 * MARGIN,), float("nan"), dtype=t.dtype)
+    view = buf[MARGIN:MARGIN + n].view(padded)[..., : shape[-1]]
+    with torch.no_grad():
+        view.copy_(t)
+    mask = torch.ones(n + 2 * MARGIN, dtype=torch.bool)
+    inner = mask[MARGIN:MARGIN + n].view(padded)
+    inner[..., : shape[-1]] = False
+    view.requires_grad_(t.requires_grad)
+    return view, (buf, mask)
+
+
+def poison(targs: dict, fn) -> tuple[dict, list]:
+    """Replace float tensor args (and `out`, when the function accepts it) by poisoned views."""
+    import torch
+
+    guards = []
+    out = dict(targs)
+    for k, v in targs.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not v.requires_grad:
+            out[k], g = _poisoned_view(v)
+            if g:
+                guards.append((k, g))
+    return out, guards
+
+
+def poisoned_out(fn, like):
+    """An `out` view into a NaN buffer, if `fn` takes `out=`; else None."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None, None
+    if "out" not in params:
+        return None, None
+    import torch
+
+    view, g = _poisoned_view(torch.empty_like(like))
+    return view, g
+
+
+def check_margins(guards: list) -> None:
+    import torch
+
+    for name, (buf, mask) in guards:
+        margin = buf[mask]
+        if not torch.isnan(margin).all():
+            bad = int((~torch.isnan(margin)).sum())
+            raise MarginViolation(f"kernel wrote {bad} element(s) outside the view of {name!r}")
+
+
+def is_float_dtype(name: str) -> bool:
+    return name in FLOAT_DTYPES

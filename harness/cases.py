@@ -1,0 +1,275 @@
+"""Input cases: the YAML `inputs` declarations turned into hypothesis strategies (and into a
+seeded sampler for statistical checks).
+
+A case holds every argument in its *storage* dtype, already rounded (float16 values are float16,
+bfloat16 values are float32 numbers representable in bf16), so that every backend — the float64
+reference included — sees exactly the same numbers.
+
+Strategies are composed from small named pieces: `dim_strategy`, `array_strategy`,
+`param_strategy`, `case_strategy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from falsify.harness import expr
+
+FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
+NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
+              "bfloat16": np.float32, "int64": np.int64, "int32": np.int32, "uint8": np.uint8,
+              "bool": np.bool_}
+FLOAT_WIDTH = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 32}
+DEFAULT_MAX_ELEMENTS = 1 << 16
+
+
+class InputError(Exception):
+    """An input declaration that cannot produce a case (names the field)."""
+
+
+@dataclass
+class Case:
+    dtype: str
+    dims: dict
+    args: dict
+    params: dict = field(default_factory=dict)
+    seed: int = 0
+    label: str = ""
+
+    def __repr__(self) -> str:  # hypothesis prints this as the falsifying example
+        with np.printoptions(threshold=24, edgeitems=4, precision=6, linewidth=120):
+            parts = [f"{k}={_short(v)}" for k, v in self.args.items()]
+        extra = f", params={self.params}" if self.params else ""
+        label = f" [{self.label}]" if self.label else ""
+        return (f"Case(dtype={self.dtype}, dims={self.dims}{extra}, seed={self.seed}{label}, "
+                + ", ".join(parts) + ")")
+
+
+def _short(v):
+    if isinstance(v, np.ndarray):
+        return f"array(shape={v.shape}, dtype={v.dtype}, values={np.array2string(v)})"
+    return repr(v)
+
+
+def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float64 values to `dtype`, returned in storage dtype."""
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(np.asarray(values, np.float32)).to(torch.bfloat16).float().numpy()
+    return np.asarray(values).astype(NP_STORAGE[dtype])
+
+
+def arg_dtype(argspec: dict, case_dtype: str) -> str:
+    return argspec.get("dtype", case_dtype)
+
+
+def eval_int(v, dims: dict, where: str) -> int:
+    try:
+        out = expr.evaluate(v, dims) if isinstance(v, str) else v
+        return int(out)
+    except Exception as e:
+        raise InputError(f"{where}: cannot evaluate {v!r} with dims {dims}: {e}") from None
+
+
+def eval_num(v, dims: dict, where: str) -> float:
+    try:
+        return float(expr.evaluate(v, dims) if isinstance(v, str) else v)
+    except Exception as e:
+        raise InputError(f"{where}: cannot evaluate {v!r} with dims {dims}: {e}") from None
+
+
+def shape_of(argspec: dict, dims: dict, where: str) -> tuple:
+    return tuple(eval_int(s, dims, where) for s in argspec.get("shape", []))
+
+
+def dim_strategy(spec):
+    if isinstance(spec, int):
+        return st.just(spec)
+    if isinstance(spec, dict):
+        return st.sampled_from(spec["choices"])
+    lo, hi = spec
+    return st.integers(lo, hi)
+
+
+def _dense(shape, dtype, lo, hi, seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    if dtype in FLOAT_DTYPES:
+        return round_to(rng.uniform(lo, hi, size=shape) * scale, dtype)
+    return rng.integers(int(lo), int(hi) + 1, size=shape).astype(NP_STORAGE[dtype])
+
+
+def _init(kind, shape, dtype, seed, scale):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape)) if shape else 1
+    if kind == "zeros":
+        vals = np.zeros(shape)
+    elif kind == "ones":
+        vals = np.ones(shape)
+    elif kind == "arange":
+        vals = np.arange(n, dtype=np.float64).reshape(shape)
+    elif kind == "randn":
+        vals = rng.standard_normal(shape)
+    elif kind == "distinct":
+        vals = rng.permutation(n).reshape(shape).astype(np.float64)
+    else:
+        raise InputError(f"unknown init {kind!r}")
+    return round_to(vals * scale, dtype) if dtype in FLOAT_DTYPES else vals.astype(
+        NP_STORAGE[dtype])
+
+
+def array_strategy(argspec: dict, shape: tuple, dtype: str, dims: dict, where: str):
+    """A drawn array: sparse hypothesis arrays (shrink to a minimal example such as one large
+    element) or dense seeded uniform arrays (realistic, full entropy)."""
+    scale = eval_num(argspec.get("scale", 1.0), dims, where + ".scale")
+    if "init" in argspec:
+        return st.integers(0, 2**32 - 1).map(
+            lambda s: _init(argspec["init"], shape, dtype, s, scale))
+    lo, hi = argspec.get("values", [-1.0, 1.0])
+    lo, hi = eval_num(lo, dims, where + ".values"), eval_num(hi, dims, where + ".values")
+    if lo > hi:
+        raise InputError(f"{where}.values: empty range [{lo}, {hi}] at dims {dims}")
+    dense = st.integers(0, 2**32 - 1).map(lambda s: _dense(shape, dtype, lo, hi, s, scale))
+    if argspec.get("dense"):
+        return dense
+    if dtype in FLOAT_DTYPES:
+        width = FLOAT_WIDTH[dtype]
+        elements = st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
+        if argspec.get("special"):  # values where the contract defines behaviour
+            elements = st.one_of(st.sampled_from(argspec["special"]), elements)
+        sparse = hnp.arrays(NP_STORAGE[dtype] if dtype != "bfloat16" else np.float32, shape,
+                            elements=elements).map(lambda a: round_to(a * scale, dtype))
+    else:
+        sparse = hnp.arrays(NP_STORAGE[dtype], shape,
+                            elements=st.integers(int(lo), int(hi)))
+    return st.one_of(sparse, dense)
+
+
+def param_strategy(spec):
+    """Check params: [lo, hi] numbers → floats (or ints), any other list → choices."""
+    if len(spec) == 2 and all(isinstance(v, (int, float)) for v in spec) and spec[0] <= spec[1]:
+        if all(isinstance(v, int) for v in spec):
+            return st.integers(spec[0], spec[1])
+        return st.floats(float(spec[0]), float(spec[1]), allow_nan=False, allow_infinity=False)
+    return st.sampled_from(spec)
+
+
+def _arg_value(draw, argspec, dims, dtype, where):
+    if "const" in argspec:
+        return argspec["const"]
+    if "choices" in argspec:
+        return draw(st.sampled_from(argspec["choices"]))
+    adt = arg_dtype(argspec, dtype)
+    shape = shape_of(argspec, dims, where + ".shape")
+    if "shape" not in argspec:  # a drawn scalar
+        lo, hi = argspec.get("values", [-1.0, 1.0])
+        lo, hi = eval_num(lo, dims, where), eval_num(hi, dims, where)
+        if adt in FLOAT_DTYPES:
+            return float(draw(st.floats(lo, hi, allow_nan=False, allow_infinity=False)))
+        return int(draw(st.integers(int(lo), int(hi))))
+    return draw(array_strategy(argspec, shape, adt, dims, where))
+
+
+def _check_dims(spec: dict, dims: dict, where: str) -> bool:
+    for a in spec.get("assume", []):
+        try:
+            if not expr.evaluate(a, dims):
+                return False
+        except expr.ExprError as e:
+            raise InputError(f"{where}.assume: {e}") from None
+    limit = spec.get("max_elements", DEFAULT_MAX_ELEMENTS)
+    for name, a in spec["args"].items():
+        if "shape" in a and int(np.prod(shape_of(a, dims, f"{where}.args.{name}"))) > limit:
+            return False
+    return True
+
+
+def case_strategy(spec: dict, dtype: str, params: dict | None = None, where: str = "input"):
+    params = params or {}
+
+    @st.composite
+    def draw_case(draw):
+        dims = {k: draw(dim_strategy(v)) for k, v in (spec.get("dims") or {}).items()}
+        assume(_check_dims(spec, dims, where))
+        args = {name: _arg_value(draw, a, dims, dtype, f"{where}.args.{name}")
+                for name, a in spec["args"].items()}
+        ps = {k: draw(param_strategy(v)) for k, v in params.items()}
+        seed = draw(st.integers(0, 2**32 - 1))
+        return Case(dtype, dims, args, ps, seed)
+
+    return draw_case()
+
+
+def sample_case(spec: dict, dtype: str, rng: np.random.Generator, params: dict | None = None,
+                dims: dict | None = None, where: str = "input", label: str = "") -> Case:
+    """A case drawn with numpy's RNG: for pinned examples and statistical checks."""
+    if dims is None:
+        for _ in range(1000):
+            dims = {}
+            for k, v in (spec.get("dims") or {}).items():
+                if isinstance(v, int):
+                    dims[k] = v
+                elif isinstance(v, dict):
+                    dims[k] = int(rng.choice(v["choices"]))
+                else:
+                    dims[k] = int(rng.integers(v[0], v[1] + 1))
+            if _check_dims(spec, dims, where):
+                break
+        else:
+            raise InputError(f"{where}: no dims satisfy assume/max_elements after 1000 draws")
+    else:
+        full = {k: (v if isinstance(v, int) else None) for k, v in (spec.get("dims") or {}).items()}
+        full.update(dims)
+        missing = [k for k, v in full.items() if v is None]
+        if missing:
+            raise InputError(f"{where}.examples: example {dims} does not fix dims {missing}")
+        dims = full
+    args = {}
+    for name, a in spec["args"].items():
+        w = f"{where}.args.{name}"
+        if "const" in a:
+            args[name] = a["const"]
+        elif "choices" in a:
+            args[name] = a["choices"][int(rng.integers(len(a["choices"])))]
+        else:
+            adt = arg_dtype(a, dtype)
+            seed = int(rng.integers(2**32))
+            if "shape" not in a:
+                lo, hi = a.get("values", [-1.0, 1.0])
+                lo, hi = eval_num(lo, dims, w), eval_num(hi, dims, w)
+                args[name] = float(rng.uniform(lo, hi)) if adt in FLOAT_DTYPES else int(
+                    rng.integers(int(lo), int(hi) + 1))
+                continue
+            shape = shape_of(a, dims, w + ".shape")
+            scale = eval_num(a.get("scale", 1.0), dims, w + ".scale")
+            if "init" in a:
+                args[name] = _init(a["init"], shape, adt, seed, scale)
+            else:
+                lo, hi = a.get("values", [-1.0, 1.0])
+                args[name] = _dense(shape, adt, eval_num(lo, dims, w), eval_num(hi, dims, w),
+                                    seed, scale)
+    ps = {}
+    for k, v in (params or {}).items():
+        if len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+            ps[k] = (int(rng.integers(v[0], v[1] + 1)) if all(isinstance(x, int) for x in v)
+                     else float(rng.uniform(v[0], v[1])))
+        else:
+            ps[k] = v[int(rng.integers(len(v)))]
+    return Case(dtype, dims, args, ps, int(rng.integers(2**32)), label)
+
+
+def pinned_cases(spec: dict, dtype: str, params: dict | None = None, where="input") -> list[Case]:
+    """The input's `examples` (normal and weird shapes), with deterministic values."""
+    out = []
+    for i, ex in enumerate(spec.get("examples") or []):
+        ex = dict(ex)
+        seed = int(ex.pop("seed", 1000 + i))
+        rng = np.random.default_rng(seed)
+        out.append(sample_case(spec, dtype, rng, params, dims=ex, where=where,
+                               label=f"example {i}: {ex}"))
+    return out

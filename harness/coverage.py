@@ -1,0 +1,142 @@
+"""Obligation coverage, computed from the results ledger only — never from the YAML alone.
+
+An obligation is `covered` when every check bound to it ran on every (backend, variant) the
+plan requires and passed against the current contract text, and every mutant declared for it
+was killed. Otherwise, by precedence: `failing` (a required run failed, errored or is unproven),
+`mutant-survived`, `stale` (a result is from an older contract text), `skipped`, `not-run`
+(a required run or mutant has no result, or the obligation has no executable check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from falsify.harness.ledger import mutant_key, run_key
+from falsify.harness.model import Contract
+from falsify.harness.plan import runs
+
+PRECEDENCE = ("failing", "mutant-survived", "stale", "skipped", "not-run", "covered")
+
+
+@dataclass
+class ObligationStatus:
+    contract: str
+    obligation: str
+    status: str
+    runs: list[dict] = field(default_factory=list)
+    mutants: list[dict] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+def _run_state(c: Contract, e: dict | None) -> str:
+    if e is None:
+        return "not-run"
+    if e.get("sha256") != c.sha256:
+        return "stale"
+    return {"passed": "covered", "skipped": "skipped"}.get(e["outcome"], "failing")
+
+
+def _mutant_state(c: Contract, e: dict | None) -> str:
+    if e is None:
+        return "not-run"
+    if e.get("sha256") != c.sha256:
+        return "stale"
+    return {"killed": "covered", "survived": "mutant-survived"}.get(e["outcome"], "failing")
+
+
+def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
+    st = ObligationStatus(c.id, oid, "not-run")
+    states = []
+    checks = c.checks_for(oid)
+    if not checks:
+        st.reasons.append("no executable check")
+        states.append("not-run")
+    for t in checks:
+        for r in runs(c, t):
+            key = run_key(dict(contract=c.id, check=t.id, backend=r.backend, variant=r.variant))
+            e = ledger["runs"].get(key)
+            s = _run_state(c, e)
+            states.append(s)
+            st.runs.append(dict(check=t.id, backend=r.backend, variant=r.variant,
+                                outcome=(e or {}).get("outcome", "not-run"), state=s,
+                                duration_s=(e or {}).get("duration_s"),
+                                example=(e or {}).get("example"),
+                                message=(e or {}).get("message")))
+            if s != "covered":
+                st.reasons.append(f"{t.id} on {r.backend}/{r.variant}: {s}")
+    for m in c.mutants:
+        if m.obligation != oid:
+            continue
+        e = ledger["mutants"].get(mutant_key(dict(contract=c.id, mutant=m.id)))
+        s = _mutant_state(c, e)
+        states.append(s)
+        st.mutants.append(dict(id=m.id, killed=None if e is None else e["outcome"] == "killed",
+                               killed_by=(e or {}).get("killed_by"), state=s))
+        if s != "covered":
+            st.reasons.append(f"{m.id}: {s}")
+    st.status = next(p for p in PRECEDENCE if p in states or p == "covered")
+    return st
+
+
+class Coverage:
+    def __init__(self, contracts: list[Contract], ledger: dict):
+        self.contracts = contracts
+        self.table = {(c.id, o.id): obligation_status(c, o.id, ledger)
+                      for c in contracts for o in c.obligations}
+
+    def obligation(self, contract_id: str, obligation_id: str) -> ObligationStatus:
+        return self.table[(contract_id, obligation_id)]
+
+    def totals(self, contract_id: str) -> tuple[int, int]:
+        rows = [s for (cid, _), s in self.table.items() if cid == contract_id]
+        return sum(s.status == "covered" for s in rows), len(rows)
+
+    def overall(self) -> tuple[int, int]:
+        return (sum(s.status == "covered" for s in self.table.values()), len(self.table))
+
+    def backend_counts(self, contract_id: str) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        seen = set()
+        for (cid, _), s in self.table.items():
+            if cid != contract_id:
+                continue
+            for r in s.runs:
+                k = (r["check"], r["backend"], r["variant"])
+                if k in seen:
+                    continue
+                seen.add(k)
+                d = out.setdefault(r["backend"], {"passed": 0, "failed": 0, "not-run": 0,
+                                                  "stale": 0, "skipped": 0})
+                key = {"covered": "passed", "failing": "failed"}.get(r["state"], r["state"])
+                d[key] = d.get(key, 0) + 1
+        return out
+
+    def as_json(self) -> dict:
+        covered, total = self.overall()
+        return {
+            "overall": {"covered": covered, "total": total,
+                        "percent": round(100.0 * covered / total, 2) if total else 100.0},
+            "contracts": [
+                {"id": c.id, "covered": self.totals(c.id)[0], "total": self.totals(c.id)[1],
+                 "obligations": [vars(self.table[(c.id, o.id)]) for o in c.obligations]}
+                for c in self.contracts],
+        }
+
+    def as_text(self) -> str:
+        lines = []
+        for c in self.contracts:
+            cov, tot = self.totals(c.id)
+            lines.append(f"{c.id}  {cov}/{tot} obligations covered")
+            for o in c.obligations:
+                s = self.table[(c.id, o.id)]
+                why = f"  ({'; '.join(s.reasons[:3])}{' …' if len(s.reasons) > 3 else ''})" \
+                    if s.reasons else ""
+                lines.append(f"  {o.id:<16} {s.status:<16}{why}")
+        covered, total = self.overall()
+        pct = 100.0 * covered / total if total else 100.0
+        lines.append(f"coverage: {covered}/{total} obligations covered ({pct:.1f}%)")
+        return "\n".join(lines)
+
+
+def compute(contracts: list[Contract], ledger: dict) -> Coverage:
+    return Coverage(contracts, ledger)

@@ -1,0 +1,19 @@
+"""training: a loop-level run. `run(backend=, dtype=, **args)` returns a dict `r`; the
+predicate on `r` must hold. The run function compares against something independent (a
+reference loop, torch.optim, an uninterrupted run), never against itself."""
+
+import numpy as np
+
+from falsify.harness import backends
+from falsify.harness.runtime import CheckFailed, tolerance
+
+
+def run(ctx, case=None):
+    fn = backends.resolve(ctx.spec["run"])
+    r = backends.call(fn, backend=ctx.backend, dtype=ctx.variant, **(ctx.spec.get("args") or {}))
+    if not isinstance(r, dict):
+        raise CheckFailed(f"{ctx.spec['run']} returned {type(r).__name__}, not a dict")
+    atol, rtol = tolerance(ctx.spec, ctx.variant, {})
+    env = {"r": r, "np": np, "tol": atol, "rtol": rtol}
+    ctx.assert_expr(ctx.spec["predicate"], env, "training predicate")
+    return {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}

@@ -1,0 +1,88 @@
+"""The results ledger: every executed check and mutant, latest result per key.
+
+One JSON file (default .falsify/ledger.json, or $FALSIFY_LEDGER). Writers take an exclusive
+lock, merge their entries over what is on disk and replace the file atomically (temp file +
+os.replace), so parallel pytest-xdist runs and concurrent `falsify` processes neither lose nor
+corrupt entries. Only the pytest controller writes; workers ship entries to it in reports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from falsify.harness.model import ROOT
+
+LEDGER_ENV = "FALSIFY_LEDGER"
+VERSION = 1
+OUTCOMES = ("passed", "failed", "error", "skipped", "unproven")
+
+
+def default_path() -> Path:
+    return Path(os.environ.get(LEDGER_ENV) or ROOT / ".falsify" / "ledger.json")
+
+
+def run_key(e: dict) -> str:
+    return "|".join((e["contract"], e["check"], e["backend"], e["variant"]))
+
+
+def mutant_key(e: dict) -> str:
+    return "|".join((e["contract"], e["mutant"]))
+
+
+class LedgerError(Exception):
+    pass
+
+
+def load(path: Path | None = None) -> dict:
+    path = Path(path or default_path())
+    if not path.exists():
+        return {"version": VERSION, "runs": {}, "mutants": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LedgerError(f"{path}: not a valid ledger ({e}); delete it to start afresh") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise LedgerError(f"{path}: unknown ledger version {data.get('version')!r}")
+    data.setdefault("runs", {})
+    data.setdefault("mutants", {})
+    return data
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(path.suffix + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def merge(entries: list[dict], mutants: list[dict], path: Path | None = None) -> Path:
+    """Merge new entries over the ledger on disk, atomically."""
+    path = Path(path or default_path())
+    with _locked(path):
+        data = load(path)
+        for e in entries:
+            data["runs"][run_key(e)] = e
+        for m in mutants:
+            data["mutants"][mutant_key(m)] = m
+        data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path
