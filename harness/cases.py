@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from falsify.harness import expr
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from falsify.harness import expr
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
 NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
@@ -48,6 +47,13 @@ class Case:
         label = f" [{self.label}]" if self.label else ""
         return (f"Case(dtype={self.dtype}, dims={self.dims}{extra}, seed={self.seed}{label}, "
                 + ", ".join(parts) + ")")
+
+
+def _repr_pretty_(self, p, cycle):  # hypothesis' pretty-printer: show values, not strategies
+    p.text(repr(self))
+
+
+Case._repr_pretty_ = _repr_pretty_
 
 
 def _short(v):
@@ -97,10 +103,18 @@ def dim_strategy(spec):
     return st.integers(lo, hi)
 
 
-def _dense(shape, dtype, lo, hi, seed, scale=1.0):
+def _dense(shape, dtype, lo, hi, seed, scale=1.0, density=1.0, magnitude=1.0):
+    """Uniform values in [lo, hi]. `density` and `magnitude` (both 1 by default) pull a
+    fraction of the entries, and the spread of the rest, toward the simplest in-range value;
+    hypothesis shrinks them toward 0, which turns a failing dense array into a minimal one
+    (a few entries, just large enough to fail)."""
     rng = np.random.default_rng(seed)
     if dtype in FLOAT_DTYPES:
-        return round_to(rng.uniform(lo, hi, size=shape) * scale, dtype)
+        center = min(max(0.0, lo), hi)
+        vals = center + (rng.uniform(lo, hi, size=shape) - center) * magnitude
+        if density < 1.0:
+            vals = np.where(rng.uniform(size=shape) < density, vals, center)
+        return round_to(vals * scale, dtype)
     return rng.integers(int(lo), int(hi) + 1, size=shape).astype(NP_STORAGE[dtype])
 
 
@@ -134,7 +148,11 @@ def array_strategy(argspec: dict, shape: tuple, dtype: str, dims: dict, where: s
     lo, hi = eval_num(lo, dims, where + ".values"), eval_num(hi, dims, where + ".values")
     if lo > hi:
         raise InputError(f"{where}.values: empty range [{lo}, {hi}] at dims {dims}")
-    dense = st.integers(0, 2**32 - 1).map(lambda s: _dense(shape, dtype, lo, hi, s, scale))
+    unit = st.floats(0.0, 1.0, allow_nan=False)
+    dense = st.tuples(st.integers(0, 2**32 - 1), unit, unit).map(
+        lambda t: _dense(shape, dtype, lo, hi, t[0], scale, density=1.0 - t[1],
+                         magnitude=1.0 - t[2]) if dtype in FLOAT_DTYPES
+        else _dense(shape, dtype, lo, hi, t[0], scale))
     if argspec.get("dense"):
         return dense
     if dtype in FLOAT_DTYPES:

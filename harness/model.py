@@ -104,7 +104,9 @@ class Mutant:
 
     @property
     def backend(self) -> str:
-        return self.replaces.rsplit(".", 1)[1]
+        # "" when `replaces` has no dot (the schema reports it; callers must not crash)
+        parts = self.replaces.rsplit(".", 1)
+        return parts[1] if len(parts) == 2 else ""
 
 
 @dataclass
@@ -203,7 +205,7 @@ def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
 
 def _prefix(stem: str, data: dict) -> str:
     """The id prefix of a compat contract: from its falsification ids, else its stem."""
-    for t in data.get("falsification_tests") or []:
+    for t in _list(data.get("falsification_tests")):
         if isinstance(t, dict) and isinstance(t.get("id"), str):
             m = re.match(r"^FALSIFY-(.+)-\d+$", t["id"])
             if m:
@@ -221,6 +223,34 @@ def _str(x) -> str | None:
     return x if isinstance(x, str) else (None if x is None else str(x))
 
 
+def _text(x) -> str:
+    """A free-text list item. `- For V=32000: saves 500 MB` is a one-key mapping to YAML;
+    the author meant the sentence."""
+    if isinstance(x, dict) and len(x) == 1:
+        k, v = next(iter(x.items()))
+        return f"{k}: {v}"
+    return str(x)
+
+
+@cache
+def _def_validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator({"$defs": schema()["$defs"],
+                                            "$ref": f"#/$defs/{name}"})
+
+
+def well_typed(value, defname: str) -> dict | None:
+    """The fields of `value` that satisfy their part of `$defs/<defname>` (unknown or
+    ill-typed fields dropped); None if `value` is not a mapping. The schema findings report
+    what was dropped; semantic rules, the planner and the runtime then only ever see
+    well-typed fields, so a `backends: 3` or `input: [a]` cannot crash them."""
+    if not isinstance(value, dict):
+        return None
+    props = schema()["$defs"][defname].get("properties", {})
+    bad = {e.absolute_path[0] for e in _def_validator(defname).iter_errors(value)
+           if e.absolute_path}
+    return {k: v for k, v in value.items() if k in props and k not in bad}
+
+
 def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
     """Turn validated data into the typed model. Tolerant of compat-mode gaps."""
     data = loc.data
@@ -234,7 +264,7 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
         eqs[str(name)] = Equation(
             name=str(name), formula=_str(e.get("formula")) or "", latex=_str(e.get("latex")),
             domain=_str(e.get("domain")), codomain=_str(e.get("codomain")),
-            invariants=[str(i) for i in inv] if isinstance(inv, list) else [],
+            invariants=[_text(i) for i in inv] if isinstance(inv, list) else [],
             derivation=_str(e.get("derivation")),
             bindings={k: v for k, v in (e.get("bindings") or {}).items() if isinstance(v, str)}
             if isinstance(e.get("bindings"), dict) else {},
@@ -242,11 +272,15 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
         )
     prefix = _prefix(stem, data)
     obligations, counters = [], {}
-    for i, o in enumerate(_list(data.get("proof_obligations"))):
+    raw_obs = _list(data.get("proof_obligations"))
+    # derived ids: PREFIX-ABBR-NNN numbered per type in file order (same file -> same ids),
+    # skipping numbers an explicit id already uses
+    taken = {_str(o.get("id")) for o in raw_obs if isinstance(o, dict) and o.get("id")}
+    for i, o in enumerate(raw_obs):
         o = o if isinstance(o, dict) else {}
         otype = _str(o.get("type")) or "invariant"
         oid, derived = _str(o.get("id")), False
-        if not oid:
+        while not oid or (derived and oid in taken):
             counters[otype] = counters.get(otype, 0) + 1
             oid = f"{prefix}-{TYPE_ABBR.get(otype, 'OBL')}-{counters[otype]:03d}"
             derived = True
@@ -257,10 +291,15 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
                                       _str(o.get("formal")), o.get("tolerance"), applies, derived,
                                       i))
     checks = []
-    for i, t in enumerate(_list(data.get("falsification_tests"))):
+    raw_tests = _list(data.get("falsification_tests"))
+    taken = {_str(t.get("id")) for t in raw_tests if isinstance(t, dict) and t.get("id")}
+    for i, t in enumerate(raw_tests):
         t = t if isinstance(t, dict) else {}
-        spec = t.get("check") if isinstance(t.get("check"), dict) else None
-        checks.append(Check(_str(t.get("id")) or f"FALSIFY-{prefix}-{i + 1:03d}",
+        spec = well_typed(t.get("check"), "check")
+        cid, n = _str(t.get("id")), i + 1
+        while not cid or (cid in taken and not t.get("id")):
+            cid, n = f"FALSIFY-{prefix}-{n:03d}", n + 1
+        checks.append(Check(cid,
                             _str(t.get("rule")) or "", _str(t.get("prediction")) or "",
                             _str(t.get("obligation")), _str(t.get("if_fails")),
                             _str(t.get("test")), spec, i))
@@ -281,8 +320,8 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
         depends_on=[str(d) for d in deps] if isinstance(deps, list) else [],
         kernel=_str(md.get("kernel")), status=_str(md.get("status")) or "draft",
         critical=bool(md.get("critical", False)), equations=eqs,
-        inputs={k: v for k, v in (data.get("inputs") or {}).items() if isinstance(v, dict)}
-        if isinstance(data.get("inputs"), dict) else {},
+        inputs={str(k): well_typed(v, "input") for k, v in data["inputs"].items()
+                if isinstance(v, dict)} if isinstance(data.get("inputs"), dict) else {},
         obligations=obligations, checks=checks, mutants=mutants,
         kani_harnesses=[h for h in _list(data.get("kani_harnesses")) if isinstance(h, dict)],
         qa_gate=data.get("qa_gate") if isinstance(data.get("qa_gate"), dict) else None,
@@ -298,16 +337,30 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
     cannot be read as a YAML mapping at all; everything else becomes a Finding."""
     path = Path(path)
     spath = str(path)
+
+    def unreadable(e: yamlio.YamlError) -> ContractError:
+        return ContractError(Finding("V001", "error", spath, e.line or 1, "<file>", e.message))
+
     try:
-        loc = yamlio.load_file(path)
+        text = yamlio.read_text(path)
+        loc = yamlio.load(text, spath)
     except yamlio.YamlError as e:
-        raise ContractError(Finding("V001", "error", spath, e.line or 1, "<file>",
-                                    e.message)) from None
+        # pv files sometimes write `formula: |x| < eps` unquoted. Compat mode re-reads such
+        # lines as strings (W110); a native contract must be valid YAML.
+        if not e.repairable or mode == "native":
+            raise unreadable(e) from None
+        try:
+            loc = yamlio.load(text, spath, repair=True)
+        except yamlio.YamlError:
+            raise unreadable(e) from None
+        if not isinstance(loc.data, dict) or (mode or detect_mode(loc.data)) == "native":
+            raise unreadable(e) from None
     if not isinstance(loc.data, dict):
         raise ContractError(Finding("V001", "error", spath, 1, "<root>",
                                     f"a contract is a mapping, got {type(loc.data).__name__}"))
     mode = mode or detect_mode(loc.data)
-    findings = []
+    findings = [Finding("W110", "warning", spath, line, "<yaml>", msg)
+                for line, msg in loc.repairs]
     for where, line in loc.duplicates:
         sev, rule = ("error", "V004") if mode == "native" else ("warning", "W104")
         findings.append(Finding(rule, sev, spath, line, _json_path(where),

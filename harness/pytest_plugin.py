@@ -12,7 +12,6 @@ import os
 import time
 
 import pytest
-
 from falsify.harness import ledger
 
 KEY = "falsify_entry"
@@ -101,7 +100,8 @@ def pytest_runtest_makereport(item, call):
                 duration_s=round(rep.duration, 4), nodeid=item.nodeid,
                 bind=os.environ.get("FALSIFY_BIND") or None)
     if exc is not None and status != "passed":
-        base["message"] = f"{exc.typename}: {str(exc.value).splitlines()[0] if str(exc.value) else ''}"[:1000]
+        first = str(exc.value).splitlines()[0] if str(exc.value) else ""
+        base["message"] = f"{exc.typename}: {first}"[:1000]
         base["example"] = _example(exc)
     if check:
         kw = check.kwargs

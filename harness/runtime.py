@@ -20,11 +20,16 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-
 from falsify.harness import backends, cases, expr
 from falsify.harness.model import CONTRACTS_DIR, Check, Contract, load_contract
 from falsify.harness.plan import INPUT_KINDS, equation_of, runs
+from hypothesis import HealthCheck, given, settings
+
+
+try:
+    BaseExceptionGroup
+except NameError:  # Python 3.10: hypothesis depends on the backport
+    from exceptiongroup import BaseExceptionGroup
 
 
 class CheckFailed(AssertionError):

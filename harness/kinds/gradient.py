@@ -12,7 +12,6 @@
 """
 
 import numpy as np
-
 from falsify.harness import backends
 from falsify.harness.kinds.parity import compare
 from falsify.harness.runtime import CheckFailed
@@ -59,7 +58,8 @@ def run(ctx, case):
                     a = dict(args64)
                     a[w] = x.copy()
                     a[w][idx] += sgn * h
-                    vals.append(float((backends.outputs(backends.call(ref_fwd, **a, **kw))[0] * dy).sum()))
+                    y_h = backends.outputs(backends.call(ref_fwd, **a, **kw))[0]
+                    vals.append(float((y_h * dy).sum()))
                 fd = (vals[0] - vals[1]) / (2 * h)
                 if abs(fd - g[fi]) > FD_RTOL * scale:
                     raise CheckFailed(

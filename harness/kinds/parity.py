@@ -6,7 +6,6 @@ that writes outside it is caught by the margin check.
 """
 
 import numpy as np
-
 from falsify.harness import backends
 from falsify.harness.runtime import CheckFailed
 
@@ -30,7 +29,8 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: st
 
 def run(ctx, case):
     ref_fn = ctx.fn(backend="reference")
-    ref = backends.outputs(backends.call(ref_fn, **backends.reference_args(case), **ctx.call_kwargs(case)))
+    ref = backends.outputs(backends.call(ref_fn, **backends.reference_args(case),
+                                         **ctx.call_kwargs(case)))
     fn = ctx.fn()
     args = ctx.args(case)
     guards = []

@@ -2,7 +2,6 @@
 (quantize∘dequantize error bounds, encode/decode identities)."""
 
 import numpy as np
-
 from falsify.harness import backends, expr
 
 

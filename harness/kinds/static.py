@@ -32,8 +32,9 @@ def run(ctx, case=None):
     has_mma = bool(re.search(r"\b(w?gmma|mma)\.", ptx))
     expect = ctx.spec.get("expect") or {}
     if "mma" in expect and bool(expect["mma"]) != has_mma:
-        raise CheckFailed(f"sm_{cc}: tensor-core instructions {'absent' if expect['mma'] else 'present'}"
-                          f" in PTX (expected mma={expect['mma']})")
+        state = "absent" if expect["mma"] else "present"
+        raise CheckFailed(f"sm_{cc}: tensor-core instructions {state} in PTX "
+                          f"(expected mma={expect['mma']})")
     if "max_shared" in expect and shared > int(expect["max_shared"]):
         raise CheckFailed(f"sm_{cc}: {shared} bytes of shared memory > {expect['max_shared']}")
     return {"target": f"sm_{cc}", "shared_bytes": shared, "mma": has_mma,
