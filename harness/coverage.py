@@ -74,6 +74,9 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
                                killed_by=(e or {}).get("killed_by"), state=s))
         if s != "covered":
             st.reasons.append(f"{m.id}: {s}")
+    if not checks:  # nothing could ever run: not-run, whatever older results say
+        st.status = "not-run"
+        return st
     st.status = next(p for p in PRECEDENCE if p in states or p == "covered")
     return st
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, ROOT, Check, Contract
 from falsify.harness.plan import backends_of, equation_of, runs, variants_of
 
@@ -101,7 +102,7 @@ def overall(coverage, views: dict[str, ContractView]) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------
-# collaborators (graph.py, latex.py); local stand-ins only until those modules exist
+# the dependency graph: harness/graph.py's `mermaid`; a local stand-in until it exists
 
 
 def _mermaid(contracts: list[Contract], focus: str | None = None) -> str:
@@ -148,34 +149,6 @@ def _reaches(by_id: dict[str, Contract], start: str, goal: str) -> bool:
         seen.add(n)
         stack += by_id[n].depends_on
     return False
-
-
-def _to_latex(formula: str) -> str:
-    try:
-        from falsify.harness.latex import to_latex
-    except ImportError:
-        return _local_latex(formula)
-    return to_latex(formula)
-
-
-_LATEX_SYMBOLS = {
-    "σ": r"\sigma ", "Σ": r"\sum ", "∏": r"\prod ", "−": "-", "·": r"\cdot ", "×": r"\times ",
-    "≤": r"\le ", "≥": r"\ge ", "≠": r"\ne ", "≈": r"\approx ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
-    "√": r"\sqrt ", "∞": r"\infty ", "∂": r"\partial ", "∇": r"\nabla ", "⊙": r"\odot ",
-    "α": r"\alpha ", "β": r"\beta ", "γ": r"\gamma ", "δ": r"\delta ", "ε": r"\varepsilon ",
-    "η": r"\eta ", "θ": r"\theta ", "λ": r"\lambda ", "μ": r"\mu ", "τ": r"\tau ",
-    "ϕ": r"\phi ", "φ": r"\phi ", "ω": r"\omega ", "⇒": r"\Rightarrow ", "→": r"\to ",
-    "₁": "_1", "₂": "_2", "²": "^2", "⁻¹": "^{-1}", "ᵀ": "^T",
-}
-
-
-def _local_latex(formula: str) -> str:
-    """A stand-in for harness/latex.py: symbol substitution, words as \\mathrm."""
-    out = formula
-    for k in sorted(_LATEX_SYMBOLS, key=len, reverse=True):
-        out = out.replace(k, _LATEX_SYMBOLS[k])
-    out = re.sub(r"\b(exp|log|max|min|sum|mean|sqrt|tanh|erf)\b", r"\\\1", out)
-    return out.replace("%", r"\%").replace("#", r"\#")
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,15 +229,26 @@ def _indent(lines: list[str], n: int = 4) -> list[str]:
 
 
 def _outcome(recorded: list[dict]) -> str:
-    """One (check, backend, variant) cell from its ledger records: any failure wins."""
-    outs = [str(r.get("outcome", "")).lower() for r in recorded]
-    if any(o in FAILED_OUTCOMES for o in outs):
+    """One (check, backend, variant) cell from its ledger records: any failure wins. The
+    coverage layer's `state` (which knows about stale results) beats the raw `outcome`: a
+    pass recorded against an older contract text is stale, not passed."""
+    outs = [_state_of(r) for r in recorded]
+    if FAILED in outs:
         return FAILED
-    if any(o == "passed" for o in outs):
+    for s in ("stale", "skipped", NOT_RUN):
+        if s in outs:
+            return s
+    if outs and all(o == PASSED for o in outs):
         return PASSED
-    if outs:
-        return outs[0] or NOT_RUN  # skipped, stale, ...
-    return NOT_RUN
+    return outs[0] if outs else NOT_RUN
+
+
+def _state_of(r: dict) -> str:
+    state = str(r.get("state") or "").lower()
+    if state:
+        return {"covered": PASSED, "failing": FAILED}.get(state, state)
+    out = str(r.get("outcome") or NOT_RUN).lower()
+    return FAILED if out in FAILED_OUTCOMES else out
 
 
 def expected_runs(contract: Contract, check: Check) -> list[tuple[str, str]]:
@@ -283,12 +267,12 @@ def run_cells(contract: Contract, check: Check, view: ObligationView) -> list[di
     cells = []
     for b, v in keys:
         recs = recorded.get((b, v), [])
-        dur = sum(float(r.get("duration_s") or 0.0) for r in recs)
-        example = next((r.get("example") for r in recs
-                        if r.get("example") not in (None, "")
-                        and str(r.get("outcome", "")).lower() in FAILED_OUTCOMES), None)
+        durs = [float(r["duration_s"]) for r in recs if r.get("duration_s") is not None]
+        example = next((r.get("example") or r.get("message") for r in recs
+                        if (r.get("example") or r.get("message")) and _state_of(r) == FAILED),
+                       None)
         cells.append(dict(backend=b, variant=v, outcome=_outcome(recs),
-                          duration_s=dur if recs else None, example=example))
+                          duration_s=sum(durs) if durs else None, example=example))
     return cells
 
 
@@ -308,9 +292,15 @@ def backend_counts(contract: Contract, view: ContractView) -> dict[str, dict[str
 
 def mutant_state(contract: Contract, view: ContractView, mutant_id: str,
                  obligation: str) -> tuple[str, str]:
+    """(killed | survived | stale | failed | not-run, killed_by)."""
     ob = view.obligations.get(obligation)
     m = ob.mutants.get(mutant_id) if ob else None
-    if not m or m.get("killed") is None:
+    if not m:
+        return NOT_RUN, ""
+    state = str(m.get("state") or "").lower()
+    if state in ("stale", "failing"):  # an old result, or the mutant run itself errored
+        return ("stale" if state == "stale" else FAILED), ""
+    if m.get("killed") is None:
         return NOT_RUN, ""
     killed_by = m.get("killed_by") or ""
     if isinstance(killed_by, (list, tuple)):
@@ -459,14 +449,17 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
         L += ["Each mutant is a deliberately buggy variant of a bound function. Running its "
               "obligation's checks against it must fail at least one check (*killed*); a "
               "surviving mutant means the checks or tolerances are too weak.", ""]
-        L += table(["id", "obligation", "replaces", "with", "description", "result",
-                    "killed by"],
-                   [[f'<a id="{anchor(m.id)}"></a>{code(m.id)}',
-                     f"[{m.obligation}](#{anchor(m.obligation)})", code(m.replaces),
-                     code(m.with_), text(m.description)
-                     + (f" (source: {text(m.source)})" if m.source else ""),
-                     badge(st), ", ".join(code(k) for k in by.split(", ") if k)]
-                    for m in c.mutants for st, by in [mutant_state(c, view, m.id, m.obligation)]])
+        rows = []
+        for m in c.mutants:
+            st, by = mutant_state(c, view, m.id, m.obligation)
+            result = badge(st) + (" by " + ", ".join(f"[{k}](#{anchor(k)})" for k in
+                                                     by.split(", ") if k) if by else "")
+            rows.append([f'<a id="{anchor(m.id)}"></a>{code(m.id)}',
+                         f"[{m.obligation}](#{anchor(m.obligation)})",
+                         f"{code(m.replaces)} ← {code(m.with_)}",
+                         text(m.description) + (f" (source: {text(m.source)})" if m.source
+                                                else ""), result])
+        L += table(["id", "obligation", "replaces ← with", "description", "result"], rows)
     else:
         L += ["No mutants declared.", ""]
 
@@ -514,7 +507,7 @@ def _backend_cell(outcomes: list[str] | None) -> str:
 
 
 def _equation(c: Contract, eq) -> list[str]:
-    latex = eq.latex or _to_latex(eq.formula)
+    latex = eq.latex or to_latex(eq.formula)
     L = [f"### {eq.name} {{#eq-{anchor(eq.name)}}}", "", "$$", latex.strip(), "$$", ""]
     if "\n" in eq.formula.strip():  # prose-style formulas (compat contracts) keep their lines
         L += ["Formula:", "", "```text", *eq.formula.strip().splitlines(), "```", ""]
@@ -680,7 +673,9 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
               "*not-run*. Run `falsify run` and regenerate with `pv generate`.", ""]
     L += [f"**Overall: {covered}/{total} obligations covered ({pct(covered, total)}).** "
           "An obligation is covered only when every check bound to it passed on every "
-          "declared backend in the ledger and every mutant declared for it was killed.", ""]
+          "declared backend in the ledger and every mutant declared for it was killed. "
+          "Backend columns count the expected runs (check × dtype or target) as "
+          "*passed / failed / not-run*; skipped and stale runs count as not-run.", ""]
     rows = []
     for c in contracts:
         v = views[c.id]
@@ -691,7 +686,7 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
                     + [_counts(counts.get(b)) for b in names]
                     + [f"{killed}/{nmut}", f"**{pct(v.covered, v.total)}**"])
     L += table(["contract", "version", "status", "obligations covered"]
-               + [f"{b} (pass / fail / not-run)" for b in names]
+               + names
                + ["mutants killed", "coverage"], rows)
     L += ["Obligation statuses, as the contract pages show them:", ""]
     L += [f"- {badge(s)} {text(_STATUS_HELP[s])}" for s in STATUSES] + [""]

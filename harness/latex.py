@@ -1,0 +1,549 @@
+"""Unicode formulas, as contracts write them, to LaTeX that KaTeX and LaTeX both accept.
+
+Contracts write math the way people type it: `σ(x)_i = exp(x_i − max(x)) / Σ_j exp(x_j − max(x))`,
+`√(Σ x_i² / n + ε)`, `x_i for all i`. `to_latex` tokenizes that text and renders each token:
+Unicode symbols become commands, `x_i`/`x_{ij}`/`m₁`/`x²`/`⁻¹` become scripts, function names
+become operators, runs of English words become `\\text{...}`. It never raises, whatever the
+input: an unknown character ends up inside `\\text{}`, and a brace that does not close is
+printed as a literal `\\{`. Output is ASCII except inside `\\text{}`.
+
+`equation_latex(eq)` prefers an equation's hand-written `latex:` field.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+GREEK = {
+    "α": r"\alpha", "β": r"\beta", "γ": r"\gamma", "δ": r"\delta", "ε": r"\varepsilon",
+    "ϵ": r"\epsilon", "ζ": r"\zeta", "η": r"\eta", "θ": r"\theta", "ϑ": r"\vartheta",
+    "ι": r"\iota", "κ": r"\kappa", "λ": r"\lambda", "μ": r"\mu", "ν": r"\nu", "ξ": r"\xi",
+    "ο": "o", "π": r"\pi", "ρ": r"\rho", "ς": r"\varsigma", "σ": r"\sigma", "τ": r"\tau",
+    "υ": r"\upsilon", "φ": r"\varphi", "ϕ": r"\phi", "χ": r"\chi", "ψ": r"\psi",
+    "ω": r"\omega", "µ": r"\mu",
+    "Γ": r"\Gamma", "Δ": r"\Delta", "Θ": r"\Theta", "Λ": r"\Lambda", "Ξ": r"\Xi",
+    "Φ": r"\Phi", "Ψ": r"\Psi", "Ω": r"\Omega", "Υ": r"\Upsilon",
+    # capitals that look Latin render as Latin letters
+    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M",
+    "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X",
+}
+# Σ and Π in formulas are sums and products, not variables.
+BIG_OPS = {"Σ": r"\sum", "∑": r"\sum", "Π": r"\prod", "∏": r"\prod", "∫": r"\int",
+           "∮": r"\oint", "⋃": r"\bigcup", "⋂": r"\bigcap"}
+SYMBOLS = {
+    "−": "-", "–": "-", "—": "-", "·": r"\cdot", "⋅": r"\cdot", "∙": r"\cdot", "×": r"\times",
+    "÷": r"\div", "±": r"\pm", "∓": r"\mp", "≤": r"\le", "⩽": r"\le", "≥": r"\ge",
+    "⩾": r"\ge", "≠": r"\ne", "≈": r"\approx", "≃": r"\simeq", "≅": r"\cong",
+    "≡": r"\equiv", "∼": r"\sim", "∝": r"\propto", "≪": r"\ll", "≫": r"\gg",
+    "∈": r"\in", "∉": r"\notin", "∋": r"\ni", "⊂": r"\subset", "⊆": r"\subseteq",
+    "⊃": r"\supset", "⊇": r"\supseteq", "∪": r"\cup", "∩": r"\cap", "∅": r"\emptyset",
+    "∖": r"\setminus", "⇒": r"\Rightarrow", "⟹": r"\Longrightarrow", "⇐": r"\Leftarrow",
+    "⇔": r"\Leftrightarrow", "⟺": r"\Longleftrightarrow", "→": r"\to", "⟶": r"\longrightarrow",
+    "←": r"\leftarrow", "↔": r"\leftrightarrow", "↦": r"\mapsto", "↑": r"\uparrow",
+    "↓": r"\downarrow", "∞": r"\infty", "∂": r"\partial", "∇": r"\nabla", "∀": r"\forall",
+    "∃": r"\exists", "∄": r"\nexists", "¬": r"\neg", "∧": r"\land", "∨": r"\lor",
+    "⊕": r"\oplus", "⊗": r"\otimes", "⊙": r"\odot", "∘": r"\circ", "⊤": r"\top",
+    "⊥": r"\perp", "∥": r"\parallel", "ℓ": r"\ell", "ℏ": r"\hbar", "°": r"^{\circ}",
+    "…": r"\ldots", "⋯": r"\cdots", "⋮": r"\vdots", "⋱": r"\ddots", "′": "'", "″": "''",
+    "⌈": r"\lceil", "⌉": r"\rceil", "⌊": r"\lfloor", "⌋": r"\rfloor", "⟨": r"\langle",
+    "⟩": r"\rangle", "〈": r"\langle", "〉": r"\rangle", "√": r"\surd",
+    "ℝ": r"\mathbb{R}", "ℤ": r"\mathbb{Z}", "ℕ": r"\mathbb{N}", "ℚ": r"\mathbb{Q}",
+    "ℂ": r"\mathbb{C}", "𝔼": r"\mathbb{E}", "½": r"\tfrac{1}{2}", "¼": r"\tfrac{1}{4}",
+    "¾": r"\tfrac{3}{4}", "⅓": r"\tfrac{1}{3}", "√̅": r"\surd", "✓": r"\checkmark",
+    "«": r"\ll", "»": r"\gg", "“": "``", "”": "''", "‘": "`", "’": "'",
+}
+# symbols that are operands (can carry scripts: ℝ^n, ∞^2), not operators
+SYMBOL_ATOMS = set("ℝℤℕℚℂ𝔼∞∅ℓℏ⊤½¼¾⅓∂∇")
+SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵀᵗᵏᵈ", list("0123456789+-=()ni") + [r"\top", "t", "k", "d"]))
+SUBSCRIPTS = dict(zip("₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵣᵤᵥ", "0123456789+-=()aeoxhklmnpstijruv"))
+# combining accents over the previous symbol: x̄, x̂, x̃, ẋ, x⃗
+COMBINING = {"\u0304": r"\bar", "\u0305": r"\overline", "\u0302": r"\hat", "\u0303": r"\tilde",
+             "\u0307": r"\dot", "\u0308": r"\ddot", "\u20d7": r"\vec"}
+ASCII_ESCAPES = {"&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "~": r"\sim",
+                 "\\": r"\backslash", "`": "'", '"': r"\text{''}", "*": r"\cdot",
+                 "{": r"\{", "}": r"\}", "_": r"\_", "^": r"\wedge"}
+TWO_CHAR = {"<=": r"\le", ">=": r"\ge", "!=": r"\ne", "==": "=", "->": r"\to",
+            "=>": r"\Rightarrow", "<-": r"\leftarrow", ">>": r"\gg", "<<": r"\ll",
+            "||": r"\|", "...": r"\ldots", "..": ".."}
+# Words that are operators in LaTeX (\exp ...) or should look like one.
+TEX_OPS = {"exp", "log", "ln", "max", "min", "sin", "cos", "tan", "tanh", "sinh", "cosh",
+           "arcsin", "arccos", "arctan", "det", "dim", "arg", "sup", "inf", "lim", "gcd",
+           "deg", "ker", "Pr", "lg", "sec", "csc", "cot", "hom", "liminf", "limsup"}
+NAMED_OPS = {"softmax", "argmax", "argmin", "sigmoid", "sign", "sgn", "diag", "tr", "mean",
+             "var", "std", "erf", "relu", "gelu", "silu", "swiglu", "logsumexp", "clip",
+             "rank", "round", "floor", "ceil", "abs", "cov", "rms", "RMS", "norm", "cdiv"}
+BIG_WORDS = {"sum": r"\sum", "prod": r"\prod", "Sum": r"\sum", "Prod": r"\prod"}
+GREEK_WORDS = {
+    "alpha": r"\alpha", "beta": r"\beta", "gamma": r"\gamma", "delta": r"\delta",
+    "epsilon": r"\varepsilon", "eps": r"\varepsilon", "zeta": r"\zeta", "eta": r"\eta",
+    "theta": r"\theta", "kappa": r"\kappa", "lambda": r"\lambda", "lambd": r"\lambda",
+    "mu": r"\mu", "nu": r"\nu", "xi": r"\xi", "pi": r"\pi", "rho": r"\rho",
+    "sigma": r"\sigma", "tau": r"\tau", "phi": r"\varphi", "chi": r"\chi", "psi": r"\psi",
+    "omega": r"\omega", "Gamma": r"\Gamma", "Delta": r"\Delta", "Theta": r"\Theta",
+    "Lambda": r"\Lambda", "Sigma": r"\Sigma", "Phi": r"\Phi", "Psi": r"\Psi",
+    "Omega": r"\Omega",
+}
+ACCENTS = {"hat": r"\hat", "bar": r"\bar", "tilde": r"\tilde", "dot": r"\dot", "vec": r"\vec"}
+# Single words that read as prose even alone ("x ≥ 0 where ...").
+CONNECTIVES = {"for", "all", "any", "each", "every", "where", "when", "if", "iff", "and",
+               "or", "not", "with", "else", "otherwise", "then", "s.t.", "of", "in", "on",
+               "to", "is", "are", "per", "over", "some", "no", "at", "by", "as", "so", "but"}
+
+_TOKEN = re.compile(r"""
+    (?P<nl>\n)
+  | (?P<ws>[ \t\r\f\v]+)
+  | (?P<hex>0[xX][0-9A-Fa-f]+)
+  | (?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
+  | (?P<ident>[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*)
+  | (?P<op2>\.\.\.|<=|>=|!=|==|->|=>|<-|>>|<<|\|\||\*\*|\.\.)
+  | (?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵀᵗᵏᵈ]+)
+  | (?P<sub>[₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵣᵤᵥ]+)
+  | (?P<ch>.)
+""", re.VERBOSE | re.DOTALL)
+
+_WORD = re.compile(r"[A-Za-z]+$")
+_TEXT_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "_": r"\_", "#": r"\#",
+                  "$": r"\$", "%": r"\%", "&": r"\&", "^": r"\textasciicircum{}",
+                  "~": r"\textasciitilde{}"}
+
+
+@dataclass
+class Tok:
+    kind: str
+    text: str
+    ws_before: bool = False
+
+
+@dataclass
+class Piece:
+    tex: str
+    kind: str  # var | name | num | op | open | close | text | big
+    ws_before: bool = False
+    sub: bool = False  # already carries a subscript / superscript: a second one needs braces
+    sup: bool = False
+
+
+def text_escape(s: str) -> str:
+    """Escape a string for `\\text{...}` (and for LaTeX text mode)."""
+    return "".join(_TEXT_SPECIALS.get(c, c) for c in s)
+
+
+def _clean(s: str) -> str:
+    """Unicode spaces become spaces, invisible format characters disappear."""
+    out = []
+    for c in s:
+        cat = unicodedata.category(c)
+        if c == "\n":
+            out.append(c)
+        elif cat in ("Zs", "Zl", "Zp") or (cat == "Cc"):
+            out.append(" ")
+        elif cat in ("Cf", "Cs", "Co", "Cn") or (cat.startswith("M") and c not in COMBINING):
+            continue  # invisible, or a combining mark we cannot place
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _tokens(line: str) -> list[Tok]:
+    toks, ws = [], False
+    for m in _TOKEN.finditer(line):
+        kind = m.lastgroup
+        if kind == "ws":
+            ws = True
+            continue
+        toks.append(Tok(kind, m.group(), ws))
+        ws = False
+    return toks
+
+
+def _match(toks: list[Tok], i: int, open_: str, close: str) -> int | None:
+    """Index of the token closing toks[i] (an `open_`), or None."""
+    depth = 0
+    for j in range(i, len(toks)):
+        if toks[j].kind == "ch" and toks[j].text == open_:
+            depth += 1
+        elif toks[j].kind == "ch" and toks[j].text == close:
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
+def _is_word(t: Tok) -> bool:
+    return (t.kind == "ident" and bool(_WORD.match(t.text)) and t.text not in GREEK_WORDS
+            and t.text != "sqrt")
+
+
+def _script_follows(toks: list[Tok], i: int) -> bool:
+    """True when toks[i] is followed directly by a call, index or script: it is a name then."""
+    if i + 1 >= len(toks) or toks[i + 1].ws_before:
+        return False
+    n = toks[i + 1]
+    return n.kind in ("sup", "sub") or (n.kind == "ch" and n.text in "([_^{") or (
+        n.kind == "op2" and n.text == "**")
+
+
+def _name_tex(name: str) -> str:
+    return r"\mathrm{" + name.replace("_", r"\_") + "}"
+
+
+def _base_tex(part: str) -> tuple[str, str]:
+    """LaTeX for the first part of an identifier, plus a subscript split off its digits."""
+    m = re.match(r"^([A-Za-z]+?)(\d+)$", part)
+    if m and (m.group(1) in GREEK_WORDS or len(m.group(1)) == 1):
+        return (GREEK_WORDS.get(m.group(1), m.group(1)), m.group(2))  # beta1 -> \beta_1
+    if part in GREEK_WORDS:
+        return GREEK_WORDS[part], ""
+    if len(part) == 1:
+        return part, ""
+    return _name_tex(part), ""
+
+
+def _base_tex_plain(part: str) -> str:
+    if part in GREEK_WORDS:
+        return GREEK_WORDS[part]
+    return part if len(part) == 1 else _name_tex(part)
+
+
+def _sub_tex(parts: list[str]) -> str:
+    if len(parts) == 1:
+        p = parts[0]
+        if p in GREEK_WORDS:
+            return GREEK_WORDS[p]
+        if len(p) <= 2 or p.isdigit():
+            return p
+        return _name_tex(p)
+    return _name_tex("_".join(parts))
+
+
+def _ident(text: str, call: bool) -> Piece:
+    """An identifier: a variable (x, x_i, W_base, beta1), a name (packed_byte), an operator
+    (exp, softmax) or, when called, a function name."""
+    if call:
+        if text in TEX_OPS:
+            return Piece("\\" + text, "fn")
+        if text in BIG_WORDS:
+            return Piece(BIG_WORDS[text], "big")
+        if text in GREEK_WORDS:
+            return Piece(GREEK_WORDS[text], "var")
+        if len(text) > 1 and not re.match(r"^[A-Za-z]_", text):
+            return Piece(r"\operatorname{" + text.replace("_", r"\_") + "}", "fn")
+    if text in TEX_OPS:
+        return Piece("\\" + text, "fn")
+    if text in NAMED_OPS:
+        return Piece(r"\operatorname{" + text + "}", "fn")
+    if text in BIG_WORDS:
+        return Piece(BIG_WORDS[text], "big")
+    parts = text.split("_")
+    if (parts[0] in TEX_OPS or parts[0] in BIG_WORDS or parts[0] in NAMED_OPS) and \
+            len(parts) == 2 and (len(parts[1]) <= 2 or parts[1] in GREEK_WORDS):
+        op = BIG_WORDS.get(parts[0]) or ("\\" + parts[0] if parts[0] in TEX_OPS else
+                                         r"\operatorname{" + parts[0] + "}")
+        sub = _sub_tex(parts[1:])
+        return Piece(f"{op}_{{{sub}}}" if len(sub) > 1 else f"{op}_{sub}",
+                     "big" if parts[0] in BIG_WORDS else "fn", sub=True)  # max_j, sum_j
+    base, digits = _base_tex(parts[0]) if len(parts) == 1 else (_base_tex_plain(parts[0]), "")
+    rest = parts[1:]
+    if rest and rest[0] in ACCENTS and (len(parts[0]) == 1 or parts[0] in GREEK_WORDS):
+        base = f"{ACCENTS[rest[0]]}{{{base}}}"  # m_hat_t -> \hat{m}_t
+        rest = rest[1:]
+    if digits:
+        rest = [digits] + rest
+    if not rest:
+        return Piece(base, "name" if base.startswith(r"\mathrm") else "var")
+    single = len(parts[0]) == 1 or parts[0] in GREEK_WORDS or digits
+    if single:
+        sub = _sub_tex(rest)
+        return Piece(f"{base}_{{{sub}}}" if len(sub) > 1 else f"{base}_{sub}", "var", sub=True)
+    last = parts[-1]
+    if len(parts) >= 2 and (len(last) == 1 or last.isdigit()):
+        sub = last if len(last) == 1 else "{" + last + "}"
+        return Piece(f"{_name_tex('_'.join(parts[:-1]))}_{sub}", "name", sub=True)
+    return Piece(_name_tex(text), "name")
+
+
+def _number(text: str) -> Piece:
+    m = re.match(r"^(\d+(?:\.\d+)?)[eE]([-+]?\d+)$", text)
+    if not m:
+        return Piece(text, "num")
+    mant, exp = m.group(1), str(int(m.group(2)))  # 1.0e-06 -> 1.0 \times 10^{-6}
+    if mant == "1":
+        return Piece(f"10^{{{exp}}}", "num", sup=True)
+    return Piece(f"{mant} \\times 10^{{{exp}}}", "num", sup=True)
+
+
+class _Renderer:
+    def __init__(self, toks: list[Tok]):
+        self.toks = toks
+        self.out: list[Piece] = []
+
+    # scripts -------------------------------------------------------------------------
+    def attach(self, kind: str, tex: str, ws: bool):
+        """Attach `_tex`/`^tex` to the last piece, bracing it when it already has one."""
+        mark = "_" if kind == "sub" else "^"
+        body = tex if len(tex) == 1 and tex.isalnum() else "{" + tex + "}"
+        if not self.out or self.out[-1].kind in ("op", "open") or ws:
+            self.out.append(Piece("{}" + mark + body, "var", ws, sub=kind == "sub",
+                                  sup=kind == "sup"))
+            return
+        last = self.out[-1]
+        if (kind == "sub" and (last.sub or last.sup)) or (kind == "sup" and last.sup):
+            last.tex, last.sub, last.sup = "{" + last.tex + "}", False, False
+        last.tex += mark + body
+        last.sub |= kind == "sub"
+        last.sup |= kind == "sup"
+
+    def script_arg(self, i: int) -> tuple[str, int] | None:
+        """The argument of `_`/`^` at toks[i]: a {group}, a (group) whose parens are dropped
+        for `^`, a token, or a signed number. Returns (tex, next index)."""
+        toks = self.toks
+        if i >= len(toks) or toks[i].ws_before:
+            return None
+        t = toks[i]
+        if t.kind == "ch" and t.text in "{(":
+            j = _match(toks, i, t.text, "}" if t.text == "{" else ")")
+            if j is None:
+                return None
+            inner = render_tokens(toks[i + 1:j])
+            return (inner if t.text == "{" else inner), j + 1
+        if t.kind == "ident":
+            p = _ident(t.text, False)
+            return p.tex, i + 1
+        if t.kind in ("num", "hex"):
+            return _number(t.text).tex, i + 1
+        if t.kind == "ch" and (t.text in GREEK or t.text in SYMBOLS):
+            return GREEK.get(t.text) or SYMBOLS[t.text], i + 1
+        if t.kind == "ch" and t.text in "-+" and i + 1 < len(toks) and \
+                toks[i + 1].kind in ("num", "ident") and not toks[i + 1].ws_before:
+            nxt = self.script_arg(i + 1)
+            if nxt:
+                return t.text + nxt[0], nxt[1]
+        if t.kind == "ch" and t.text in "−":
+            nxt = self.script_arg(i + 1)
+            if nxt:
+                return "-" + nxt[0], nxt[1]
+        return None
+
+    # main loop -----------------------------------------------------------------------
+    def run(self) -> list[Piece]:
+        toks, i = self.toks, 0
+        while i < len(toks):
+            t = toks[i]
+            if _is_word(t) and not _script_follows(toks, i):
+                i = self.words(i)
+                continue
+            i = self.one(i)
+        return self.out
+
+    def words(self, i: int) -> int:
+        """A run of plain words (numbers and alphanumerics may sit inside) separated by
+        spaces: prose like "for all i" becomes \\text{for all} i."""
+        toks, j = self.toks, i
+        run = [i]
+        while j + 1 < len(toks) and toks[j + 1].ws_before and (
+                _is_word(toks[j + 1]) or (toks[j + 1].kind in ("num", "ident")
+                                          and "_" not in toks[j + 1].text)) \
+                and not _script_follows(toks, j + 1):
+            j += 1
+            run.append(j)
+        # a run starts and ends on a real word; numbers, names and single letters at its
+        # ends stay math ("x finite" -> x \text{ finite}, "for all i" -> \text{for all} i)
+        def real(k):
+            return _is_word(toks[k]) and len(toks[k].text) > 1
+
+        while len(run) > 1 and not real(run[-1]):
+            run.pop()
+        if len(run) > 1 and not real(run[0]):
+            return self.one(i)
+        words = [toks[k].text for k in run]
+        prose = len(words) >= 2 or (words[0] in CONNECTIVES) or (
+            words[0].islower() and len(words[0]) >= 4 and words[0] not in TEX_OPS
+            and words[0] not in NAMED_OPS and words[0] not in BIG_WORDS)
+        if not prose:
+            return self.one(i)
+        lead = " " if toks[i].ws_before and self.out else ""
+        after = run[-1] + 1
+        trail = " " if after < len(toks) and toks[after].ws_before else ""
+        body = text_escape(" ".join(words))
+        self.out.append(Piece(r"\text{" + lead + body + trail + "}", "text", toks[i].ws_before))
+        return after
+
+    def one(self, i: int) -> int:
+        toks = self.toks
+        t = toks[i]
+        ws = t.ws_before
+        add = self.out.append
+        if t.kind == "ident":
+            call = i + 1 < len(toks) and not toks[i + 1].ws_before and toks[i + 1].kind == "ch" \
+                and toks[i + 1].text == "("
+            if t.text == "sqrt":
+                return self.sqrt(i + 1, ws, spaced=not call)
+            p = _ident(t.text, call)
+            p.ws_before = ws
+            add(p)
+            return i + 1
+        if t.kind == "num":
+            p = _number(t.text)
+            p.ws_before = ws
+            add(p)
+            return i + 1
+        if t.kind == "hex":
+            add(Piece(r"\mathtt{" + t.text + "}", "num", ws))
+            return i + 1
+        if t.kind in ("sup", "sub"):
+            table = SUPERSCRIPTS if t.kind == "sup" else SUBSCRIPTS
+            self.attach(t.kind, "".join(table[c] for c in t.text), ws)
+            return i + 1
+        if t.kind == "op2":
+            if t.text == "**":
+                return self.script("sup", i, ws)
+            tex = TWO_CHAR[t.text]
+            if t.text == "||":
+                add(Piece(tex, "open", ws))
+            else:
+                add(Piece(tex, "op", ws))
+            return i + 1
+        c = t.text
+        if c == "_":
+            return self.script("sub", i, ws)
+        if c == "^":
+            return self.script("sup", i, ws)
+        if c in ("√",):
+            return self.sqrt(i + 1, ws)
+        if c == "'" or c == "′":
+            if self.out and self.out[-1].sup:
+                self.out[-1].tex = "{" + self.out[-1].tex + "}"
+            if self.out and self.out[-1].kind not in ("op", "open"):
+                self.out[-1].tex += "'"
+                self.out[-1].sup = True
+            else:
+                add(Piece("'", "var", ws, sup=True))
+            return i + 1
+        if c == "{":
+            j = _match(toks, i, "{", "}")
+            if j is not None:
+                add(Piece(r"\{" + render_tokens(toks[i + 1:j]) + r"\}", "var", ws))
+                return j + 1
+            add(Piece(r"\{", "open", ws))
+            return i + 1
+        if c == "‖":
+            n_before = sum(1 for p in self.out if p.tex in (r"\lVert", r"\rVert"))
+            add(Piece(r"\lVert" if n_before % 2 == 0 else r"\rVert",
+                      "open" if n_before % 2 == 0 else "close", ws))
+            return i + 1
+        if c in COMBINING:
+            if self.out and self.out[-1].kind in ("var", "num", "name"):
+                last = self.out[-1]
+                last.tex = f"{COMBINING[c]}{{{last.tex}}}"
+                last.sub = last.sup = False
+            return i + 1
+        if c in BIG_OPS:
+            add(Piece(BIG_OPS[c], "big", ws))
+            return i + 1
+        if c in GREEK:
+            add(Piece(GREEK[c], "var", ws))
+            return i + 1
+        if c in SYMBOLS:
+            tex = SYMBOLS[c]
+            if c == "°" and self.out:
+                self.attach("sup", r"\circ", ws)
+                return i + 1
+            add(Piece(tex, "var" if c in SYMBOL_ATOMS else "op", ws))
+            return i + 1
+        if c in ASCII_ESCAPES:
+            add(Piece(ASCII_ESCAPES[c], "op", ws))
+            return i + 1
+        if c in "([":
+            add(Piece(c, "open", ws))
+            return i + 1
+        if c in ")]":
+            add(Piece(c, "close", ws))
+            return i + 1
+        if c.isascii():
+            add(Piece(c, "op", ws))
+            return i + 1
+        name = unicodedata.name(c, "")
+        if name.startswith("MATHEMATICAL") or unicodedata.category(c).startswith("L"):
+            decomposed = unicodedata.normalize("NFKD", c)
+            if decomposed.isascii() and decomposed.isalnum():
+                add(Piece(decomposed, "var", ws))  # 𝑥 -> x, é in a formula -> e
+                return i + 1
+        add(Piece(r"\text{" + text_escape(c) + "}", "var", ws))
+        return i + 1
+
+    def script(self, kind: str, i: int, ws: bool) -> int:
+        arg = self.script_arg(i + 1)
+        if arg is None:
+            self.out.append(Piece(r"\_" if kind == "sub" else r"\wedge", "op", ws))
+            return i + 1
+        self.attach(kind, arg[0], ws)
+        return arg[1]
+
+    def sqrt(self, i: int, ws: bool, spaced: bool = False) -> int:
+        """`√(...)`, `sqrt(...)` or `√x`: i is the index after the root sign."""
+        toks = self.toks
+        if i < len(toks) and toks[i].kind == "ch" and toks[i].text == "(":
+            j = _match(toks, i, "(", ")")
+            if j is not None:
+                self.out.append(Piece(r"\sqrt{" + render_tokens(toks[i + 1:j]) + "}", "var", ws))
+                return j + 1
+        if i < len(toks) and (spaced or not toks[i].ws_before):
+            sub = _Renderer(toks[i:i + 1])
+            sub.one(0)
+            j = i + 1
+            # keep the radicand's scripts under the root: √x_i, √d², √x₁
+            while j < len(toks) and not toks[j].ws_before and toks[j].kind in ("sup", "sub"):
+                sub.toks = toks[:j + 1]
+                sub.one(j)
+                j += 1
+            if sub.out and sub.out[0].kind in ("var", "num", "name"):
+                self.out.append(Piece(r"\sqrt{" + " ".join(p.tex for p in sub.out) + "}",
+                                      "var", ws))
+                return j
+        self.out.append(Piece(r"\surd", "op", ws))
+        return i
+
+
+def _join(pieces: list[Piece]) -> str:
+    out = ""
+    for k, p in enumerate(pieces):
+        if k == 0:
+            out = p.tex
+            continue
+        prev = pieces[k - 1]
+        sep = " " if p.ws_before else ""
+        if p.ws_before and ((prev.kind == "name" and p.kind in ("name", "num", "var"))
+                            or (prev.kind in ("num", "var") and p.kind == "name")
+                            or (prev.kind == "num" and p.kind == "num")):
+            sep = r"\ "  # "165 TFLOP" must not render as 165TFLOP
+        elif not sep and re.search(r"\\[A-Za-z]+$", out) and re.match(r"[A-Za-z0-9]", p.tex):
+            sep = " "  # \alpha x, not \alphax
+        if prev.kind == "text" or p.kind == "text":
+            sep = "" if not sep.strip() else sep
+        out += sep + p.tex
+    return out
+
+
+def render_tokens(toks: list[Tok]) -> str:
+    return _join(_Renderer(toks).run())
+
+
+def to_latex(formula: str) -> str:
+    """LaTeX (math mode, no delimiters) for a Unicode formula. Multi-line formulas become a
+    left-aligned array, one row per line."""
+    if not isinstance(formula, str):
+        formula = str(formula)
+    lines = [ln.strip() for ln in _clean(formula).split("\n")]
+    rows = [render_tokens(_tokens(ln)) for ln in lines if ln]
+    if not rows:
+        return ""
+    if len(rows) == 1:
+        return rows[0]
+    return r"\begin{array}{l} " + r" \\ ".join(rows) + r" \end{array}"
+
+
+def equation_latex(eq) -> str:
+    """An equation's LaTeX: its hand-written `latex:` field, else derived from `formula`."""
+    return eq.latex if getattr(eq, "latex", None) else to_latex(getattr(eq, "formula", "") or "")
