@@ -1,0 +1,197 @@
+"""`falsify bench kernels`: our torch kernels vs the plain eager PyTorch formulation, on CPU,
+measured side by side in one run.
+
+Time: median of interleaved repeats (ours, baseline, ours, …) after warm-up, so drift in the
+machine's load hits both sides alike. Peak memory: each (case, implementation) runs in a fresh
+subprocess; after the inputs exist we reset the kernel's resident-set high-water mark
+(`echo 5 > /proc/self/clear_refs`) and report VmHWM − VmRSS after one call (forward, plus
+backward where the case trains): the extra bytes the call needed at its peak. This is Linux
+only and counts real resident pages, including allocator caching.
+
+On a GPU (when present) the same cases report Triton vs PyTorch in TFLOP/s or GB/s; without one
+that part is skipped with a line saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Case:
+    kernel: str
+    label: str
+    setup: Callable[[], dict]
+    ours: Callable[[dict], object]
+    baseline: Callable[[dict], object]
+    baseline_name: str
+    flops: float = 0.0  # per call, for GFLOP/s
+    backward: bool = False
+
+
+def _bwd(out, args):
+    y = out[0] if isinstance(out, (tuple, list)) else out
+    y.float().sum().backward() if y.requires_grad else None
+
+
+def _rand(*shape, grad=False, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+
+    def add(kernel, *a, **k):
+        out.append(Case(kernel, *a, **k))
+
+    from falsify.impl.torch import softmax as sm
+
+    for m, n in ((4096, 4096), (1023, 32000)):
+        add("softmax", f"{m}x{n}", lambda m=m, n=n: {"x": _rand(m, n)},
+            lambda a: sm.softmax(a["x"]),
+            lambda a: torch.exp(a["x"] - a["x"].amax(-1, keepdim=True)).div_(
+                torch.exp(a["x"] - a["x"].amax(-1, keepdim=True)).sum(-1, keepdim=True)),
+            "eager exp/sum", flops=5.0 * m * n)
+    try:
+        from falsify.impl.torch import rmsnorm as rn
+    except ImportError:
+        rn = None
+    if rn is not None:
+        for m, n in ((8192, 1024), (4096, 4096)):
+            def setup(m=m, n=n):
+                return {"x": _rand(m, n, grad=True), "w": _rand(n, grad=True, seed=1)}
+
+            def eager(a):
+                x, w = a["x"], a["w"]
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+            add("rmsnorm fwd+bwd", f"{m}x{n}", setup, lambda a: rn.rmsnorm(a["x"], a["w"], 1e-6),
+                eager, "eager x*rsqrt(mean(x²)+eps)*w", flops=4.0 * m * n * 3, backward=True)
+    for extra in EXTRA_CASES:
+        try:
+            out.extend(extra())
+        except ImportError as e:
+            print(f"bench: cases from {extra.__module__}.{extra.__name__} unavailable: {e}",
+                  file=sys.stderr)
+    return out
+
+
+EXTRA_CASES: list[Callable[[], list[Case]]] = []  # kernels register more cases here
+
+
+def _call(case: Case, which: str, args: dict):
+    fn = case.ours if which == "ours" else case.baseline
+    if case.backward:
+        for t in args.values():
+            if isinstance(t, torch.Tensor) and t.grad is not None:
+                t.grad = None
+        out = fn(args)
+        _bwd(out, args)
+        return out
+    with torch.no_grad():
+        return fn(args)
+
+
+def time_pair(case: Case, repeats: int = 5) -> tuple[float, float]:
+    args = case.setup()
+    for _ in range(2):
+        _call(case, "ours", args)
+        _call(case, "baseline", args)
+    t_ours, t_base = [], []
+    for _ in range(repeats):
+        for which, acc in (("ours", t_ours), ("baseline", t_base)):
+            t0 = time.perf_counter()
+            _call(case, which, args)
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(t_ours), statistics.median(t_base)
+
+
+def _status(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def measure_peak(kernel: str, label: str, which: str) -> int:
+    case = next(c for c in cases() if c.kernel == kernel and c.label == label)
+    args = case.setup()
+    rss = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    _call(case, which, args)
+    return max(0, _status("VmHWM") - rss)
+
+
+def peak_in_subprocess(case: Case, which: str) -> int:
+    r = subprocess.run([sys.executable, "-m", "falsify.bench_kernels", "--measure", case.kernel,
+                        case.label, which], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"peak measurement failed for {case.kernel} {case.label} {which}:\n"
+                           + r.stderr[-2000:])
+    return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="falsify bench kernels")
+    p.add_argument("--measure", nargs=3, metavar=("KERNEL", "LABEL", "WHICH"),
+                   help=argparse.SUPPRESS)
+    p.add_argument("--only", default=None, help="substring of the kernel names to run")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    args = p.parse_args(argv)
+    if args.measure:
+        print(json.dumps({"peak_extra_bytes": measure_peak(*args.measure)}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    torch.set_num_threads(torch.get_num_threads())
+    rows = []
+    for c in cases():
+        if args.only and args.only not in c.kernel:
+            continue
+        t_ours, t_base = time_pair(c, args.repeats)
+        row = dict(kernel=c.kernel, shape=c.label, baseline=c.baseline_name,
+                   ours_ms=t_ours * 1e3, base_ms=t_base * 1e3, time_ratio=t_ours / t_base,
+                   gflops=c.flops / t_ours / 1e9 if c.flops else None)
+        if not args.no_memory:
+            mo, mb = peak_in_subprocess(c, "ours"), peak_in_subprocess(c, "baseline")
+            row.update(ours_peak_mb=mo / 2**20, base_peak_mb=mb / 2**20,
+                       mem_ratio=mo / mb if mb else None)
+        rows.append(row)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+        return 0
+    t = Table(title=f"falsify bench kernels — CPU, {torch.get_num_threads()} threads, "
+                    "ours vs eager PyTorch (ratio < 1: ours is faster / smaller)")
+    for col in ("kernel", "shape", "ours ms", "eager ms", "time ratio", "ours peak MiB",
+                "eager peak MiB", "mem ratio"):
+        t.add_column(col, justify="right" if col not in ("kernel", "shape") else "left")
+    for r in rows:
+        t.add_row(r["kernel"], r["shape"], f"{r['ours_ms']:.2f}", f"{r['base_ms']:.2f}",
+                  f"{r['time_ratio']:.2f}",
+                  f"{r.get('ours_peak_mb', float('nan')):.1f}",
+                  f"{r.get('base_peak_mb', float('nan')):.1f}",
+                  f"{r['mem_ratio']:.2f}" if r.get("mem_ratio") else "-")
+    Console(width=200).print(t)
+    if not torch.cuda.is_available():
+        print("GPU section: no CUDA device visible — Triton vs PyTorch/cuBLAS TFLOP/s and GB/s "
+              "are measured only on a GPU.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
