@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from falsify.harness.graph import mermaid
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, ROOT, Check, Contract
 from falsify.harness.plan import backends_of, equation_of, runs, variants_of
@@ -102,53 +103,11 @@ def overall(coverage, views: dict[str, ContractView]) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------
-# the dependency graph: harness/graph.py's `mermaid`; a local stand-in until it exists
+# the dependency graph (harness/graph.py draws it; edges run dependency --> user)
 
 
 def _mermaid(contracts: list[Contract], focus: str | None = None) -> str:
-    try:
-        from falsify.harness.graph import mermaid
-    except ImportError:
-        return _local_mermaid(contracts, focus)
-    text = mermaid(contracts, focus=focus).strip()
-    if text.startswith("```"):  # tolerate a fenced result: we add our own fence
-        text = "\n".join(text.splitlines()[1:-1])
-    return text
-
-
-def _local_mermaid(contracts: list[Contract], focus: str | None = None) -> str:
-    """Dependency graph (edge A --> B: A depends on B). With a focus, only the focus contract,
-    everything it depends on and everything that depends on it."""
-    by_id = {c.id: c for c in contracts}
-    keep = set(by_id)
-    if focus is not None:
-        keep = {n for n in by_id if _reaches(by_id, focus, n) or _reaches(by_id, n, focus)}
-        keep |= {d for d in by_id[focus].depends_on}  # missing dependencies still show
-    names = sorted(keep | {d for c in contracts if c.id in keep for d in c.depends_on
-                           if d in keep})
-    nid = {n: f"n{i}" for i, n in enumerate(names)}
-    lines = ["graph LR"]
-    lines += [f'  {nid[n]}["{n}"]' for n in names]
-    for c in sorted(contracts, key=lambda c: c.id):
-        if c.id in keep:
-            lines += [f"  {nid[c.id]} --> {nid[d]}" for d in sorted(c.depends_on) if d in nid]
-    if focus is not None:
-        lines.append("  classDef focus stroke-width:3px")
-        lines.append(f"  class {nid[focus]} focus")
-    return "\n".join(lines)
-
-
-def _reaches(by_id: dict[str, Contract], start: str, goal: str) -> bool:
-    seen, stack = set(), [start]
-    while stack:
-        n = stack.pop()
-        if n == goal:
-            return True
-        if n in seen or n not in by_id:
-            continue
-        seen.add(n)
-        stack += by_id[n].depends_on
-    return False
+    return mermaid(contracts, focus=focus).strip()
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,20 +119,31 @@ _MD_ESCAPE = re.compile(r"([\\`*_\[\]{}|#])")
 
 def text(s) -> str:
     """Prose from a contract, safe inside markdown paragraphs and table cells: no emphasis,
-    links, attribute lists, math or raw HTML can be triggered by contract text."""
+    links, attribute lists, math or raw HTML can be triggered by contract text. `Backticked`
+    spans, which authors write for code, become code spans."""
     s = "" if s is None else str(s)
+    parts = re.split(r"`([^`\n]+)`", s)
+    if len(parts) > 1:
+        return "".join(code(x) if i % 2 else _plain(x) for i, x in enumerate(parts)).strip()
+    return _plain(s).strip()
+
+
+def _plain(s: str) -> str:
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("$", "&#36;")
     s = _MD_ESCAPE.sub(r"\\\1", s)
-    return " ".join(s.split())
+    return re.sub(r"\s+", " ", s)
 
 
 def code(s) -> str:
-    """An inline code span that survives table cells (pipes) and backticks in the content."""
+    """An inline code span. Backtick spans, not <code> tags: markdown leaves their content
+    alone (no emphasis, no math, no escapes), and Python-Markdown's tables do not split a row
+    on a | inside one."""
     s = " ".join(("" if s is None else str(s)).split())
     if not s:
         return ""
-    s = s.replace("|", "&#124;")  # table rows split on | even inside code spans
-    return f"<code>{_html(s).replace('&amp;#124;', '&#124;')}</code>"
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", s)), default=0) + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
 
 
 def _html(s: str) -> str:
@@ -473,9 +443,10 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
     return "\n".join(L).rstrip() + "\n"
 
 
-def _head(title: str) -> list[str]:
+def _head(title: str, hide_toc: bool = False) -> list[str]:
     """Front matter (the nav shows the title, not a name guessed from the file) + marker."""
-    return ["---", f"title: {title}", "---", "", GENERATED_MARKER, ""]
+    hide = ["hide:", "  - toc"] if hide_toc else []
+    return ["---", f"title: {title}", *hide, "---", "", GENERATED_MARKER, ""]
 
 
 def is_generated(path: Path) -> bool:
@@ -494,16 +465,16 @@ def _rel(p: Path) -> str:
 
 
 def _backend_cell(outcomes: list[str] | None) -> str:
+    """The worst outcome of a backend's runs, with how many of them passed."""
     if not outcomes:
         return "–"
-    n = len(outcomes)
-    passed = outcomes.count(PASSED)
-    failed = outcomes.count(FAILED)
-    if failed:
-        return badge("failed") + f" {failed}/{n}"
+    n, passed = len(outcomes), outcomes.count(PASSED)
+    for worst in (FAILED, "stale", "skipped", NOT_RUN):
+        if worst in outcomes:
+            return badge(worst) + f" {passed}/{n} passed"
     if passed == n:
-        return badge("passed") + f" {n}/{n}"
-    return badge(NOT_RUN) + f" {passed}/{n} passed"
+        return badge(PASSED) + f" {n}/{n}"
+    return badge(next(o for o in outcomes if o != PASSED)) + f" {passed}/{n} passed"
 
 
 def _equation(c: Contract, eq) -> list[str]:
@@ -571,8 +542,8 @@ def _input(c: Contract, name: str, spec: dict) -> list[str]:
             s = s if isinstance(s, dict) else {"const": s}
             other = {k: v for k, v in s.items()
                      if k not in ("shape", "dtype", "values", "special")}
-            rows.append([code(a), value(s["shape"]) if "shape" in s else "scalar",
-                         code(s.get("dtype", "case dtype")),
+            dtype = s.get("dtype") or ("Python value" if "const" in s else "case dtype")
+            rows.append([code(a), value(s["shape"]) if "shape" in s else "scalar", code(dtype),
                          value(s["values"]) if "values" in s else "",
                          value(s["special"]) if "special" in s else "",
                          ", ".join(f"{text(k)}={value(v)}" for k, v in other.items())])
@@ -666,7 +637,7 @@ def _tolerance(tol) -> list[str]:
 def index_page(contracts: list[Contract], views: dict[str, ContractView], coverage) -> str:
     covered, total = overall(coverage, views)
     names = backend_order({b for c in contracts for b in backend_counts(c, views[c.id])})
-    L = _head("Contracts") + ["# Contracts", ""]
+    L = _head("Contracts", hide_toc=True) + ["# Contracts", ""]
     if coverage is None:
         L += ['!!! warning "No results"', "",
               "    These pages were generated without a results ledger: every obligation reads "
@@ -681,13 +652,13 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
         v = views[c.id]
         counts = backend_counts(c, v)
         killed, nmut = mutant_counts(c, v)
-        rows.append([f"[{c.id}]({c.id}.md)", code(c.version), text(c.status),
+        rows.append([f"[{c.id}]({c.id}.md)<br>{code(c.version)} {text(c.status)}",
                      f"{v.covered}/{v.total}"]
                     + [_counts(counts.get(b)) for b in names]
                     + [f"{killed}/{nmut}", f"**{pct(v.covered, v.total)}**"])
-    L += table(["contract", "version", "status", "obligations covered"]
+    L += table(["contract", "obligations covered"]
                + names
-               + ["mutants killed", "coverage"], rows)
+               + ["mutants killed", "covered"], rows)
     L += ["Obligation statuses, as the contract pages show them:", ""]
     L += [f"- {badge(s)} {text(_STATUS_HELP[s])}" for s in STATUSES] + [""]
     L += ["## Dependency graph", "", "```mermaid", _mermaid(contracts), "```", ""]

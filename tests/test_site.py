@@ -1,0 +1,359 @@
+"""The documentation site builds offline and renders math and diagrams in a real browser.
+
+Generates the contract pages for every contract in contracts/ into a temporary copy of site/,
+builds it with `mkdocs build --strict`, serves it on 127.0.0.1 and loads pages in headless
+Chromium, driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`, no extra
+packages). Why not `--dump-dom`: Material renders a mermaid diagram into a *closed* shadow root,
+which `--dump-dom` does not serialise; the only `<svg` it shows are the theme's icons, so a text
+search would pass even with the diagram broken. The protocol's DOM.getDocument(pierce=true)
+sees inside, and its network events prove that every request stayed on 127.0.0.1 (the outside
+is also unresolvable for this browser, so a CDN fallback cannot quietly succeed).
+
+Screenshots land in the pytest tmp dir (path printed with -s) for a human to look at.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import http.server
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from falsify.harness.docs import write_site
+from falsify.harness.latex import to_latex
+from falsify.harness.validate import load_all
+
+from tests.test_docs_pages import FakeCoverage
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+INSTALL_HINT = ("headless Chromium is required for the docs site test and was not found on PATH. "
+                "Install it: `apt-get install -y chromium` (Debian/Ubuntu). This test does not "
+                "skip: a site whose math and diagrams were never rendered is not tested.")
+SOFTMAX = "softmax-kernel-v1"
+
+
+def find_chromium() -> str:
+    for name in CHROMIUM_CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail(INSTALL_HINT, pytrace=False)
+
+
+# --------------------------------------------------------------------------------------------
+# a minimal DevTools-protocol client over --remote-debugging-pipe (fd 3: commands in, fd 4:
+# responses out, messages separated by NUL)
+
+
+class Chromium:
+    def __init__(self, exe: str, profile: Path, log: Path):
+        cmd_r, self._cmd_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        # Park the child's ends above 3 and 4, so moving them there cannot clobber each other.
+        cmd_r, resp_w = (_high_fd(fd) for fd in (cmd_r, resp_w))
+        args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-extensions",
+                "--hide-scrollbars", f"--user-data-dir={profile}",
+                # nothing but the local server resolves: a CDN fallback fails loudly
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                "--remote-debugging-pipe", "about:blank"]
+        # Chromium reads the protocol on fds 3 and 4; move our pipe ends there in the child
+        # (a shell `exec` instead of preexec_fn, which is unsafe next to the server thread).
+        script = f'exec 3<&{cmd_r} 4>&{resp_w} {cmd_r}<&- {resp_w}>&-; exec "$@"'
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(["bash", "-c", script, "bash", *args],
+                                     pass_fds=(cmd_r, resp_w), stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+        os.close(cmd_r)
+        os.close(resp_w)
+        self._next = 0
+        self._replies: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self._q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._reader, daemon=True).start()
+
+    def _reader(self):
+        buf = b""
+        while True:
+            chunk = os.read(self._resp_r, 1 << 20)
+            if not chunk:
+                self._q.put(None)
+                return
+            buf += chunk
+            while b"\0" in buf:
+                msg, buf = buf.split(b"\0", 1)
+                self._q.put(json.loads(msg))
+
+    def _pump(self, timeout: float) -> bool:
+        try:
+            msg = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if msg is None:
+            raise RuntimeError(f"chromium exited (code {self.proc.poll()}); see its log")
+        if "id" in msg:
+            self._replies[msg["id"]] = msg
+        else:
+            self.events.append(msg)
+        return True
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 20.0) -> dict:
+        self._next += 1
+        mid = self._next
+        msg = {"id": mid, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while mid not in self._replies:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no reply to {method} in {timeout} s")
+            self._pump(0.2)
+        reply = self._replies.pop(mid)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply.get("result", {})
+
+    def wait_event(self, method: str, session: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.events:
+                if e.get("method") == method and e.get("sessionId") == session:
+                    return e
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {method} in {timeout} s")
+            self._pump(0.2)
+
+    def drain(self):
+        while self._pump(0.05):
+            pass
+
+    def close(self):
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:  # noqa: BLE001 - it may already be gone; kill below
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+        self._log.close()
+
+
+def _high_fd(fd: int) -> int:
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return high
+
+
+def _walk(node: dict):
+    yield node
+    for key in ("children", "shadowRoots", "pseudoElements"):
+        for child in node.get(key, []) or []:
+            yield from _walk(child)
+    if node.get("contentDocument"):
+        yield from _walk(node["contentDocument"])
+
+
+def _classes(node: dict) -> list[str]:
+    attrs = node.get("attributes") or []
+    d = dict(zip(attrs[::2], attrs[1::2]))
+    return d.get("class", "").split()
+
+
+def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
+                 timeout: float = 20.0) -> dict:
+    """Load `url`, wait until it rendered (math when wanted, every mermaid block), take a
+    full-page screenshot. Returns what was found."""
+    target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    sid = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+        "sessionId"]
+    for m in ("Page.enable", "Network.enable", "DOM.enable"):
+        browser.send(m, session=sid)
+    browser.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                 session=sid)
+    browser.send("Page.navigate", {"url": url}, session=sid)
+    browser.wait_event("Page.loadEventFired", sid, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        root = browser.send("DOM.getDocument", {"depth": -1, "pierce": True}, session=sid)["root"]
+        nodes = list(_walk(root))
+        katex = sum("katex" in _classes(n) for n in nodes)
+        hosts = [n for n in nodes if "mermaid" in _classes(n)
+                 and (n.get("localName") or "").lower() == "div"]
+        drawn = [h for h in hosts if any((x.get("localName") or "").lower() == "svg"
+                                         for x in _walk(h) if x is not h)]
+        pending = [n for n in nodes if "mermaid" in _classes(n)
+                   and (n.get("localName") or "").lower() == "pre"]
+        done = (katex or not want_math) and hosts and len(drawn) == len(hosts) and not pending
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    html = browser.send("DOM.getOuterHTML", {"nodeId": root["nodeId"]}, session=sid)["outerHTML"]
+    size = browser.send("Page.getLayoutMetrics", session=sid)["cssContentSize"]
+    height = min(int(size["height"]) + 1, 16000)
+    png = browser.send("Page.captureScreenshot",
+                       {"format": "png", "captureBeyondViewport": True,
+                        "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1}},
+                       session=sid, timeout=30)["data"]
+    shot.write_bytes(base64.b64decode(png))
+    browser.drain()
+    requests = [e["params"]["request"]["url"] for e in browser.events
+                if e.get("sessionId") == sid and e.get("method") == "Network.requestWillBeSent"]
+    failed = [(e["params"].get("errorText"), e["params"].get("requestId")) for e in browser.events
+              if e.get("sessionId") == sid and e.get("method") == "Network.loadingFailed"]
+    bad_status = [(e["params"]["response"]["url"], e["params"]["response"]["status"])
+                  for e in browser.events if e.get("sessionId") == sid
+                  and e.get("method") == "Network.responseReceived"
+                  and e["params"]["response"]["status"] >= 400]
+    browser.send("Target.closeTarget", {"targetId": target})
+    return dict(html=html, katex=katex, mermaid_hosts=len(hosts), mermaid_svgs=len(drawn),
+                mermaid_pending=len(pending), requests=requests, failed=failed,
+                bad_status=bad_status, shot=shot, height=height)
+
+
+def katex_errors(browser: Chromium, url: str, items: list[tuple[str, str]]) -> list[str]:
+    """Every equation's LaTeX through the vendored KaTeX with throwOnError, in the browser:
+    one page load checks all contracts, not just the page that was looked at."""
+    target = browser.send("Target.createTarget", {"url": url})["targetId"]
+    sid = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+        "sessionId"]
+    deadline = time.monotonic() + 20
+    check = ("(items) => { if (typeof katex === 'undefined') return null; "
+             "const bad = []; for (const [name, tex] of items) { try { "
+             "katex.renderToString(tex, {displayMode: true, throwOnError: true}); } "
+             "catch (e) { bad.push(name + ': ' + e.message); } } return bad; }")
+    expr = f"({check})({json.dumps(items)})"
+    while True:
+        res = browser.send("Runtime.evaluate", {"expression": expr, "returnByValue": True},
+                           session=sid)
+        if "exceptionDetails" in res or res["result"].get("value") is not None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError("KaTeX never loaded")
+        time.sleep(0.2)  # katex not loaded yet
+    browser.send("Target.closeTarget", {"targetId": target})
+    assert "exceptionDetails" not in res, res["exceptionDetails"]
+    return res["result"]["value"]
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """site/ copied to a tmp dir, pages generated there, built with --strict."""
+    if not _has_module("mkdocs"):
+        pytest.fail("mkdocs is required: pip install 'falsify[docs]' (mkdocs==1.6.1, "
+                    "mkdocs-material, pymdown-extensions)", pytrace=False)
+    tmp = tmp_path_factory.mktemp("site")
+    site = tmp / "site"
+    shutil.copytree(ROOT / "site", site, ignore=shutil.ignore_patterns("build", "contracts"))
+    rep = load_all([ROOT / "contracts"])
+    assert rep.contracts, "no contracts found"
+    written = write_site(rep.contracts, FakeCoverage.mixed(rep.contracts), site)
+    assert site / "docs" / "contracts" / f"{SOFTMAX}.md" in written
+    out = tmp / "html"
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    # cwd = repository root: the snippets base path "." then finds contracts/FORMAT.md
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
+                           str(site / "mkdocs.yml"), "-d", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "WARNING" not in proc.stderr, proc.stderr
+    return dict(out=out, tmp=tmp, contracts=rep.contracts)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture(scope="module")
+def server(built_site):
+    handler = partial(_Quiet, directory=str(built_site["out"]))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_static_build_is_complete(built_site):
+    out = built_site["out"]
+    for c in built_site["contracts"]:
+        assert (out / "contracts" / c.id / "index.html").is_file(), c.id
+    page = (out / "contracts" / SOFTMAX / "index.html").read_text()
+    assert 'class="arithmatex"' in page  # math left for KaTeX, not mangled by markdown
+    assert '<pre class="mermaid">' in page
+    for asset in ("assets/vendor/katex/katex.min.js", "assets/vendor/katex/katex.min.css",
+                  "assets/vendor/katex/contrib/auto-render.min.js",
+                  "assets/vendor/mermaid/mermaid.min.js", "assets/katex-init.js"):
+        assert (out / asset).is_file(), asset
+        assert asset in page, f"{asset} not linked from the page"
+    fonts = list((out / "assets/vendor/katex/fonts").glob("*.woff2"))
+    assert len(fonts) >= 20, "KaTeX fonts missing"
+    # every script and stylesheet the HTML names is local
+    for ref in re.findall(r'<(?:script[^>]*src|link[^>]*href)="([^"]+)"', page):
+        assert not re.match(r"^(https?:)?//", ref), f"remote asset referenced: {ref}"
+    guide = (out / "guide" / "contract-format" / "index.html").read_text()
+    assert "Check kinds" in guide  # contracts/FORMAT.md included via snippets
+
+
+def test_pages_render_offline_in_chromium(built_site, server, capsys):
+    exe = find_chromium()
+    tmp = built_site["tmp"]
+    browser = Chromium(exe, tmp / "profile", tmp / "chromium.log")
+    try:
+        sm = inspect_page(browser, f"{server}/contracts/{SOFTMAX}/", tmp / f"{SOFTMAX}.png",
+                          want_math=True)
+        ix = inspect_page(browser, f"{server}/contracts/", tmp / "contracts-index.png",
+                          want_math=False)
+        bad_tex = katex_errors(browser, f"{server}/contracts/{SOFTMAX}/",
+                               [(f"{c.id}/{eq.name}", eq.latex or to_latex(eq.formula))
+                                for c in built_site["contracts"] for eq in c.equations.values()])
+    finally:
+        browser.close()
+    assert not bad_tex, f"KaTeX rejects equations: {bad_tex}"
+    with capsys.disabled():
+        print(f"\nscreenshots: {sm['shot']} ({sm['height']} px), {ix['shot']} ({ix['height']} px)")
+
+    assert 'class="katex"' in sm["html"], "KaTeX did not render the equations"
+    assert sm["katex"] >= 1
+    assert "katex-error" not in sm["html"], "KaTeX reported a LaTeX error"
+    for name, r in (("softmax page", sm), ("index page", ix)):
+        assert r["mermaid_hosts"] >= 1, f"{name}: no mermaid block rendered"
+        assert r["mermaid_svgs"] == r["mermaid_hosts"], f"{name}: a mermaid block has no <svg>"
+        assert r["mermaid_pending"] == 0, f"{name}: a mermaid fence was never processed"
+        remote = [u for u in r["requests"]
+                  if not u.startswith((server + "/", "data:", "blob:", "about:"))]
+        assert not remote, f"{name}: requests left the machine: {remote}"
+        assert not r["failed"], f"{name}: requests failed: {r['failed']}"
+        assert not r["bad_status"], f"{name}: missing assets: {r['bad_status']}"
+        assert r["shot"].stat().st_size > 10_000
+    # the live statuses from the coverage object are on the page
+    assert "fs-covered" in sm["html"] and "fs-failed" in sm["html"]
