@@ -1,7 +1,272 @@
-"""`pv` verbs (see falsify/pv.py for exit codes and the shared loading path)."""
+"""`pv` verbs that read contracts: status, graph, equations, diff.
+
+Exit codes as in falsify/pv.py: 0 fine, 1 violations (an unreadable contract, a dependency
+cycle or a missing dependency, a version that does not carry the bump its changes need), 2 usage
+or I/O error (a path that does not exist or cannot be read).
+"""
 
 from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_VIOLATIONS = 0, 1
+
+
+class _Verb:
+    """What every verb needs from falsify/pv.py, bound once at registration."""
+
+    emit = None
+    usage_error: type[Exception] = Exception
 
 
 def register(sub, add_common, emit, usage_error) -> None:
     """Add this module's subcommands to the `pv` parser."""
+    _Verb.emit, _Verb.usage_error = staticmethod(emit), usage_error
+
+    p = sub.add_parser("status", help="per contract: counts of equations, obligations, "
+                                      "checks, mutants, and the bindings")
+    add_common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("graph", help="dependency DAG (metadata.depends_on), dependencies first")
+    add_common(p, fmt=("text", "dot", "mermaid", "json"))
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("equations", help="equations as text or LaTeX")
+    add_common(p, fmt=("text", "latex", "json"))
+    p.set_defaults(func=cmd_equations)
+
+    p = sub.add_parser("diff", help="what changed between two versions of a contract, and "
+                                    "whether the version bump is big enough")
+    p.add_argument("old", help="the previous version of the contract")
+    p.add_argument("new", help="the new version of the contract")
+    add_common(p, many=False)
+    p.set_defaults(func=cmd_diff)
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def _mode(args) -> str | None:
+    if getattr(args, "strict", False) and getattr(args, "compat", False):
+        raise _Verb.usage_error("--strict and --compat are exclusive")
+    if getattr(args, "strict", False):
+        return "native"
+    return "compat" if getattr(args, "compat", False) else None
+
+
+def _check_paths(paths) -> None:
+    """A path that is missing or unreadable is an I/O error (exit 2), not a bad contract."""
+    for p in map(Path, paths):
+        if not p.exists():
+            raise _Verb.usage_error(f"no such file or directory: {p}")
+        if not (p.is_file() or p.is_dir()):
+            raise _Verb.usage_error(f"not a file or directory: {p}")
+        if not os.access(p, os.R_OK):
+            raise _Verb.usage_error(f"permission denied: {p}")
+
+
+def _load(args, paths):
+    """Contracts under `paths`, and the findings of files that could not be read at all."""
+    from falsify.harness.validate import load_all
+
+    _check_paths(paths)
+    rep = load_all(paths, mode=_mode(args))
+    if not rep.contracts and not rep.findings:
+        raise _Verb.usage_error(f"no contracts found under {' '.join(map(str, paths))}")
+    unreadable = [f for f in rep.findings if f.rule == "V001"]
+    for f in unreadable:
+        print(f"error: {f}", file=sys.stderr)
+    return rep.contracts, unreadable
+
+
+def _table(title: str | None, columns: list[tuple[str, str]], rows: list[list]) -> str:
+    """A plain-text table (rich, no colour, fixed width so pipes and tests see it whole)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for name, justify in columns:
+        t.add_column(name, justify=justify, no_wrap=True)
+    for r in rows:
+        t.add_row(*map(str, r))
+    buf = io.StringIO()
+    Console(file=buf, width=250, color_system=None, force_terminal=False,
+            emoji=False, highlight=False).print(t)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
+
+
+# ------------------------------------------------------------------------------ status
+
+
+def _status_row(c) -> dict:
+    executable = [t for t in c.checks if t.kind]
+    return {
+        "id": c.id, "path": str(c.path), "version": c.version, "mode": c.mode,
+        "equations": len(c.equations), "obligations": len(c.obligations),
+        "checks": {"total": len(c.checks), "executable": len(executable)},
+        "mutants": len(c.mutants), "symbolic_checks": len(c.symbolic_checks),
+        "kani_harnesses": len(c.kani_harnesses),
+        "bindings": {name: dict(eq.bindings) for name, eq in c.equations.items()},
+    }
+
+
+def cmd_status(args) -> int:
+    contracts, unreadable = _load(args, args.paths)
+    rows = [_status_row(c) for c in contracts]
+    cols = [("contract", "left"), ("version", "left"), ("mode", "left"),
+            ("equations", "right"), ("obligations", "right"), ("checks", "right"),
+            ("executable", "right"), ("mutants", "right"), ("symbolic", "right")]
+    text = [_table(f"{len(rows)} contract(s)", cols, [
+        [r["id"], r["version"] or "?", r["mode"], r["equations"], r["obligations"],
+         r["checks"]["total"], r["checks"]["executable"], r["mutants"], r["symbolic_checks"]]
+        for r in rows])]
+    brows = [[r["id"], eq, be, ref] for r in rows for eq, bs in r["bindings"].items()
+             for be, ref in bs.items()]
+    if brows:
+        text.append(_table("bindings", [("contract", "left"), ("equation", "left"),
+                                        ("backend", "left"), ("binding", "left")], brows))
+    unbound = [r["id"] for r in rows if not any(r["bindings"].values())]
+    if unbound:
+        text.append("no bindings: " + ", ".join(unbound))
+    _Verb.emit(args, {"contracts": rows, "errors": [f.as_dict() for f in unreadable]},
+               "\n\n".join(text))
+    return EXIT_VIOLATIONS if unreadable else EXIT_OK
+
+
+# ------------------------------------------------------------------------------ graph
+
+
+def cmd_graph(args) -> int:
+    from falsify.harness import graph
+    from falsify.harness.validate import Report, known_contracts
+
+    contracts, unreadable = _load(args, args.paths)
+    # Dependencies next to a named contract count as present: `pv graph one.yaml` should not
+    # call its siblings missing. Only what the named contracts reach is drawn.
+    known = known_contracts(Report(contracts=list(contracts)))
+    nodes, todo = {}, [c.id for c in contracts]
+    while todo:
+        n = todo.pop()
+        if n in nodes or n not in known:
+            continue
+        nodes[n] = known[n]
+        todo += known[n].depends_on
+    g = graph.build(nodes)
+    problems = []
+    for n, i, d in g.missing:
+        c = nodes[n]
+        problems.append(f"{c.path}:{c.line('metadata', 'depends_on', i)}: {n} depends on "
+                        f"{d!r}, which is not a contract here")
+    for cyc in g.cycles:
+        problems.append("dependency cycle: " + " -> ".join(cyc))
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if args.format == "json":
+        payload = graph.as_dict(g)
+        payload["errors"] = problems + [str(f) for f in unreadable]
+        _Verb.emit(args, payload, "")
+    else:
+        render = {"text": graph.text, "dot": graph.dot, "mermaid": graph.mermaid}[args.format]
+        _Verb.emit(args, {}, render(g).rstrip("\n"))
+    return EXIT_VIOLATIONS if (problems or unreadable) else EXIT_OK
+
+
+# ------------------------------------------------------------------------------ equations
+
+
+def _eq_dict(eq) -> dict:
+    from falsify.harness.latex import equation_latex, to_latex
+
+    return {
+        "name": eq.name, "formula": eq.formula, "latex": equation_latex(eq),
+        "latex_source": "latex field" if eq.latex else "derived from formula",
+        "domain": eq.domain, "codomain": eq.codomain, "invariants": eq.invariants,
+        "domain_latex": to_latex(eq.domain) if eq.domain else None,
+        "codomain_latex": to_latex(eq.codomain) if eq.codomain else None,
+        "invariants_latex": [to_latex(i) for i in eq.invariants],
+        "bindings": dict(eq.bindings),
+    }
+
+
+def _equations_text(c, eqs: list[dict]) -> str:
+    lines = [f"{c.id} ({c.version or '?'}): {len(eqs)} equation(s)"]
+    for e in eqs:
+        lines += ["", e["name"]]
+        formula = e["formula"].strip().splitlines() or [""]
+        lines.append(f"  formula:    {formula[0]}")
+        lines += [f"              {ln}" for ln in formula[1:]]
+        for k in ("domain", "codomain"):
+            if e[k]:
+                lines.append(f"  {k + ':':<11} {' '.join(e[k].split())}")
+        if e["invariants"]:
+            lines.append("  invariants:")
+            lines += [f"    - {' '.join(i.split())}" for i in e["invariants"]]
+        for be, ref in e["bindings"].items():
+            lines.append(f"  {be + ':':<11} {ref}")
+    return "\n".join(lines)
+
+
+def _equations_latex(c, eqs: list[dict]) -> str:
+    from falsify.harness.latex import text_escape
+
+    lines = [f"% Equations of {c.id} ({c.version or '?'}), written by `pv equations`",
+             f"\\section*{{{text_escape(c.id)}}}"]
+    for e in eqs:
+        lines += ["", f"\\subsection*{{{text_escape(e['name'])}}}",
+                  f"\\label{{eq:{c.id}:{e['name']}}}", "\\[", e["latex"], "\\]"]
+        for k in ("domain", "codomain"):
+            if e[f"{k}_latex"]:
+                lines.append(f"\\noindent\\textbf{{{k.capitalize()}:}} \\( {e[k + '_latex']} \\)"
+                             "\\par")
+        if e["invariants_latex"]:
+            lines.append("\\begin{itemize}")
+            lines += [f"  \\item \\( {i} \\)" for i in e["invariants_latex"]]
+            lines.append("\\end{itemize}")
+    return "\n".join(lines)
+
+
+def cmd_equations(args) -> int:
+    contracts, unreadable = _load(args, args.paths)
+    per = [(c, [_eq_dict(eq) for eq in c.equations.values()]) for c in contracts]
+    if args.format == "json":
+        payload = {"contracts": [{"id": c.id, "version": c.version, "equations": eqs}
+                                 for c, eqs in per],
+                   "errors": [f.as_dict() for f in unreadable]}
+        _Verb.emit(args, payload, "")
+    else:
+        render = _equations_latex if args.format == "latex" else _equations_text
+        _Verb.emit(args, {}, "\n\n".join(render(c, eqs) for c, eqs in per))
+    return EXIT_VIOLATIONS if unreadable else EXIT_OK
+
+
+# ------------------------------------------------------------------------------ diff
+
+
+def _one(args, path):
+    _check_paths([path])
+    if Path(path).is_dir():
+        raise _Verb.usage_error(f"{path} is a directory; `pv diff` compares two contract files")
+    contracts, unreadable = _load(args, [path])
+    return (contracts[0] if contracts else None), unreadable
+
+
+def cmd_diff(args) -> int:
+    from falsify.harness.diff import diff, render_text
+
+    old, bad_old = _one(args, args.old)
+    new, bad_new = _one(args, args.new)
+    if old is None or new is None:
+        if args.format == "json":
+            _Verb.emit(args, {"errors": [f.as_dict() for f in bad_old + bad_new]}, "")
+        return EXIT_VIOLATIONS
+    res = diff(old, new)
+    text = render_text(res)
+    if res.problems:
+        text += "\n" + "\n".join(f"error: {p}" for p in res.problems)
+    _Verb.emit(args, res.as_dict(), text)
+    return EXIT_OK if res.ok else EXIT_VIOLATIONS

@@ -46,23 +46,26 @@ SYMBOLS = {
     "∃": r"\exists", "∄": r"\nexists", "¬": r"\neg", "∧": r"\land", "∨": r"\lor",
     "⊕": r"\oplus", "⊗": r"\otimes", "⊙": r"\odot", "∘": r"\circ", "⊤": r"\top",
     "⊥": r"\perp", "∥": r"\parallel", "ℓ": r"\ell", "ℏ": r"\hbar", "°": r"^{\circ}",
-    "…": r"\ldots", "⋯": r"\cdots", "⋮": r"\vdots", "⋱": r"\ddots", "′": "'", "″": "''",
+    "…": r"\ldots", "⋯": r"\cdots", "⋮": r"\vdots", "⋱": r"\ddots",
     "⌈": r"\lceil", "⌉": r"\rceil", "⌊": r"\lfloor", "⌋": r"\rfloor", "⟨": r"\langle",
     "⟩": r"\rangle", "〈": r"\langle", "〉": r"\rangle", "√": r"\surd",
     "ℝ": r"\mathbb{R}", "ℤ": r"\mathbb{Z}", "ℕ": r"\mathbb{N}", "ℚ": r"\mathbb{Q}",
     "ℂ": r"\mathbb{C}", "𝔼": r"\mathbb{E}", "½": r"\tfrac{1}{2}", "¼": r"\tfrac{1}{4}",
     "¾": r"\tfrac{3}{4}", "⅓": r"\tfrac{1}{3}", "√̅": r"\surd", "✓": r"\checkmark",
-    "«": r"\ll", "»": r"\gg", "“": "``", "”": "''", "‘": "`", "’": "'",
+    "«": r"\ll", "»": r"\gg", "“": r"\text{``}", "”": r"\text{''}",
 }
+# primes are superscripts: x'' after x^2 needs braces, so they go through one handler
+PRIMES = {"'": 1, "′": 1, "’": 1, "‘": 1, "`": 1, "″": 2, "‴": 3}
 # symbols that are operands (can carry scripts: ℝ^n, ∞^2), not operators
 SYMBOL_ATOMS = set("ℝℤℕℚℂ𝔼∞∅ℓℏ⊤½¼¾⅓∂∇")
-SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵀᵗᵏᵈ", list("0123456789+-=()ni") + [r"\top", "t", "k", "d"]))
+SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵀᵗᵏᵈ",
+                        list("0123456789+-=()ni") + [r"\top", "t", "k", "d"]))
 SUBSCRIPTS = dict(zip("₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵣᵤᵥ", "0123456789+-=()aeoxhklmnpstijruv"))
 # combining accents over the previous symbol: x̄, x̂, x̃, ẋ, x⃗
 COMBINING = {"\u0304": r"\bar", "\u0305": r"\overline", "\u0302": r"\hat", "\u0303": r"\tilde",
              "\u0307": r"\dot", "\u0308": r"\ddot", "\u20d7": r"\vec"}
 ASCII_ESCAPES = {"&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$", "~": r"\sim",
-                 "\\": r"\backslash", "`": "'", '"': r"\text{''}", "*": r"\cdot",
+                 "\\": r"\backslash", '"': r"\text{''}", "*": r"\cdot",
                  "{": r"\{", "}": r"\}", "_": r"\_", "^": r"\wedge"}
 TWO_CHAR = {"<=": r"\le", ">=": r"\ge", "!=": r"\ne", "==": "=", "->": r"\to",
             "=>": r"\Rightarrow", "<-": r"\leftarrow", ">>": r"\gg", "<<": r"\ll",
@@ -101,7 +104,7 @@ _TOKEN = re.compile(r"""
   | (?P<sup>[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵀᵗᵏᵈ]+)
   | (?P<sub>[₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼᵣᵤᵥ]+)
   | (?P<ch>.)
-""", re.VERBOSE | re.DOTALL)
+""", re.VERBOSE | re.DOTALL | re.ASCII)
 
 _WORD = re.compile(r"[A-Za-z]+$")
 _TEXT_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "_": r"\_", "#": r"\#",
@@ -185,13 +188,36 @@ def _script_follows(toks: list[Tok], i: int) -> bool:
         n.kind == "op2" and n.text == "**")
 
 
+def _capital_not_operator(toks: list[Tok], i: int) -> bool:
+    """Σ/Π at toks[i] is a sum/product unless nothing follows to sum over: Σ = U Λ Uᵀ, (Σ),
+    Σ⁻¹, Σ^{-1}, Σ Ω are the letters."""
+    nxt = toks[i + 1] if i + 1 < len(toks) else None
+    if nxt is None:
+        return True
+    if nxt.kind == "op2":
+        return nxt.text not in ("||", "**")
+    if nxt.kind == "sup":
+        return nxt.text.startswith("⁻")
+    if nxt.kind != "ch":
+        return False
+    t = nxt.text
+    if t in ")],;=<>|" or (t in GREEK and t.isupper()):
+        return True
+    if t in SYMBOLS:
+        return t not in SYMBOL_ATOMS and t not in "−-"
+    if t == "^":
+        rest = "".join(x.text for x in toks[i + 2:i + 4])
+        return rest.startswith(("-", "−", "{-", "{−"))
+    return False
+
+
 def _name_tex(name: str) -> str:
     return r"\mathrm{" + name.replace("_", r"\_") + "}"
 
 
 def _base_tex(part: str) -> tuple[str, str]:
     """LaTeX for the first part of an identifier, plus a subscript split off its digits."""
-    m = re.match(r"^([A-Za-z]+?)(\d+)$", part)
+    m = re.match(r"^([A-Za-z]+?)([0-9]+)$", part)
     if m and (m.group(1) in GREEK_WORDS or len(m.group(1)) == 1):
         return (GREEK_WORDS.get(m.group(1), m.group(1)), m.group(2))  # beta1 -> \beta_1
     if part in GREEK_WORDS:
@@ -265,7 +291,7 @@ def _ident(text: str, call: bool) -> Piece:
 
 
 def _number(text: str) -> Piece:
-    m = re.match(r"^(\d+(?:\.\d+)?)[eE]([-+]?\d+)$", text)
+    m = re.match(r"^([0-9]+(?:\.[0-9]+)?)[eE]([-+]?[0-9]+)$", text)
     if not m:
         return Piece(text, "num")
     mant, exp = m.group(1), str(int(m.group(2)))  # 1.0e-06 -> 1.0 \times 10^{-6}
@@ -275,9 +301,10 @@ def _number(text: str) -> Piece:
 
 
 class _Renderer:
-    def __init__(self, toks: list[Tok]):
+    def __init__(self, toks: list[Tok], script: bool = False):
         self.toks = toks
         self.out: list[Piece] = []
+        self.script_ctx = script  # inside _{...} / ^{...}: "ij", "2k", "t+1" are indices
 
     # scripts -------------------------------------------------------------------------
     def attach(self, kind: str, tex: str, ws: bool):
@@ -306,8 +333,7 @@ class _Renderer:
             j = _match(toks, i, t.text, "}" if t.text == "{" else ")")
             if j is None:
                 return None
-            inner = render_tokens(toks[i + 1:j])
-            return (inner if t.text == "{" else inner), j + 1
+            return render_tokens(toks[i + 1:j], script=True), j + 1
         if t.kind == "ident":
             p = _ident(t.text, False)
             return p.tex, i + 1
@@ -331,7 +357,8 @@ class _Renderer:
         toks, i = self.toks, 0
         while i < len(toks):
             t = toks[i]
-            if _is_word(t) and not _script_follows(toks, i):
+            if _is_word(t) and not _script_follows(toks, i) and not (
+                    self.script_ctx and len(t.text) <= 3):
                 i = self.words(i)
                 continue
             i = self.one(i)
@@ -378,6 +405,10 @@ class _Renderer:
         if t.kind == "ident":
             call = i + 1 < len(toks) and not toks[i + 1].ws_before and toks[i + 1].kind == "ch" \
                 and toks[i + 1].text == "("
+            if self.script_ctx and not call and re.fullmatch(r"[A-Za-z]{1,3}", t.text) \
+                    and t.text not in GREEK_WORDS and t.text not in TEX_OPS:
+                add(Piece(t.text, "var", ws))  # x_{ij}: two indices, not a word
+                return i + 1
             if t.text == "sqrt":
                 return self.sqrt(i + 1, ws, spaced=not call)
             p = _ident(t.text, call)
@@ -394,7 +425,9 @@ class _Renderer:
             return i + 1
         if t.kind in ("sup", "sub"):
             table = SUPERSCRIPTS if t.kind == "sup" else SUBSCRIPTS
-            self.attach(t.kind, "".join(table[c] for c in t.text), ws)
+            parts = [table[c] for c in t.text]
+            self.attach(t.kind, " ".join(parts) if any("\\" in x for x in parts)
+                        else "".join(parts), ws)  # ᵀⁱ -> {\top i}, not \topi
             return i + 1
         if t.kind == "op2":
             if t.text == "**":
@@ -412,14 +445,16 @@ class _Renderer:
             return self.script("sup", i, ws)
         if c in ("√",):
             return self.sqrt(i + 1, ws)
-        if c == "'" or c == "′":
-            if self.out and self.out[-1].sup:
-                self.out[-1].tex = "{" + self.out[-1].tex + "}"
-            if self.out and self.out[-1].kind not in ("op", "open"):
-                self.out[-1].tex += "'"
-                self.out[-1].sup = True
+        if c in PRIMES:
+            primes = "'" * PRIMES[c]
+            last = self.out[-1] if self.out else None
+            if last is None or last.kind in ("op", "open") or ws:
+                add(Piece("{}" + primes, "var", ws, sup=True))
             else:
-                add(Piece("'", "var", ws, sup=True))
+                if last.sup and not last.tex.endswith("'"):
+                    last.tex = "{" + last.tex + "}"
+                last.tex += primes
+                last.sup = True
             return i + 1
         if c == "{":
             j = _match(toks, i, "{", "}")
@@ -440,10 +475,18 @@ class _Renderer:
                 last.sub = last.sup = False
             return i + 1
         if c in BIG_OPS:
+            if c in "ΣΠ" and _capital_not_operator(toks, i):
+                add(Piece(r"\Sigma" if c == "Σ" else r"\Pi", "var", ws))  # the matrix Σ
+                return i + 1
             add(Piece(BIG_OPS[c], "big", ws))
             return i + 1
         if c in GREEK:
             add(Piece(GREEK[c], "var", ws))
+            nxt = toks[i + 1] if i + 1 < len(toks) else None
+            if nxt and nxt.kind == "num" and not nxt.ws_before and re.fullmatch(r"[0-9]{1,2}",
+                                                                                 nxt.text):
+                self.attach("sub", nxt.text, False)  # β1 -> \beta_1
+                return i + 2
             return i + 1
         if c in SYMBOLS:
             tex = SYMBOLS[c]
@@ -518,16 +561,16 @@ def _join(pieces: list[Piece]) -> str:
                             or (prev.kind in ("num", "var") and p.kind == "name")
                             or (prev.kind == "num" and p.kind == "num")):
             sep = r"\ "  # "165 TFLOP" must not render as 165TFLOP
-        elif not sep and re.search(r"\\[A-Za-z]+$", out) and re.match(r"[A-Za-z0-9]", p.tex):
-            sep = " "  # \alpha x, not \alphax
+        elif not sep and re.search(r"\\[A-Za-z]+$", out) and re.match(r"[A-Za-z0-9@]", p.tex):
+            sep = " "  # \alpha x, not \alphax (KaTeX reads @ as a letter in command names)
         if prev.kind == "text" or p.kind == "text":
             sep = "" if not sep.strip() else sep
         out += sep + p.tex
     return out
 
 
-def render_tokens(toks: list[Tok]) -> str:
-    return _join(_Renderer(toks).run())
+def render_tokens(toks: list[Tok], script: bool = False) -> str:
+    return _join(_Renderer(toks, script).run())
 
 
 def to_latex(formula: str) -> str:

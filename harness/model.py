@@ -7,6 +7,7 @@ returns a `Contract` plus the list of `Finding`s. Semantic rules live in `valida
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -14,13 +15,13 @@ from functools import cache
 from pathlib import Path
 
 import jsonschema
-
 from falsify.harness import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS_DIR = ROOT / "contracts"
 SCHEMA_PATH = CONTRACTS_DIR / "contract.schema.json"
 BACKENDS = ("reference", "torch", "triton")
+MAX_SCHEMA_FINDINGS = 100
 
 # Keys only the native format has: their presence means the author wrote a falsify contract.
 NATIVE_MARKERS = ("inputs", "mutants")
@@ -174,8 +175,12 @@ def detect_mode(data: dict) -> str:
     return "compat"
 
 
-def _json_path(parts) -> str:
-    return ".".join(str(p) for p in parts) or "<root>"
+def json_path(parts) -> str:
+    """`proof_obligations[2].tolerance`: the spelling the semantic rules use too."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<root>"
 
 
 def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
@@ -183,7 +188,15 @@ def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
     types inside pv's free-text sections are warnings (pv ignored them too)."""
     out = []
     validator = jsonschema.Draft202012Validator(schema())
-    for err in sorted(validator.iter_errors(loc.data), key=lambda e: list(map(str, e.path))):
+    # a pathological file can produce an error per node: report a readable number of them
+    errors = list(itertools.islice(validator.iter_errors(loc.data), MAX_SCHEMA_FINDINGS + 1))
+    if len(errors) > MAX_SCHEMA_FINDINGS:
+        errors = errors[:MAX_SCHEMA_FINDINGS]
+        out.append(Finding("V002" if mode == "native" else "W102",
+                           "error" if mode == "native" else "warning", path, 1, "<root>",
+                           f"more than {MAX_SCHEMA_FINDINGS} schema violations; "
+                           "only the first are listed"))
+    for err in sorted(errors, key=lambda e: list(map(str, e.path))):
         where = list(err.absolute_path)
         if err.validator == "additionalProperties":
             extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
@@ -191,7 +204,7 @@ def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
                 sev = "error" if mode == "native" else "warning"
                 rule = "V003" if mode == "native" else "W103"
                 out.append(Finding(rule, sev, path, loc.line_of(where + [key]),
-                                   _json_path(where + [key]), f"unknown key {key!r}"))
+                                   json_path(where + [key]), f"unknown key {key!r}"))
             continue
         required_missing = err.validator == "required"
         sev = "error"
@@ -199,7 +212,7 @@ def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
             sev = "warning"  # pv's own loader would still have read this file
         rule = "V002" if sev == "error" else "W102"
         msg = err.message if len(err.message) < 200 else err.message[:197] + "..."
-        out.append(Finding(rule, sev, path, loc.line_of(where), _json_path(where), msg))
+        out.append(Finding(rule, sev, path, loc.line_of(where), json_path(where), msg))
     return out
 
 
@@ -363,7 +376,7 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
                 for line, msg in loc.repairs]
     for where, line in loc.duplicates:
         sev, rule = ("error", "V004") if mode == "native" else ("warning", "W104")
-        findings.append(Finding(rule, sev, spath, line, _json_path(where),
+        findings.append(Finding(rule, sev, spath, line, json_path(where),
                                 f"duplicate key {where[-1]!r}: YAML keeps only the last value"))
     findings += schema_findings(loc, spath, mode)
     return build_contract(path, loc, mode), findings

@@ -1,20 +1,32 @@
 """Semantic validation. Every rule has a stable id; messages name file, line and field.
 
 Errors (native mode):
-  V001 file unreadable / YAML syntax / not a mapping     V011 dependency cycle
-  V002 schema violation (type, required field, enum)     V012 binding does not resolve to a callable
-  V003 unknown key                                       V013 binding outside the project's packages
-  V004 duplicate YAML key                                V014 tolerance not positive / not evaluable
-  V005 duplicate id within a contract                    V015 tolerance missing for a dtype the check runs
-  V006 duplicate id across the repository                V016 qa_gate counts or check ids do not match
+  V001 file unreadable / YAML syntax / not a mapping
+  V002 schema violation (type, required field, enum)
+  V003 unknown key
+  V004 duplicate YAML key
+  V005 duplicate id within a contract
+  V006 duplicate id across the repository
   V007 obligation without an id or without an executable check
-  V008 check names a missing obligation                  V017 metadata.version is not semver
-  V009 applies_to names a missing equation               V018 check spec incomplete or inconsistent
-  V010 depends_on names a missing contract               V019 mutant names a missing obligation/binding
+  V008 check names a missing obligation
+  V009 applies_to names a missing equation
+  V010 depends_on names a missing contract
+  V011 dependency cycle
+  V012 binding does not resolve to a callable
+  V013 binding outside the project's packages
+  V014 tolerance not positive / not evaluable
+  V015 tolerance missing for a dtype the check runs
+  V016 qa_gate counts or check ids do not match
+  V017 metadata.version is not semver
+  V018 check spec incomplete or inconsistent
+  V019 mutant names a missing obligation/binding
   V020 metadata.references is empty
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
-  W107 obligation without an executable check, W108 no references, W109 dangling reference.
+  W107 obligation without an executable check, W108 no references, W109 dangling reference,
+  W110 a line that is not valid YAML re-read as a string (`formula: |x| < eps`),
+  W111 version not semver, W112 obligation tolerance 0 (pv's "exact").
+W105 is also reported in native mode (a prose-only test counts for nothing, but is allowed).
 """
 
 from __future__ import annotations
@@ -26,16 +38,19 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from falsify.harness import expr
+from falsify.harness import expr, graph
 from falsify.harness.model import (
     BACKENDS,
     Contract,
     ContractError,
     Finding,
     discover,
+    json_path,
     load_contract,
 )
 from falsify.harness.plan import INPUT_KINDS, REQUIRED_FIELDS, equation_of, runs
+
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
 
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
@@ -84,7 +99,7 @@ def resolve_binding(ref: str, allow_import: bool = False):
         sys.path.insert(0, root)
     try:
         module = importlib.import_module(mod)
-    except Exception as e:  # any import failure is a finding, not a crash
+    except (Exception, SystemExit) as e:  # any import failure is a finding, not a crash
         return None, ("V012", f"binding {ref!r}: cannot import {mod!r}: "
                               f"{type(e).__name__}: {e}")
     obj = getattr(module, fn, None)
@@ -104,15 +119,90 @@ def _check_binding(ctx: _Ctx, ref: str, path: tuple, fieldname: str, allow_impor
         ctx.add(err[0], path, fieldname, err[1])
 
 
-def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], input_spec):
+# Tolerances are arithmetic in eps, ref_max and the dims: refuse anything that could run
+# unbounded (9**9**9, "a" * 10**10, np.zeros(10**12)) before evaluating it.
+_TOL_CALLS = {"sqrt", "log", "log2", "exp", "ceil", "floor", "min", "max", "abs", "float",
+              "int"}
+_TOL_NP = {"sqrt", "log", "log2", "log10", "log1p", "exp", "ceil", "floor", "maximum",
+           "minimum", "abs", "cbrt"}
+
+
+def tolerance_expr_error(src: str) -> str | None:
+    """Why `src` is not an acceptable tolerance expression, or None."""
+    import ast
+
+    err = expr.syntax_error(src)
+    if err:
+        return err
+    tree = ast.parse(src.strip(), mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            ok = (isinstance(f, ast.Name) and f.id in _TOL_CALLS) or (
+                isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                and f.value.id == "np" and f.attr in _TOL_NP)
+            if not ok or node.keywords:
+                return f"{src!r}: only sqrt/log/log2/exp/ceil/floor/min/max/abs calls are allowed"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Pow, ast.LShift)):
+            exp_ = node.right
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Pow, ast.LShift))
+                   for n in ast.walk(exp_)) or (
+                    isinstance(exp_, ast.Constant) and isinstance(exp_.value, (int, float))
+                    and abs(exp_.value) > 1024):
+                return f"{src!r}: exponent too large or nested"
+        elif isinstance(node, ast.Attribute) and not (
+                isinstance(node.value, ast.Name) and node.value.id == "np"):
+            return f"{src!r}: attribute access is not allowed in a tolerance"
+        elif isinstance(node, ast.Constant) and not isinstance(node.value, (int, float)):
+            return f"{src!r}: only numbers are allowed as constants"
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Subscript,
+                               ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return f"{src!r}: a tolerance is a scalar expression"
+    return None
+
+
+def tolerance_envs(input_spec: dict | None) -> list[dict]:
+    """Dimension values a tolerance is evaluated at: every pinned example, plus the smallest
+    and the largest declared dims (a tolerance must hold over the whole range)."""
+    spec = input_spec or {}
+    dims = spec.get("dims") if isinstance(spec.get("dims"), dict) else {}
+    lo, hi = {}, {}
+    for k, v in dims.items():
+        if isinstance(v, int):
+            lo[k] = hi[k] = v
+        elif isinstance(v, list) and len(v) == 2:
+            lo[k], hi[k] = v
+        elif isinstance(v, dict) and isinstance(v.get("choices"), list) and v["choices"]:
+            lo[k], hi[k] = min(v["choices"]), max(v["choices"])
+    envs = []
+    for ex in spec.get("examples") or []:
+        if isinstance(ex, dict):
+            envs.append({**lo, **ex})
+    return envs + [lo, hi] if dims else envs or [{}]
+
+
+def tolerance_number(val, dtype: str, env: dict, ref_max: float = 1.0) -> float:
+    """A tolerance's value, refusing unbounded expressions (raises expr.ExprError)."""
+    if isinstance(val, bool) or not isinstance(val, (int, float, str)):
+        raise expr.ExprError(f"{val!r} is not a number or an expression")
+    if isinstance(val, str):
+        err = tolerance_expr_error(val)
+        if err:
+            raise expr.ExprError(err)
+    return expr.tolerance_value(val, dtype, env, ref_max=ref_max)
+
+
+def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], input_spec,
+               evaluate: bool = True):
     if not isinstance(tol, dict):
         return
     for dt in dtypes:
-        if dt not in tol:
-            ctx.add("V015", path, ".".join(map(str, path)),
+        if dt in DTYPES and dt not in tol:
+            ctx.add("V015", path, json_path(path),
                     f"no tolerance for dtype {dt!r} (the check runs on {', '.join(dtypes)})")
-    examples = (input_spec or {}).get("examples") or [{}]
-    dims = (input_spec or {}).get("dims") or {}
+    if not evaluate:  # its dims are unknown (the input is missing): V018 says so already
+        return
+    envs = tolerance_envs(input_spec)
     for dt, spec in tol.items():
         if dt == "why" or not isinstance(spec, dict):
             continue
@@ -121,21 +211,18 @@ def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], inpu
                 continue
             val = spec[key]
             p = path + (dt, key)
-            for ex in examples:
-                env = {k: (v if isinstance(v, int) else (v[0] if isinstance(v, list) and v else 1))
-                       for k, v in dims.items()}
-                env.update(ex if isinstance(ex, dict) else {})
+            for env in envs:
                 try:
-                    num = expr.tolerance_value(val, dt, env, ref_max=1.0)
+                    num = tolerance_number(val, dt, env)
                 except expr.ExprError as e:
-                    ctx.add("V014", p, ".".join(map(str, p)), f"tolerance {val!r}: {e}")
+                    ctx.add("V014", p, json_path(p), f"tolerance {val!r}: {e}")
                     break
                 bad = not math.isfinite(num) or num < 0 or (key == "atol" and num == 0
                                                             and not spec.get("rtol"))
                 if bad:
-                    ctx.add("V014", p, ".".join(map(str, p)),
+                    ctx.add("V014", p, json_path(p),
                             f"tolerance must be positive and finite, {val!r} gives {num!r}"
-                            f" at {ex or 'the declared dims'}")
+                            f" at {env or 'the declared dims'}")
                     break
 
 
@@ -145,9 +232,10 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
     # V017 semver, V020 references
     if c.version and not SEMVER.match(c.version):
         ctx.add("V017", ("metadata", "version"), "metadata.version",
-                f"version {c.version!r} is not semver (MAJOR.MINOR.PATCH)")
+                f"version {c.version!r} is not semver (MAJOR.MINOR.PATCH)", native_only=True,
+                warn_rule="W111")
     if not c.references:
-        ctx.add("V020", ("metadata",), "metadata.references",
+        ctx.add("V020", ("metadata", "references"), "metadata.references",
                 "no references: every contract cites its source (paper, spec, library)",
                 native_only=True, warn_rule="W108")
     # V005 duplicate ids within the contract
@@ -178,9 +266,12 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                         f"applies_to {a!r} is not an equation of this contract "
                         f"(equations: {', '.join(c.equations)})", native_only=True,
                         warn_rule="W109")
-        if isinstance(o.tolerance, (int, float)) and o.tolerance <= 0:
+        tol = o.tolerance
+        if isinstance(tol, (int, float)) and not isinstance(tol, bool) and not tol > 0:
+            # pv writes `tolerance: 0` for "exact"; native tolerances live on checks
             ctx.add("V014", base + ("tolerance",), f"proof_obligations[{o.index}].tolerance",
-                    f"tolerance must be positive, got {o.tolerance}")
+                    f"tolerance must be positive, got {tol}",
+                    native_only=tol == 0, warn_rule="W112")
         if not c.checks_for(o.id):
             ctx.add("V007", base, f"proof_obligations[{o.index}]",
                     f"obligation {o.id} has no executable check (a falsification test with "
@@ -246,7 +337,8 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                     f"pass_criteria says {m.group(1)} tests but the contract has {len(c.checks)}",
                     native_only=True, warn_rule="W109")
         check_ids = {t.id for t in c.checks}
-        for i, cid in enumerate(c.qa_gate.get("checks") or []):
+        gate_checks = c.qa_gate.get("checks")
+        for i, cid in enumerate(gate_checks if isinstance(gate_checks, list) else []):
             if native and isinstance(cid, str) and cid not in check_ids:
                 ctx.add("V016", ("qa_gate", "checks", i), f"qa_gate.checks[{i}]",
                         f"qa_gate lists {cid!r}, which is not a falsification test id")
@@ -290,36 +382,16 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
             _check_binding(ctx, spec[key], base + ("check", key), f"{fname}.check.{key}",
                            allow_import, import_bindings)
     if "tolerance" in spec:
-        dtypes = sorted({r.variant for r in runs(c, t)} | set(spec.get("dtypes") or []))
-        _tolerance(ctx, c, spec["tolerance"], base + ("check", "tolerance"), dtypes, inp)
+        dtypes = sorted({r.variant for r in runs(c, t)} | set(spec.get("dtypes") or []),
+                        key=str)
+        _tolerance(ctx, c, spec["tolerance"], base + ("check", "tolerance"), dtypes, inp,
+                   evaluate=not (kind in INPUT_KINDS and "input" in spec and inp is None))
     for key in ("predicate", "relation", "statistic"):
         if isinstance(spec.get(key), str):
             err = expr.syntax_error(spec[key])
             if err:
                 ctx.add("V018", base + ("check", key), f"{fname}.check.{key}",
                         f"{t.id}: {key} is not a valid expression: {err}")
-
-
-def _cycles(contracts: dict[str, Contract]) -> list[list[str]]:
-    color, stack, found = {}, [], []
-
-    def visit(n):
-        color[n] = 1
-        stack.append(n)
-        for d in contracts[n].depends_on:
-            if d not in contracts:
-                continue
-            if color.get(d) == 1:
-                found.append(stack[stack.index(d):] + [d])
-            elif not color.get(d):
-                visit(d)
-        stack.pop()
-        color[n] = 2
-
-    for n in sorted(contracts):
-        if not color.get(n):
-            visit(n)
-    return found
 
 
 def load_all(paths, mode: str | None = None) -> Report:
@@ -367,12 +439,18 @@ def validate(paths, mode: str | None = None, allow_import=False, import_bindings
                 ctx.add("V010", ("metadata", "depends_on", i), f"metadata.depends_on[{i}]",
                         f"depends on {d!r}, which is not a contract here", native_only=True,
                         warn_rule="W109")
-    for cyc in _cycles(known):
-        first = known[cyc[0]]
-        if first.id in {c.id for c in rep.contracts}:
-            _Ctx(first, rep.findings).add("V011", ("metadata", "depends_on"),
-                                          "metadata.depends_on",
-                                          "dependency cycle: " + " -> ".join(cyc))
+    named = {c.id for c in rep.contracts}
+    for cyc in graph.find_cycles(graph.build(known).deps):
+        # report once, on the first member that was asked about, at the depends_on entry
+        # that closes the loop
+        k = next((k for k, n in enumerate(cyc[:-1]) if n in named), None)
+        if k is None:
+            continue
+        c = known[cyc[k]]
+        i = c.depends_on.index(cyc[k + 1])
+        _Ctx(c, rep.findings).add("V011", ("metadata", "depends_on", i),
+                                  f"metadata.depends_on[{i}]",
+                                  "dependency cycle: " + " -> ".join(cyc[k:] + cyc[1:k + 1]))
     # V006 ids shared across contracts
     owner: dict[str, str] = {}
     for c in rep.contracts:

@@ -221,7 +221,8 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
                     raise YamlError(path, k.start_mark.line + 1, "mapping keys must be scalars")
                 key = scalar(k)
                 if key == "<<":
-                    raise YamlError(path, k.start_mark.line + 1, "merge keys (<<) are not supported")
+                    raise YamlError(path, k.start_mark.line + 1,
+                                    "merge keys (<<) are not supported")
                 if not isinstance(key, str):
                     # JSON objects have string keys: `1:`, `yes:`, `~:` or a date are kept as
                     # written (YAML 1.1 would make them int, True, None, date)

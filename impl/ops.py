@@ -37,13 +37,20 @@ def gpu_available() -> bool:
 
 
 def _triton_runnable() -> tuple[bool, str]:
-    """Triton kernels run on a GPU, or on CPU under the interpreter (TRITON_INTERPRET=1 set
-    before triton is imported)."""
+    """Triton kernels run on a GPU, or on CPU under the interpreter. Importing
+    falsify.impl.triton switches the interpreter on (and says so on stderr) when no GPU is
+    visible and triton is not imported yet; after that, TRITON_INTERPRET tells which case we are
+    in."""
     if gpu_available():
         return True, "a CUDA GPU is present"
+    try:
+        importlib.import_module("falsify.impl.triton")
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        return False, f"falsify.impl.triton does not import ({type(e).__name__}: {e})"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return True, "TRITON_INTERPRET=1 (interpreter on CPU; slow)"
-    return False, "no CUDA GPU is present and TRITON_INTERPRET is not '1'"
+        return True, "no GPU: Triton interpreter (TRITON_INTERPRET=1), slow"
+    return False, ("no CUDA GPU, and triton was imported before the interpreter could be "
+                   "enabled (set TRITON_INTERPRET=1 before importing triton)")
 
 
 def resolve_backend(requested: str) -> str:

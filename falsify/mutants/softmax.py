@@ -1,6 +1,12 @@
 """Softmax mutants: the bugs the softmax contract's checks must catch."""
 
+import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+
+# isort: split
 import torch
+
+from falsify.impl.launch import next_power_of_2
+from falsify.impl.triton import softmax as tri_softmax
 
 
 def no_max_subtraction(x: torch.Tensor) -> torch.Tensor:
@@ -22,3 +28,15 @@ def half_precision_normalizer(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     e = torch.exp(xf - xf.amax(dim=-1, keepdim=True))
     return (e / e.half().sum(dim=-1, keepdim=True).float()).to(x.dtype)
+
+
+def _largest_power_of_2_at_most(n):
+    return next_power_of_2(n + 1) >> 1
+
+
+def triton_no_tail_mask(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The real Triton kernel launched with BLOCK = largest power of two ≤ n: lanes cover only
+    the first BLOCK columns, so the row tail is neither read (missing from max and sum) nor
+    written (left as whatever `out` held). Identical to the kernel when n is a power of two."""
+    tri_softmax.check_args(x, out)
+    return tri_softmax.launch(x, out, block_of=_largest_power_of_2_at_most)

@@ -2,7 +2,7 @@
 
 import z3
 
-from falsify.impl.launch import next_power_of_2
+from falsify.impl.triton.softmax import launch_config
 
 
 def online_merge_claims():
@@ -30,9 +30,9 @@ def launch_claims():
     """The Triton softmax launch uses one program per row with BLOCK = next_power_of_2(n)
     lanes and the mask `offs < n`. For every 1 ≤ n ≤ 2^16 the block covers the row
     (BLOCK ≥ n), wastes less than half (BLOCK < 2n) and is a power of two (tl.arange needs it).
-    Proved on 32-bit vectors, running the launch function itself on symbolic input."""
+    Proved on 32-bit vectors, running the kernel's own launch_config on symbolic input."""
     n = z3.BitVec("n", 32)
-    block = next_power_of_2(n)
+    block = launch_config(1, n)["BLOCK"]
     in_range = z3.And(z3.UGE(n, 1), z3.ULE(n, 2 ** 16))
     return z3.Implies(in_range, z3.And(z3.UGE(block, n), z3.ULT(block, 2 * n),
                                        block & (block - 1) == 0))

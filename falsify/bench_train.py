@@ -1,0 +1,258 @@
+"""`falsify bench train`: our training step vs transformers.LlamaForCausalLM, side by side.
+
+Both models are loaded from one exported HF directory (same weights), checked to give the same
+loss on the same batch (a benchmark of two different computations would be meaningless), then
+each runs warmup + timed training steps (forward, backward, global-norm clip at 1.0, AdamW
+β=(0.9, 0.95), wd 0.1; fp32 on CPU; HF uses attn_implementation="eager") in its own
+subprocess, alternating ours/HF for `--rounds` rounds; per side the best round's median step
+time is reported (least disturbed by other load on the machine).
+
+Memory: peak resident set size via resource.getrusage(RUSAGE_SELF).ru_maxrss in each child,
+minus the RSS after the model and batch are loaded (/proc/self/statm): the training step's own
+memory (gradients, AdamW state, activations, allocator slack). tracemalloc cannot see torch's
+allocations, which do not go through Python's allocator.
+
+FLOPs per token (PaLM appendix B): 6·P + 12·L·S·H, P all parameters (the tied embedding counts
+once: it is the LM-head GEMM; the lookup is free), the second term the attention score and
+value GEMMs (counted over the full S×S, as PaLM does, though causal work is half). MFU is
+reported against a measured fp32 GEMM peak of this machine (a 1024³ matmul with the same thread
+count), not a datasheet number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+U32 = 2.0**-24
+
+
+def flops_per_token(cfg, seq_len: int) -> float:
+    from falsify.impl.model import param_count
+
+    return 6.0 * param_count(cfg) + 12.0 * cfg.num_layers * seq_len * cfg.hidden_size
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _gemm_peak(threads: int) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    best = math.inf
+    for _ in range(10):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024**3 / best
+
+
+def _child(kind: str, hf_dir: str, batch_path: str, steps: int, warmup: int, threads: int,
+           backend: str, queue) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    batch = torch.load(batch_path)
+    x, y = batch["x"], batch["y"]
+    if kind == "ours":
+        from falsify.impl.hf import import_hf
+        from falsify.impl.train import TrainConfig, Trainer
+
+        model = import_hf(hf_dir, backend=backend)
+        cfg = TrainConfig(max_steps=10**9, warmup_steps=0, lr=1e-4, lr_min=1e-4,
+                          andon_grad_norm=1e9)
+        trainer = Trainer(model, cfg, torch.device("cpu"))
+
+        def step():
+            return trainer.train_step([(x, y)]).loss
+    else:
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(hf_dir, local_files_only=True,
+                                                 attn_implementation="eager",
+                                                 dtype=torch.float32)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.1, foreach=False)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            logits = model(input_ids=x).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+            opt.step()
+            return float(loss.detach())
+    base = _rss_bytes()
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    queue.put({"kind": kind, "times": times, "peak_rss": peak, "base_rss": base,
+               "step_mem": peak - base})
+
+
+def _run_child(*args) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(*args, q))
+    p.start()
+    out = q.get(timeout=3600)
+    p.join()
+    return out
+
+
+def check_same_loss(hf_dir: Path, x, y, backend: str) -> dict:
+    """Loss of ours and of transformers on the same batch from the same weights. Tolerance: both
+    fp32, op orders differ; logits agree to 8·(2L+1)·√K·u·max|logit| (tests/test_hf.py) and
+    cross-entropy is 2-Lipschitz in the max-norm of the logits."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+
+    from falsify.impl.hf import import_hf
+
+    ours = import_hf(hf_dir, backend=backend).eval()
+    hf = LlamaForCausalLM.from_pretrained(hf_dir, local_files_only=True,
+                                          attn_implementation="eager", dtype=torch.float32)
+    hf.eval()
+    with torch.no_grad():
+        lo = ours(x)
+        lh = hf(input_ids=x).logits
+    v = lo.shape[-1]
+    loss_o = float(F.cross_entropy(lo.reshape(-1, v), y.reshape(-1)))
+    loss_h = float(F.cross_entropy(lh.reshape(-1, v), y.reshape(-1)))
+    cfg = ours.cfg
+    k = max(cfg.hidden_size, cfg.intermediate_size)
+    tol = 2 * 8 * (2 * cfg.num_layers + 1) * math.sqrt(k) * U32 * float(lo.abs().max())
+    return {"loss_ours": loss_o, "loss_hf": loss_h, "diff": abs(loss_o - loss_h), "tol": tol,
+            "ok": abs(loss_o - loss_h) <= tol}
+
+
+def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, rounds: int,
+                 threads: int, backend: str, seed: int = 0) -> dict:
+    import torch
+
+    from falsify.impl.hf import export_hf
+    from falsify.impl.model import build_model, param_count, preset
+
+    cfg = preset(name, max_seq_len=seq)
+    model = build_model(cfg, backend, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        # Move the weights away from init (logits ~0 there, so any two models would agree on
+        # the loss ≈ ln V): std 0.08 matrices, gains in [0.5, 1.5]. Speed does not depend on it.
+        for pname, prm in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                prm.copy_(0.5 + torch.rand(prm.shape, generator=g))
+            else:
+                prm.copy_(0.08 * torch.randn(prm.shape, generator=g))
+    x = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = export_hf(model, Path(tmp) / "hf")
+        del model
+        same = check_same_loss(hf_dir, x, y, backend)
+        if not same["ok"]:
+            raise SystemExit(f"{name}: ours and transformers disagree on the loss "
+                             f"({same['loss_ours']} vs {same['loss_hf']}, tol {same['tol']:.2e})"
+                             ": refusing to compare speed of different computations")
+        bp = Path(tmp) / "batch.pt"
+        torch.save({"x": x, "y": y}, bp)
+        runs: dict[str, list[dict]] = {"ours": [], "hf": []}
+        for _ in range(rounds):
+            for kind in ("ours", "hf"):
+                runs[kind].append(_run_child(kind, str(hf_dir), str(bp), steps, warmup,
+                                             threads, backend))
+    tokens = batch * seq
+    fpt = flops_per_token(cfg, seq)
+    out = {"preset": name, "params": param_count(cfg), "batch": batch, "seq": seq,
+           "threads": threads, "loss_check": same, "flops_per_token": fpt}
+    for kind, rs in runs.items():
+        med = min(statistics.median(r["times"]) for r in rs)
+        out[kind] = {"step_s": med, "tok_s": tokens / med,
+                     "gflop_s": fpt * tokens / med / 1e9,
+                     "step_mem_mb": max(r["step_mem"] for r in rs) / 2**20,
+                     "peak_rss_mb": max(r["peak_rss"] for r in rs) / 2**20,
+                     "all_medians_s": [statistics.median(r["times"]) for r in rs]}
+    out["speedup"] = out["ours"]["tok_s"] / out["hf"]["tok_s"]
+    out["mem_ratio"] = out["ours"]["step_mem_mb"] / out["hf"]["step_mem_mb"]
+    return out
+
+
+DEFAULT_SHAPES = {"tiny": (16, 128), "50m": (2, 256), "350m": (1, 256)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="falsify bench train", description=__doc__.split("\n")[0])
+    p.add_argument("--presets", default="tiny,50m", help="comma-separated model presets")
+    p.add_argument("--batch", type=int, help="batch size (default per preset)")
+    p.add_argument("--seq", type=int, help="sequence length (default per preset)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="alternating ours/HF rounds")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads in each child (default: torch's default)")
+    p.add_argument("--backend", default="torch", choices=["torch", "triton", "auto"])
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args(argv)
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    threads = args.threads or torch.get_num_threads()
+    console = Console()
+    peak = _gemm_peak(threads)
+    console.print(f"fp32 GEMM peak measured here (1024^3, {threads} threads): "
+                  f"{peak / 1e9:.1f} GFLOP/s")
+    results = []
+    for name in args.presets.split(","):
+        b, s = DEFAULT_SHAPES.get(name, (4, 128))
+        r = bench_preset(name, args.batch or b, args.seq or s, args.steps, args.warmup,
+                         args.rounds, threads, args.backend)
+        r["gemm_peak_gflop_s"] = peak / 1e9
+        results.append(r)
+        lc = r["loss_check"]
+        console.print(f"[bold]{name}[/] ({r['params']:,} params, batch {r['batch']}x"
+                      f"{r['seq']}): same loss: ours {lc['loss_ours']:.6f} vs transformers "
+                      f"{lc['loss_hf']:.6f} (|diff| {lc['diff']:.1e} <= tol {lc['tol']:.1e})")
+    t = Table(title="training step, CPU fp32: falsify vs transformers LlamaForCausalLM (eager)")
+    for c in ("preset", "impl", "tokens/s", "step ms", "step mem MB", "GFLOP/s", "MFU*"):
+        t.add_column(c, justify="right")
+    for r in results:
+        for kind, label in (("ours", "falsify"), ("hf", "transformers")):
+            k = r[kind]
+            t.add_row(r["preset"], label, f"{k['tok_s']:,.0f}", f"{k['step_s'] * 1e3:.1f}",
+                      f"{k['step_mem_mb']:.0f}", f"{k['gflop_s']:.1f}",
+                      f"{k['gflop_s'] / r['gemm_peak_gflop_s']:.1%}")
+        t.add_row(r["preset"], "[bold]ratio[/]", f"[bold]{r['speedup']:.2f}x[/]", "",
+                  f"{r['mem_ratio']:.2f}x", "", "")
+    console.print(t)
+    console.print("* MFU against the measured GEMM peak above; FLOPs/token = 6P + 12·L·S·H. "
+                  "Step memory = peak RSS (ru_maxrss) - RSS after loading, per subprocess.")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""RMSNorm mutants: the bugs the rmsnorm contract's checks must catch.
+
+Each has the signature of the binding it replaces (rmsnorm(x, w, eps, out=None))."""
+
+import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+
+# isort: split
+import torch
+import triton
+import triton.language as tl
+
+from falsify.impl.triton import rmsnorm as tri
+
+
+def eps_outside_sqrt(x, w, eps, out=None):
+    """x / (sqrt(mean(x²)) + eps): the pv qa_gate's "eps placement" bug. Invisible while
+    mean(x²) ≫ eps; a relative error of ~eps/(2·rms) when rows are small."""
+    xf = x.float()
+    y = (xf / (xf.pow(2).mean(dim=-1, keepdim=True).sqrt() + eps) * w.float()).to(x.dtype)
+    return out.copy_(y) if out is not None else y
+
+
+def mean_over_wrong_axis(x, w, eps, out=None):
+    """mean(x²) over the rows (dim 0) instead of the hidden dimension."""
+    xf = x.float()
+    inv = torch.rsqrt(xf.pow(2).mean(dim=0, keepdim=True) + eps)
+    y = (xf * inv * w.float()).to(x.dtype)
+    return out.copy_(y) if out is not None else y
+
+
+class _SavesNormed(torch.autograd.Function):
+    """Correct values, but the forward keeps `normed` (B·S·H fp32) alive for the backward —
+    the 384 MB per 24 layers that seed 002 §11.2 removes."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        xf = x.float()
+        inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        normed = xf * inv
+        ctx.save_for_backward(normed, w, inv)
+        return (normed * w.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        normed, w, inv = ctx.saved_tensors
+        g = dy.float() * w.float()
+        dx = inv * (g - normed * (g * normed).mean(dim=-1, keepdim=True))
+        dw = (dy.float() * normed).reshape(-1, normed.shape[-1]).sum(dim=0)
+        return dx.to(dy.dtype), dw.to(w.dtype), None
+
+
+def saves_normed(x, w, eps, out=None):
+    y = _SavesNormed.apply(x, w, float(eps))
+    return out.copy_(y) if out is not None else y
+
+
+class _DetachedNormalizer(torch.autograd.Function):
+    """Backward as if inv_rms were a constant (e.g. computed under no_grad / .detach()):
+    dx = r·g, dropping −r·x̂·mean(g ⊙ x̂). Forward values are correct."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        xf = x.float()
+        inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, inv)
+        return (xf * inv * w.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, inv = ctx.saved_tensors
+        dx = inv * dy.float() * w.float()
+        dw = (dy.float() * x.float() * inv).reshape(-1, x.shape[-1]).sum(dim=0)
+        return dx.to(x.dtype), dw.to(w.dtype), None
+
+
+def detached_normalizer(x, w, eps, out=None):
+    y = _DetachedNormalizer.apply(x, w, float(eps))
+    return out.copy_(y) if out is not None else y
+
+
+@triton.jit
+def _bwd_seed_formula_kernel(x_ptr, w_ptr, inv_ptr, dy_ptr, dw_ptr, dx_ptr, n,
+                             sx_row, sx_col, sw, sdy_row, sdy_col, sdx_row, sdx_col,
+                             BLOCK: tl.constexpr):
+    """Seed 002 §11.2 step 3 as written: d_input = (grad_output·W − normed·d_weight_sum)·inv,
+    i.e. the column sum dw where the per-row mean of g·x̂ belongs."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * sx_row + offs * sx_col, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * sdy_row + offs * sdy_col, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs * sw, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.load(dw_ptr + offs, mask=mask, other=0.0)
+    inv = tl.load(inv_ptr + row)
+    xhat = x * inv
+    dx = (dy * w - xhat * dw) * inv
+    tl.store(dx_ptr + row * sdx_row + offs * sdx_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+class _TritonSeedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        y, inv = tri.launch_forward(x, w, eps)
+        ctx.save_for_backward(x, w, inv)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, inv = ctx.saved_tensors
+        n = x.shape[-1]
+        _, dw = tri.launch_backward(x, w, inv, dy)  # the correct dw, summed over rows
+        x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)
+        dx = torch.empty(x2.shape, dtype=x.dtype)
+        _bwd_seed_formula_kernel[(x2.shape[0],)](
+            x2, w, inv.reshape(-1), dy2, dw.float().contiguous(), dx, n,
+            x2.stride(0), x2.stride(1), w.stride(0), dy2.stride(0), dy2.stride(1),
+            dx.stride(0), dx.stride(1), BLOCK=tri.launch_config(x2.shape[0], n)["BLOCK"])
+        return dx.view(x.shape), dw, None
+
+
+def triton_backward_seed_formula(x, w, eps, out=None):
+    tri.check_args(x, w, eps, out)
+    if out is not None:
+        return tri.rmsnorm(x, w, eps, out=out)
+    return _TritonSeedBackward.apply(x, w, float(eps))

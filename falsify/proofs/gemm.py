@@ -1,0 +1,184 @@
+"""Facts behind the gemm contract: z3 claims over the kernel's own launch arithmetic, and one
+executable probe of the output-buffer contract.
+
+The z3 claims run `launch_config` and `span` from impl/triton/gemm.py on 64-bit vectors
+(unsigned: `//` is UDiv, `>>` a logical shift), for every M, N, K, stride below 2^31, so they are
+facts about the functions the wrapper calls, not about a re-statement of them.
+"""
+
+from __future__ import annotations
+
+import z3
+
+from falsify.impl.triton.gemm import MAX_EXTENT, launch_config, span
+
+CONTRACT = "gemm-kernel-v1"
+W = 64  # bit width: products of two values < 2^31 fit, so no claim is an overflow artefact
+LIM = 2**31
+
+
+class U:
+    """An unsigned z3 bit-vector with the operators impl/launch.py uses."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, e):
+        self.e = e
+
+    @staticmethod
+    def _v(o):
+        return o.e if isinstance(o, U) else o
+
+    def __add__(self, o):
+        return U(self.e + self._v(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return U(self.e - self._v(o))
+
+    def __rsub__(self, o):
+        return U(self._v(o) - self.e)
+
+    def __mul__(self, o):
+        return U(self.e * self._v(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return U(z3.UDiv(self.e, self._v(o)))
+
+    def __or__(self, o):
+        return U(self.e | self._v(o))
+
+    def __and__(self, o):
+        return U(self.e & self._v(o))
+
+    def __rshift__(self, o):
+        return U(z3.LShR(self.e, self._v(o)))
+
+
+def bv(name):
+    return z3.BitVec(name, W)
+
+
+def pow2_in(x, lo, hi):
+    return z3.And(x & (x - 1) == 0, z3.UGE(x, lo), z3.ULE(x, hi))
+
+
+def tiles_cover(n, block, tiles):
+    """tiles·block ≥ n (every index has a tile) and (tiles − 1)·block < n (no empty tile)."""
+    return z3.And(z3.UGE(tiles * block, n), z3.ULT((tiles - 1) * block, n))
+
+
+def launch_claims():
+    """For all 1 ≤ M, N, K < 2^31:
+    - BLOCK_M, BLOCK_N are powers of two in [16, 64], BLOCK_K in [16, 32] (tl.dot needs ≥ 16);
+    - the grid covers every output row and column and launches no program past the last one;
+    - the K loop's cdiv(K, BLOCK_K) tiles cover [0, K) with no empty tile, so the `ks < K` mask
+      drops exactly the lanes past K (a floor-division loop would drop K mod BLOCK_K terms);
+    - every (m, n) < (M, N) lies in program (m // BLOCK_M, n // BLOCK_N) inside the grid."""
+    m, n, k, i, j = (bv(s) for s in "mnkij")
+    cfg = {key: v.e for key, v in launch_config(U(m), U(n), U(k)).items()}
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    dom = z3.And(*[z3.And(z3.UGE(x, 1), z3.ULT(x, LIM)) for x in (m, n, k)])
+    return z3.Implies(dom, z3.And(
+        pow2_in(bm, 16, 64), pow2_in(bn, 16, 64), pow2_in(bk, 16, 32),
+        tiles_cover(m, bm, cfg["grid_m"]), tiles_cover(n, bn, cfg["grid_n"]),
+        tiles_cover(k, bk, cfg["k_tiles"]),
+        z3.Implies(z3.And(z3.ULT(i, m), z3.ULT(j, n)),
+                   z3.And(z3.ULT(z3.UDiv(i, bm), cfg["grid_m"]),
+                          z3.ULT(z3.UDiv(j, bn), cfg["grid_n"])))))
+
+
+def buffer_claims():
+    """The buffer-size contract (seeds' C-BUFSIZE-001), over unbounded integers (the tile and
+    mask facts that bound the lanes come from `launch_claims`): for a [R, C] view with strides
+    s0, s1 ≥ 0, every lane that passes the kernel's mask (r < R, c < C) has offset
+    r·s0 + c·s1 < span(R, C, s0, s1), the extent the wrapper checks against MAX_EXTENT; so with
+    extent ≤ MAX_EXTENT every dereferenced offset fits int32. For the contiguous [M, N] output
+    the extent is exactly M·N elements: a buffer of M·N − 1 elements is undersized, which is why
+    the wrapper demands out.shape == (M, N) before launch."""
+    rows, cols, s0, s1, r, c = z3.Ints("R C s0 s1 r c")
+    ext = span(rows, cols, s0, s1)
+    dom = z3.And(rows >= 1, cols >= 1, s0 >= 0, s1 >= 0, r >= 0, c >= 0)
+    masked_in = z3.And(r < rows, c < cols)
+    off = r * s0 + c * s1
+    return z3.Implies(dom, z3.And(
+        z3.Implies(masked_in, off < ext),
+        z3.Implies(z3.And(masked_in, ext <= MAX_EXTENT), off < 2**31),
+        span(rows, cols, cols, 1) == rows * cols))
+
+
+# ------------------------------------------------------------------ executable probe
+def _bound(backend):
+    from falsify.harness import backends, runtime
+
+    return backends.function(runtime.contract(CONTRACT), "gemm", backend)
+
+
+def out_buffer_probe(backend, dtype="float32", m=5, n=7, k=3, fn=None):
+    """Bad calls must raise before anything is written. Every bad `out` is a view inside a
+    NaN-filled guard buffer twice its size, so a wrapper that skipped the check and launched
+    anyway writes NaN-detectable values (and stays inside our allocation). Unless `fn` is
+    given, the function is the contract's binding looked up at call time (mutants included).
+
+    Returns counts: bad calls tried, how many raised, how many left their guard buffer
+    untouched, and whether a good call (the positive control) wrote exactly its view."""
+    import torch
+
+    fn = fn or _bound(backend)
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(m, k, generator=gen).to(dt)
+    b = torch.randn(k, n, generator=gen).to(dt)
+    c = torch.randn(m, n, generator=gen).to(dt)
+
+    def guarded(shape, dtype=dt):
+        numel = 1
+        for s in shape:
+            numel *= s
+        buf = torch.full((2 * numel + 16,), float("nan"), dtype=dtype)
+        return buf, buf[8:8 + numel].view(shape)
+
+    bad = {
+        "out undersized by one column": dict(out_shape=(m, n - 1)),
+        "out undersized by one row": dict(out_shape=(m - 1, n)),
+        "out transposed shape (same numel)": dict(out_shape=(n, m)),
+        "out flat with M*N elements": dict(out_shape=(m * n,)),
+        "out wrong dtype": dict(out_shape=(m, n), out_dtype=torch.float64),
+        "beta != 0 without c": dict(kw=dict(beta=1.0)),
+        "c wrongly shaped": dict(kw=dict(c=c[:, : n - 1], beta=1.0)),
+        "inner dimensions differ": dict(kw=dict(b=b[: k - 1])),
+    }
+    failures, raised, untouched = [], 0, 0
+    for name, spec in bad.items():
+        kw = dict(a=a, b=b)
+        kw.update(spec.get("kw", {}))
+        buf = None
+        if "out_shape" in spec:
+            buf, kw["out"] = guarded(spec["out_shape"], spec.get("out_dtype", dt))
+        try:
+            fn(**kw)
+            failures.append(f"{name}: did not raise")
+        except (ValueError, TypeError):
+            raised += 1
+        if buf is None or bool(torch.isnan(buf).all()):
+            untouched += 1
+        else:
+            failures.append(f"{name}: wrote into the buffer before raising")
+    # Positive control: a correctly shaped strided view inside the guard buffer.
+    buf = torch.full((m * (n + 3) + 32,), float("nan"), dtype=dt)
+    out = buf[16:16 + m * (n + 3)].view(m, n + 3)[:, :n]
+    res = fn(a=a, b=b, out=out)
+    want = (a.double() @ b.double())
+    inside = torch.zeros_like(buf, dtype=torch.bool)
+    inside[16:16 + m * (n + 3)].view(m, n + 3)[:, :n] = True
+    tol = 1e-5 if dt == torch.float32 else 2e-3 * k
+    control_ok = (res.data_ptr() == out.data_ptr()
+                  and bool(torch.isnan(buf[~inside]).all())
+                  and bool(((out.double() - want).abs() <= tol).all()))
+    if not control_ok:
+        failures.append("positive control: a correct out view was not filled exactly")
+    return {"cases": len(bad), "raised": raised, "untouched": untouched,
+            "control_ok": control_ok, "failures": "; ".join(failures)}

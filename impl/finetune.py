@@ -1,0 +1,864 @@
+"""The fine-tuning loop: a frozen base (fp32 or NF4) + trained LoRA adapters, on SFT,
+reward-weighted SFT or DPO data, with the pretraining loop's machinery.
+
+Reused from impl/train.py (imported, not copied): the AdamW construction with every
+hyperparameter from the config (`build_optimizer`, which takes only requires_grad parameters —
+i.e. the adapters), warmup + cosine (`Trainer.lr` / `lr_at`), the config-algebra preflight
+(`check_config_algebra`), device resolution, Andon stops, the progress bar, strict value
+parsing; from impl/checkpoint.py the atomic checkpoints with optimizer, RNG and data position.
+What is ours: the objectives (below), the example sampler (impl/sft_data.py) and adapter export.
+
+Objectives, all normalised per optimizer step (so grad_accum changes nothing but memory):
+
+    SFT     L = Σ_i w_i · Σ_t m_it · CE_it / Σ_i Σ_t m_it
+            m: response-only mask (every token with train_on_prompt); w_i = 1, or the sample's
+            reward weight (clip to [−1, 1], min-max over the epoch). The denominator counts
+            every masked token whatever its weight, so w ≡ 1 is exactly plain SFT and w_i = 0
+            removes sample i's terms (llama.cpp scales the label, i.e. the same thing).
+    DPO     L = mean over pairs of −log σ(β·[(log π(y_c|x) − log π_ref(y_c|x))
+                                            − (log π(y_r|x) − log π_ref(y_r|x))])
+            π_ref = the frozen base (adapters disabled); log π(y|x) sums the response tokens.
+            With B = 0 the policy is the reference, so the first loss is exactly ln 2.
+
+The trainer's `forward_backward` is the one place the objective runs; `train_step` adds the
+update. The hook that would let impl/train.Trainer.train_step run these objectives itself: a
+`micro_loss(model, micro) -> (loss_sum, count)` argument; until it exists `FinetuneTrainer`
+repeats its ~20 lines of Andon/clip/step logic (`_apply_update`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+from falsify.impl import checkpoint as ckpt_mod
+from falsify.impl import data as data_mod
+from falsify.impl import lora_model as LM
+from falsify.impl import sft_data as SD
+from falsify.impl import train as T
+from falsify.impl.model import ModelConfig, Transformer, build_model, generate
+
+log = logging.getLogger("falsify.finetune")
+
+
+class FinetuneConfigError(T.ConfigError):
+    """A bad fine-tuning config field; the message names it."""
+
+
+@dataclass
+class FinetuneConfig:
+    method: str = "qlora"  # lora | qlora
+    model: str | None = None  # our checkpoint / run dir, or an HF LLaMA dir; null: built-in
+    data: list[str] = field(default_factory=list)  # JSONL files; []: the shipped dataset
+    # adapters
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: list(LM.DEFAULT_TARGETS))
+    freeze_layers: int = 0
+    double_quant: bool = True
+    nf4_blocksize: int = 64
+    rslora: bool = False
+    # data
+    train_on_prompt: bool = False
+    seq_len: int | None = None  # null: the base's max_seq_len
+    overlong: str = "truncate"  # truncate | drop | error (counts are reported either way)
+    val_split: float = 0.05
+    shuffle: bool = True
+    max_examples: int | None = None  # use the first N examples (after tokenizing)
+    # steps
+    batch_size: int = 8
+    grad_accum: int = 1
+    epochs: int = 1
+    max_steps: int | None = None  # null: epochs x steps_per_epoch
+    warmup_steps: int | None = None  # null: 5 % of max_steps (rounded down)
+    # optimizer (seed §26.4.4 betas/eps/decay; the lr suits the tiny built-in base)
+    lr: float = 2e-3
+    lr_min: float = 2e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # always applied
+    andon_grad_norm: float = 100.0
+    andon_loss_max: float | None = None
+    dpo_beta: float = 0.1
+    # evaluation, early stopping, checkpoints
+    eval_interval: int | None = None  # null: at the end of every epoch and of the run
+    early_stopping_patience: int | None = None  # evaluations without a new best val loss
+    log_interval: int = 10
+    save_every: int = 0  # 0: only at the end (and on early stop)
+    keep_last: int = 2
+    out_dir: str = "runs/finetune"
+    progress: bool = True
+    # runtime
+    seed: int = 42
+    backend: str = "auto"
+    device: str = "auto"
+    precision: str = "auto"
+    threads: int | None = None
+    activation_checkpointing: bool = False
+    cache_dir: str = ".falsify/cache"
+    # the built-in base (only when model is null): steps of impl/train on the stdlib
+    base_steps: int = 300
+    # sample at the end (base vs base+adapter on held-out prompts)
+    sample_tokens: int = 64
+    sample_count: int = 2
+
+
+RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "save_every",
+                  "keep_last", "out_dir", "progress", "threads", "cache_dir", "andon_grad_norm",
+                  "andon_loss_max", "sample_tokens", "sample_count"}
+SHIPPED = str(SD.SHIPPED_DATASET)
+
+
+# ----------------------------------------------------------------------------- config
+def config_from_dict(d: dict, source: str = "config", base: FinetuneConfig | None = None,
+                     from_text: bool = False) -> FinetuneConfig:
+    """Strict like impl/train: an unknown key is an error naming it (closest names offered);
+    values are type-checked by impl/train's `_coerce`."""
+    import difflib
+
+    hints = typing.get_type_hints(FinetuneConfig)
+    known = [f.name for f in fields(FinetuneConfig)]
+    values = asdict(base) if base is not None else {}
+    for k, v in d.items():
+        if k not in hints:
+            close = difflib.get_close_matches(k, known, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise FinetuneConfigError(f"{source}: unknown config field {k!r}{hint}")
+        try:
+            values[k] = T._coerce(k, hints[k], v, from_text)
+        except T.ConfigError as e:
+            raise FinetuneConfigError(f"{source}: {e}") from None
+    cfg = FinetuneConfig(**values)
+    validate_config(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (),
+                base: FinetuneConfig | None = None) -> FinetuneConfig:
+    cfg = base or FinetuneConfig()
+    if path is not None:
+        cfg = config_from_dict(T.read_yaml_config(path), source=str(path), base=cfg)
+    if overrides:
+        cfg = config_from_dict(T.parse_overrides(list(overrides)), source="command line",
+                               base=cfg, from_text=True)
+    validate_config(cfg)
+    return cfg
+
+
+def lora_spec(cfg: FinetuneConfig) -> LM.LoraSpec:
+    try:
+        return LM.LoraSpec(method=cfg.method, r=cfg.lora_r, alpha=cfg.lora_alpha,
+                           dropout=cfg.lora_dropout, targets=LM.normalize_targets(cfg.targets),
+                           freeze_layers=cfg.freeze_layers, double_quant=cfg.double_quant,
+                           blocksize=cfg.nf4_blocksize, rslora=cfg.rslora,
+                           seed=cfg.seed).validate()
+    except LM.LoraConfigError as e:
+        raise FinetuneConfigError(str(e).replace("field r=", "field lora_r=")
+                                  .replace("field alpha=", "field lora_alpha=")
+                                  .replace("field dropout=", "field lora_dropout=")
+                                  .replace("field blocksize=", "field nf4_blocksize=")) from None
+
+
+def validate_config(cfg: FinetuneConfig) -> None:
+    def need(cond, name, why):
+        if not cond:
+            raise FinetuneConfigError(f"config field {name}={getattr(cfg, name)!r}: {why}")
+
+    for name in ("batch_size", "grad_accum", "epochs", "log_interval", "keep_last",
+                 "base_steps"):
+        need(getattr(cfg, name) >= 1, name, "must be >= 1")
+    for name in ("max_steps", "eval_interval", "early_stopping_patience", "seq_len",
+                 "max_examples"):
+        v = getattr(cfg, name)
+        need(v is None or v >= 1, name, "must be >= 1 (or null)")
+    need(cfg.warmup_steps is None or cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+    need(cfg.save_every >= 0, "save_every", "must be >= 0 (0: save at the end only)")
+    need(cfg.lr > 0, "lr", "must be > 0")
+    need(0 <= cfg.lr_min <= cfg.lr, "lr_min", "must be in [0, lr]")
+    need(0 <= cfg.beta1 < 1, "beta1", "must be in [0, 1)")
+    need(0 <= cfg.beta2 < 1, "beta2", "must be in [0, 1)")
+    need(cfg.adam_eps > 0, "adam_eps", "must be > 0")
+    need(cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
+    need(cfg.grad_clip > 0, "grad_clip", "must be > 0 (clipping is always on)")
+    need(cfg.andon_grad_norm > 0, "andon_grad_norm", "must be > 0")
+    need(cfg.dpo_beta > 0, "dpo_beta", "must be > 0")
+    need(0 <= cfg.val_split < 1, "val_split", "must be in [0, 1)")
+    need(cfg.overlong in ("truncate", "drop", "error"), "overlong",
+         "must be truncate, drop or error")
+    need(cfg.backend in ("torch", "triton", "auto"), "backend", "must be torch, triton or auto")
+    need(cfg.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+    need(cfg.precision in ("auto", "fp32", "bf16"), "precision", "must be auto, fp32 or bf16")
+    need(cfg.sample_tokens >= 0, "sample_tokens", "must be >= 0")
+    need(cfg.sample_count >= 0, "sample_count", "must be >= 0")
+    need(cfg.early_stopping_patience is None or cfg.val_split > 0, "early_stopping_patience",
+         "needs val_split > 0 (early stopping watches the validation loss)")
+    lora_spec(cfg)
+
+
+# -------------------------------------------------------------------------- objectives
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+             weights: torch.Tensor):
+    """(Σ_i w_i Σ_t m_it CE_it, Σ_i Σ_t m_it) for logits [b, s, V], labels [b, s] (next-token
+    ids, IGNORE_INDEX at padding), mask [b, s] (trained targets), weights [b]. CE in fp32;
+    positions outside the mask contribute exactly 0 to the sum and its gradient."""
+    b, s, v = logits.shape
+    m = mask.bool() & (labels != SD.IGNORE_INDEX)
+    tgt = labels.masked_fill(~m, 0).long()
+    ce = F.cross_entropy(logits.reshape(-1, v).float(), tgt.reshape(-1), reduction="none")
+    ce = torch.where(m.reshape(-1), ce, torch.zeros_like(ce)).view(b, s)
+    per_sample = ce.sum(dim=1)
+    return (per_sample * weights.to(per_sample.dtype)).sum(), m.sum()
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor):
+    """Σ_t m_it log p(labels_it) per sample ([b]): a response's log-likelihood."""
+    b, s, v = logits.shape
+    m = mask.bool() & (labels != SD.IGNORE_INDEX)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    tok = logp.gather(-1, labels.masked_fill(~m, 0).long().unsqueeze(-1)).squeeze(-1)
+    return torch.where(m, tok, torch.zeros_like(tok)).sum(dim=1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
+             ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float):
+    """Per-pair DPO loss −log σ(β·Δ), Δ = (π_c − ref_c) − (π_r − ref_r), plus the implicit
+    rewards β·(π − ref) of chosen and rejected (Rafailov et al. 2023, eq. 7)."""
+    chosen = beta * (policy_chosen - ref_chosen)
+    rejected = beta * (policy_rejected - ref_rejected)
+    return -F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach()
+
+
+@dataclass
+class Objectives:
+    """The swappable pieces (contract bindings; mutants replace one at a time)."""
+
+    sft_loss: typing.Callable = sft_loss
+    dpo_loss: typing.Callable = dpo_loss
+    reward_weights: typing.Callable = SD.reward_weights
+    lora_init: typing.Callable | None = None  # None: impl/torch/lora.py's lora_init
+    freeze_base: typing.Callable | None = None  # None: lora_model.freeze_base
+
+
+# ------------------------------------------------------------------------------ trainer
+class FinetuneTrainer(T.Trainer):
+    """impl/train.Trainer (AdamW over the requires_grad parameters = the adapters, warmup +
+    cosine, clipping, Andon) with a fine-tuning objective."""
+
+    def __init__(self, model: Transformer, cfg: FinetuneConfig, device, autocast_dtype,
+                 kind: str, objectives: Objectives | None = None):
+        super().__init__(model, cfg, device, autocast_dtype)
+        if not self.params:
+            raise FinetuneConfigError("no trainable parameter: every adapter is frozen")
+        self.kind = kind  # "sft" | "preference"
+        self.obj = objectives or Objectives()
+        self.ref_cache: dict[int, tuple[float, float]] = {}
+
+    # one micro-batch ------------------------------------------------------------------
+    def micro_loss(self, micro) -> tuple[torch.Tensor, dict]:
+        """(loss numerator, stats) of one micro-batch: an SFT Batch or a (chosen, rejected)
+        pair of Batches."""
+        if self.kind == "sft":
+            b = micro.to(self.device)
+            with self._autocast():
+                logits = self.model(b.x)
+            s, n = self.obj.sft_loss(logits, b.labels, b.mask, b.weights)
+            return s, {"tokens": int(n)}
+        ch, rj = (m.to(self.device) for m in micro)
+        pc, pr = self._policy_logps(ch, rj)
+        rc, rr = self.reference_logps(ch, rj)
+        losses, cr, rr_ = self.obj.dpo_loss(pc, pr, rc, rr, self.cfg.dpo_beta)
+        return losses.sum(), {"pairs": len(losses), "chosen_reward": float(cr.sum()),
+                              "rejected_reward": float(rr_.sum()),
+                              "accuracy": float((cr > rr_).float().sum()),
+                              "chosen_logratio": float((pc - rc).detach().sum())}
+
+    def _policy_logps(self, ch: SD.Batch, rj: SD.Batch):
+        """One forward over chosen and rejected together (padded to the longer)."""
+        s = max(ch.x.shape[1], rj.x.shape[1])
+        x = torch.cat([_pad(ch.x, s, 0), _pad(rj.x, s, 0)])
+        lab = torch.cat([_pad(ch.labels, s, SD.IGNORE_INDEX), _pad(rj.labels, s,
+                                                                   SD.IGNORE_INDEX)])
+        msk = torch.cat([_pad(ch.mask, s, False), _pad(rj.mask, s, False)])
+        with self._autocast():
+            logits = self.model(x)
+        lp = sequence_logps(logits, lab, msk)
+        return lp[: len(ch.x)], lp[len(ch.x):]
+
+    @torch.no_grad()
+    def reference_logps(self, ch: SD.Batch, rj: SD.Batch):
+        """log π_ref of each pair's responses under the frozen base. The base never changes, so
+        each example's value is computed once and cached (TRL's precompute_ref_log_probs)."""
+        idx = [int(i) for i in ch.index]
+        todo = [k for k, i in enumerate(idx) if i not in self.ref_cache]
+        if todo:
+            was = self.model.training
+            self.model.eval()  # no dropout: the reference is a fixed function
+            with LM.adapters_disabled(self.model):
+                sub = torch.tensor(todo)
+                c = SD.Batch(ch.x[sub], ch.labels[sub], ch.mask[sub], ch.weights[sub],
+                             ch.index[sub])
+                r = SD.Batch(rj.x[sub], rj.labels[sub], rj.mask[sub], rj.weights[sub],
+                             rj.index[sub])
+                pc, pr = self._policy_logps(c, r)
+            self.model.train(was)
+            for j, k in enumerate(todo):
+                self.ref_cache[idx[k]] = (float(pc[j]), float(pr[j]))
+        rc = torch.tensor([self.ref_cache[i][0] for i in idx], device=self.device)
+        rr = torch.tensor([self.ref_cache[i][1] for i in idx], device=self.device)
+        return rc, rr
+
+    @staticmethod
+    def count(micro) -> int:
+        """What one micro-batch adds to the step's normaliser: masked tokens (SFT) or pairs."""
+        if isinstance(micro, SD.Batch):
+            return micro.n_tokens
+        return len(micro[0].x)
+
+    # one optimizer step ---------------------------------------------------------------
+    def forward_backward(self, micro_batches: list) -> tuple[float, int, dict]:
+        """Accumulate gradients of (Σ_micro numerator) / (Σ_micro count) into .grad; returns
+        (loss, count, summed stats). Every token (pair) weighs the same whatever micro-batch it
+        is in — not a mean of per-micro means."""
+        n = sum(self.count(m) for m in micro_batches)
+        if n == 0:
+            raise ValueError(f"step {self.step + 1}: no trained target in any micro-batch")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        total, stats = 0.0, {}
+        for m in micro_batches:
+            s, st = self.micro_loss(m)
+            (s / n).backward()
+            total += float(s.detach())
+            for k, v in st.items():
+                stats[k] = stats.get(k, 0) + v
+        return total / n, n, stats
+
+    def train_step(self, micro_batches: list) -> T.StepStats:
+        t = self.step + 1
+        lr = self.lr(t)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        loss, n, stats = self.forward_backward(micro_batches)
+        st = self._apply_update(t, lr, loss, n)
+        st.extra = stats
+        return st
+
+    def _apply_update(self, t: int, lr: float, loss: float, n: int) -> T.StepStats:
+        """impl/train.Trainer.train_step's tail: Andon checks, clip, AdamW step."""
+        if not math.isfinite(loss):
+            raise T.AndonStop(f"Andon: non-finite loss ({loss}) at step {t}", t)
+        if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
+            raise T.AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
+                              f"{self.cfg.andon_loss_max} at step {t}", t)
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
+                                                  foreach=False))
+        if not math.isfinite(gn):
+            raise T.AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
+        if gn > self.cfg.andon_grad_norm:
+            raise T.AndonStop(f"Andon: gradient norm {gn:.3g} > andon_grad_norm="
+                              f"{self.cfg.andon_grad_norm} at step {t} (update not applied)", t)
+        self.optimizer.step()
+        self.step = t
+        bad = [nm for nm, p in zip(self.param_names, self.params)
+               if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise T.AndonStop(f"Andon: non-finite adapter weights after step {t}: {bad[:5]}", t)
+        return T.StepStats(t, loss, gn, lr, n, True)
+
+    @torch.no_grad()
+    def evaluate_examples(self, batches: list) -> dict:
+        """Validation: response-token mean CE (unweighted) for SFT; mean DPO loss and
+        preference accuracy for pairs."""
+        self.model.eval()
+        total, n, acc = 0.0, 0, 0.0
+        for m in batches:
+            if self.kind == "sft":
+                b = m.to(self.device)
+                with self._autocast():
+                    logits = self.model(b.x)
+                s, c = sft_loss(logits, b.labels, b.mask, torch.ones_like(b.weights))
+                total, n = total + float(s), n + int(c)
+            else:
+                s, st = self.micro_loss(m)
+                total, n, acc = total + float(s), n + st["pairs"], acc + st["accuracy"]
+        self.model.train()
+        if n == 0:
+            raise ValueError("validation got nothing to score")
+        out = {"val_loss": total / n}
+        if self.kind == "sft":
+            out["val_ppl"] = math.exp(min(total / n, 700.0))
+        else:
+            out["val_accuracy"] = acc / n
+        return out
+
+
+def _pad(t: torch.Tensor, s: int, value) -> torch.Tensor:
+    if t.shape[1] == s:
+        return t
+    return torch.cat([t, torch.full((t.shape[0], s - t.shape[1]), value, dtype=t.dtype,
+                                    device=t.device)], dim=1)
+
+
+# ------------------------------------------------------------------------------ batches
+def make_micro(examples: list, idx, kind: str, pad_id: int, weights: np.ndarray | None):
+    """Example indices -> an SFT Batch, or a (chosen, rejected) pair of Batches."""
+    idx = [int(i) for i in idx]
+    if kind == "sft":
+        w = None if weights is None else weights[idx]
+        return SD.collate([examples[i] for i in idx], pad_id, w, idx)
+    return (SD.collate([examples[i].chosen for i in idx], pad_id, None, idx),
+            SD.collate([examples[i].rejected for i in idx], pad_id, None, idx))
+
+
+def val_batches(examples: list, kind: str, pad_id: int, batch_size: int) -> list:
+    return [make_micro(examples, range(a, min(a + batch_size, len(examples))), kind, pad_id,
+                       None) for a in range(0, len(examples), batch_size)]
+
+
+# ------------------------------------------------------------------------------ the base
+@dataclass
+class Base:
+    model: Transformer
+    tokenizer: object | None
+    tokenizer_path: str | None
+    source: str  # what was loaded: path, or "built-in ..."
+    layout: str  # "ours" | "hf" | "memory"
+    info: dict = field(default_factory=dict)
+
+
+def _find_tokenizer(paths: list[Path]) -> Path | None:
+    for p in paths:
+        if (p / "tokenizer.json").is_file():
+            return p / "tokenizer.json"
+    return None
+
+
+def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True) -> Base:
+    """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
+    output) or an HF LLaMA directory (config.json + model.safetensors, impl/hf.py)."""
+    from falsify.impl import hf
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.exists():
+        raise FinetuneConfigError(f"config field model={str(path)!r}: no such file or directory")
+    if (p / "config.json").is_file() and (p / "model.safetensors").is_file() and \
+            json.loads((p / "config.json").read_text()).get("model_type") == "llama":
+        model = hf.import_hf(p, backend)
+        layout, where = "hf", [p]
+    else:
+        try:
+            ck = ckpt_mod.find_checkpoint(p)
+        except ckpt_mod.CheckpointError as e:
+            raise FinetuneConfigError(
+                f"config field model={str(path)!r}: neither an HF LLaMA directory "
+                f"(config.json + model.safetensors) nor one of our checkpoints ({e})") from None
+        state = ckpt_mod.read_state(ck)
+        mcfg = ModelConfig(**state["config"]["model"])
+        model = build_model(mcfg, backend, seed=0)
+        weights = load_file(str(ck / "model.safetensors"))
+        own = model.state_dict()
+        if set(weights) != set(own):
+            raise FinetuneConfigError(f"{ck}: weights do not match the model config (missing "
+                                      f"{sorted(set(own) - set(weights))[:3]}, unexpected "
+                                      f"{sorted(set(weights) - set(own))[:3]})")
+        model.load_state_dict(weights, strict=True)
+        layout, where = "ours", [ck, ck.parent.parent, p]
+        tok_path = _find_tokenizer(where)
+        if tok_path is None and need_tokenizer and "train" in state["config"]:
+            tok_path = _tokenizer_from_train_config(state["config"]["train"], mcfg)
+        return _base(model, tok_path, str(p), layout, need_tokenizer)
+    return _base(model, _find_tokenizer(where), str(p), layout, need_tokenizer)
+
+
+def _base(model, tok_path, source, layout, need_tokenizer) -> Base:
+    if tok_path is None and need_tokenizer:
+        raise FinetuneConfigError(f"base {source}: no tokenizer.json found next to it (text data "
+                                  "needs the base's tokenizer)")
+    tok = data_mod.load_tokenizer(tok_path) if tok_path is not None else None
+    if tok is not None and tok.get_vocab_size() != model.cfg.vocab_size:
+        raise FinetuneConfigError(f"base {source}: tokenizer vocab {tok.get_vocab_size()} != "
+                                  f"model vocab_size {model.cfg.vocab_size}")
+    return Base(model, tok, str(tok_path) if tok_path else None, source, layout,
+                {"params": sum(p.numel() for p in model.parameters())})
+
+
+def _tokenizer_from_train_config(train_cfg: dict, mcfg: ModelConfig) -> Path | None:
+    """A checkpoint of impl/train does not store its tokenizer; it is the (deterministic, cached)
+    tokenizer of the training corpus, found again through the same data spec."""
+    if train_cfg.get("corpus") == "synthetic":
+        return None
+    tcfg = T.config_from_dict(train_cfg, source="checkpoint train config")
+    prepared = data_mod.prepare_data(T.data_spec(tcfg, mcfg.vocab_size), tcfg.cache_dir)
+    return prepared.cache_path / "tokenizer.json"
+
+
+def builtin_base_config(cfg: FinetuneConfig, out_dir: Path) -> T.TrainConfig:
+    """The built-in base: impl/train's `tiny` preset on the first ~3 MB of the stdlib corpus
+    (the shipped SFT data is derived from the same corpus), a few minutes at most on CPU."""
+    return T.config_from_dict({
+        "model": "tiny", "corpus": "stdlib", "max_bytes": 3_000_000, "val_fraction": 0.05,
+        "batch_size": 8, "grad_accum": 1, "max_steps": cfg.base_steps,
+        "warmup_steps": max(1, cfg.base_steps // 20), "lr": 3e-3, "lr_min": 3e-4,
+        "eval_interval": cfg.base_steps, "eval_batches": 4, "save_interval": cfg.base_steps,
+        "keep_last": 1, "sample_tokens": 0, "seed": cfg.seed, "cache_dir": cfg.cache_dir,
+        "out_dir": str(out_dir), "progress": cfg.progress, "backend": cfg.backend,
+        "device": cfg.device, "threads": cfg.threads}, source="built-in base")
+
+
+def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
+    """Train the built-in base with impl/train, or reuse it from cache_dir (keyed by its
+    config and the Python version, whose stdlib is the corpus)."""
+    import sys
+
+    probe = builtin_base_config(cfg, Path("."))
+    key_src = {k: v for k, v in asdict(probe).items()
+               if k not in ("out_dir", "progress", "cache_dir", "threads")}
+    key_src["python"] = sys.version.split()[0]
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
+    out = Path(cfg.cache_dir) / "finetune-base" / key
+    tcfg = builtin_base_config(cfg, out)
+    done = out / "summary.json"
+    if not done.is_file():
+        if console is not None:
+            console.print(f"built-in base: training impl/train's tiny preset on the stdlib for "
+                          f"{tcfg.max_steps} steps -> {out} (cached for later runs)")
+        resume = "auto" if ckpt_mod.list_checkpoints(out) else None
+        T.train(tcfg, resume=resume)
+    elif console is not None:
+        console.print(f"built-in base: reusing {out}")
+    mcfg = T.model_config(tcfg)
+    tok = out / "tokenizer.json"
+    if not tok.is_file():
+        src = data_mod.prepare_data(T.data_spec(tcfg, mcfg.vocab_size), tcfg.cache_dir)
+        _atomic_copy(src.cache_path / "tokenizer.json", tok)
+    base = load_base(out, cfg.backend)
+    base.source = f"built-in base ({out})"
+    summary = json.loads(done.read_text())
+    base.info.update({"builtin": True, "base_val_loss": summary.get("val_loss"),
+                      "base_steps": summary.get("final_step")})
+    return base
+
+
+def _atomic_copy(src: Path, dst: Path) -> None:
+    import shutil
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}-")
+    os.close(fd)
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def base_fingerprint(model: Transformer) -> str:
+    """sha256 of the base's tensors (names, shapes, bytes): a resume must continue on the same
+    base, and an adapter records which base it was trained on."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        if LM.is_adapter_param(k):
+            continue
+        h.update(f"{k}{tuple(v.shape)}{v.dtype}".encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class AdapterView:
+    """What a fine-tuning checkpoint stores as "model": the adapters only (the base is frozen
+    and identified by its fingerprint). Duck-types the state_dict API impl/checkpoint uses."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        return {k: v.detach() for k, v in LM.adapter_parameters(self.model).items()}
+
+    def load_state_dict(self, sd: dict, strict: bool = True) -> None:
+        own = LM.adapter_parameters(self.model)
+        if strict and set(sd) != set(own):
+            raise ckpt_mod.CheckpointError("adapter names differ from the checkpoint's")
+        with torch.no_grad():
+            for k, p in own.items():
+                p.copy_(sd[k])
+
+
+# ------------------------------------------------------------------------------ the run
+@dataclass
+class FinetuneResult:
+    out_dir: str
+    kind: str = "sft"
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    final_step: int = 0
+    max_steps: int = 0
+    stopped: str = ""
+    elapsed_s: float = 0.0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    adapter_dir: str | None = None
+    checkpoint: str | None = None
+    resumed_from: str | None = None
+    data_info: dict = field(default_factory=dict)
+    base_info: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)
+    model: Transformer | None = field(default=None, repr=False)
+
+
+def resolve_steps(cfg: FinetuneConfig, n_train: int) -> FinetuneConfig:
+    """Concrete max_steps / warmup_steps (recorded in the effective config), checked by
+    impl/train's config algebra: max_steps must be reachable with the configured epochs."""
+    spe = n_train // (cfg.batch_size * cfg.grad_accum)
+    if spe < 1:
+        raise T.PreflightError(f"{n_train} training examples < batch_size {cfg.batch_size} x "
+                               f"grad_accum {cfg.grad_accum}: not one optimizer step")
+    max_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * spe
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max_steps // 20
+    T.check_config_algebra(n_train, cfg.batch_size, cfg.grad_accum, cfg.epochs, max_steps,
+                           warmup)
+    return replace(cfg, max_steps=max_steps, warmup_steps=warmup)
+
+
+def _check_resume(saved: dict, cfg: FinetuneConfig, where: Path) -> None:
+    now = asdict(cfg)
+    for k in now:
+        if k not in RESUME_MUTABLE and saved.get(k) != now[k]:
+            raise FinetuneConfigError(
+                f"config field {k!r} is {now[k]!r} but checkpoint {where} was written with "
+                f"{saved.get(k)!r}; resuming with a different {k} would not continue the run")
+
+
+def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Base | None = None,
+             dataset: SD.Dataset | None = None, objectives: Objectives | None = None,
+             stop_after: int | None = None, keep_model: bool = False,
+             console=None) -> FinetuneResult:
+    """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
+    checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
+    step as if killed, the schedule still runs to max_steps."""
+    t_start = time.perf_counter()
+    validate_config(cfg)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device, autocast = T.resolve_device(cfg)
+    out = Path(cfg.out_dir)
+    ckpt_path = None
+    if resume is not None:
+        ckpt_path = ckpt_mod.find_checkpoint(out if str(resume) == "auto" else resume)
+        _check_resume(ckpt_mod.read_state(ckpt_path)["config"]["finetune_requested"], cfg,
+                      ckpt_path)
+    elif ckpt_mod.list_checkpoints(out):
+        raise FinetuneConfigError(f"out_dir={str(out)!r} already holds checkpoints; pass "
+                                  "--resume to continue that run or choose another out_dir")
+    T.seed_everything(cfg.seed)
+    obj = objectives or Objectives()
+
+    if base is None:
+        base = load_base(cfg.model, cfg.backend) if cfg.model else builtin_base(cfg, console)
+    model = base.model
+    seq_len = cfg.seq_len or model.cfg.max_seq_len
+    if seq_len > model.cfg.max_seq_len:
+        raise FinetuneConfigError(f"config field seq_len={seq_len}: the base's max_seq_len is "
+                                  f"{model.cfg.max_seq_len}")
+    if dataset is None:
+        if base.tokenizer is None:
+            raise FinetuneConfigError(f"base {base.source} has no tokenizer: cannot read text "
+                                      "data")
+        files = cfg.data or [SHIPPED]
+        dataset = SD.load_dataset(files, base.tokenizer, seq_len, cfg.train_on_prompt,
+                                  cfg.overlong)
+    examples = dataset.examples[: cfg.max_examples] if cfg.max_examples else dataset.examples
+    train_ex, val_ex = SD.split_examples(examples, cfg.val_split, cfg.seed)
+    weights = None
+    if dataset.reward_weighted:
+        rw = obj.reward_weights(torch.tensor([e.reward for e in train_ex], dtype=torch.float64))
+        weights = rw.numpy().astype(np.float32)
+    rcfg = resolve_steps(cfg, len(train_ex))
+    data_key = hashlib.sha256(json.dumps(
+        [dataset.files, len(examples), [len(e.ids) if hasattr(e, "ids") else len(e.chosen.ids)
+                                        for e in examples]]).encode()).hexdigest()[:16]
+    sampler = SD.ExampleSampler(len(train_ex), cfg.batch_size, cfg.grad_accum, cfg.epochs,
+                                cfg.seed, cfg.shuffle, data_key)
+    pad_id = data_mod.SPECIAL_TOKENS.index(data_mod.EOS)
+
+    fingerprint = base_fingerprint(model)
+    spec = lora_spec(cfg)
+    LM.apply_lora(model, spec, init=obj.lora_init, freeze=obj.freeze_base)
+    model.activation_checkpointing = cfg.activation_checkpointing
+    model.to(device)
+    trainer = FinetuneTrainer(model, rcfg, device, autocast, dataset.kind, obj)
+    mem = LM.memory_bytes(model)
+    n_trainable = sum(p.numel() for p in trainer.params)
+    data_info = {"files": dataset.files, "formats": dataset.formats, "kind": dataset.kind,
+                 "reward_weighted": dataset.reward_weighted, **dataset.stats,
+                 "used": len(examples), "train": len(train_ex), "val": len(val_ex),
+                 "steps_per_epoch": sampler.steps_per_epoch, "seq_len": seq_len,
+                 "trained_tokens_per_epoch": (sum(sum(e.mask[1:]) for e in train_ex)
+                                              if dataset.kind == "sft" else None)}
+    if weights is not None:
+        data_info["reward_weights"] = {"min": float(weights.min()), "max": float(weights.max()),
+                                       "mean": float(weights.mean()),
+                                       "zero": int((weights == 0).sum())}
+    base_info = {"source": base.source, "layout": base.layout, "fingerprint": fingerprint,
+                 "model": model.cfg.to_dict(), **base.info}
+    effective = {"finetune_requested": asdict(cfg), "finetune": asdict(rcfg),
+                 "lora": {**asdict(spec), "targets": list(spec.targets), "scale": spec.scale},
+                 "model": model.cfg.to_dict(), "base": base_info, "data": data_info,
+                 "trainable_params": n_trainable, "memory": mem,
+                 "device": str(device), "kernels": model.ops.provenance}
+    out.mkdir(parents=True, exist_ok=True)
+    T._atomic_write_text(out / "config.json", json.dumps(effective, indent=1, default=str))
+    T._atomic_write_text(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+
+    result = FinetuneResult(out_dir=str(out), kind=dataset.kind, max_steps=rcfg.max_steps,
+                            data_info=data_info, base_info=base_info, memory=mem)
+    best_val, bad_evals = None, 0
+    metrics_path = out / "metrics.jsonl"
+    view = AdapterView(model)
+    if ckpt_path is not None:
+        state = ckpt_mod.read_state(ckpt_path)
+        if state["config"]["base"]["fingerprint"] != fingerprint:
+            raise ckpt_mod.CheckpointError(f"{ckpt_path} was trained on another base (its "
+                                           "fingerprint differs from this base's)")
+        state = ckpt_mod.load_checkpoint(ckpt_path, view, trainer.optimizer, trainer.param_names)
+        trainer.step = int(state["step"])
+        sampler.load_state_dict(state["data"])
+        best_val, bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
+        result.resumed_from = str(ckpt_path)
+        T._truncate_metrics(metrics_path, trainer.step)
+
+    def save(metrics=None) -> Path:
+        return ckpt_mod.save_checkpoint(
+            out, trainer.step, view, trainer.optimizer, trainer.param_names,
+            data_state=sampler.state_dict(), config=effective, metrics=metrics,
+            extra={"best_val_loss": best_val, "bad_evals": bad_evals}, keep_last=cfg.keep_last)
+
+    vb = val_batches(val_ex, dataset.kind, pad_id, cfg.batch_size) if val_ex else []
+    progress = T._Progress(cfg.progress, rcfg.max_steps, trainer.step)
+    mf = metrics_path.open("a", buffering=1)
+    t_loop, tokens = time.perf_counter(), 0
+    try:
+        while trainer.step < rcfg.max_steps:
+            micro = [make_micro(train_ex, idx, dataset.kind, pad_id, weights)
+                     for idx in sampler.next_step()]
+            t0 = time.perf_counter()
+            try:
+                st = trainer.train_step(micro)
+            except T.AndonStop as e:
+                T._atomic_write_text(out / "andon.json", json.dumps(
+                    {"step": e.step, "reason": str(e),
+                     "last_good_checkpoint": str(ckpt_mod.latest_checkpoint(out))}))
+                raise
+            ntok = sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
+                       for m in micro)
+            tokens += ntok
+            tps = tokens / (time.perf_counter() - t_loop)
+            result.steps.append(st.step)
+            result.losses.append(st.loss)
+            result.grad_norms.append(st.grad_norm)
+            result.lrs.append(st.lr)
+            rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+                   "count": st.tokens, "step_s": time.perf_counter() - t0, "tok_s": tps,
+                   "epoch": sampler.epoch}
+            if dataset.kind == "preference":
+                p = st.extra["pairs"]
+                rec.update(chosen_reward=st.extra["chosen_reward"] / p,
+                           rejected_reward=st.extra["rejected_reward"] / p,
+                           accuracy=st.extra["accuracy"] / p,
+                           chosen_logratio=st.extra["chosen_logratio"] / p)
+            mf.write(json.dumps(rec) + "\n")
+            progress.update(st.step, f"loss {st.loss:.3f} lr {st.lr:.2e} gnorm "
+                                     f"{st.grad_norm:.2f} {tps:,.0f} tok/s")
+            if st.step % cfg.log_interval == 0 and not cfg.progress:
+                log.info("step %d loss %.4f lr %.3e gnorm %.3f %.0f tok/s", st.step, st.loss,
+                         st.lr, st.grad_norm, tps)
+            metrics = None
+            epoch_end = sampler.step_in_epoch == 0
+            due = (epoch_end if cfg.eval_interval is None else st.step % cfg.eval_interval == 0)
+            if vb and (due or st.step == rcfg.max_steps):
+                ev = trainer.evaluate_examples(vb)
+                improved = best_val is None or ev["val_loss"] < best_val
+                best_val = ev["val_loss"] if improved else best_val
+                bad_evals = 0 if improved else bad_evals + 1
+                result.evals.append({"step": st.step, **ev})
+                mf.write(json.dumps({"step": st.step, **ev}) + "\n")
+                metrics = ev
+            early = (cfg.early_stopping_patience is not None
+                     and bad_evals >= cfg.early_stopping_patience)
+            stopping = early or (stop_after is not None and st.step >= stop_after)
+            if (cfg.save_every and st.step % cfg.save_every == 0) or \
+                    st.step == rcfg.max_steps or stopping:
+                result.checkpoint = str(save(metrics))
+            if early:
+                result.stopped = (f"early stopping: {bad_evals} evaluation(s) without a new "
+                                  f"best val_loss ({best_val:.4f})")
+                break
+            if stopping:
+                result.stopped = f"stop_after={stop_after}"
+                break
+    finally:
+        progress.close()
+        mf.close()
+    result.final_step = trainer.step
+    result.tokens = tokens
+    result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
+    if not result.stopped.startswith("stop_after"):
+        result.stopped = result.stopped or "max_steps"
+        result.adapter_dir = str(LM.export_peft(
+            model, out / "adapter", base.source, base.tokenizer_path,
+            meta={"base_fingerprint": fingerprint, "base_layout": base.layout,
+                  "step": trainer.step}))
+        if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
+            result.samples = compare_samples(model, base.tokenizer, (val_ex or train_ex)
+                                             [: cfg.sample_count], cfg.sample_tokens, device)
+        T._atomic_write_text(out / "summary.json", json.dumps(
+            {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
+    result.elapsed_s = time.perf_counter() - t_start
+    if keep_model:
+        result.model = model
+    return result
+
+
+def prompt_ids(e) -> list[int]:
+    """The untrained prefix of an example: what the model is given at generation time."""
+    e = e.chosen if isinstance(e, SD.PreferenceExample) else e
+    first = next((i for i, m in enumerate(e.mask) if m), len(e.ids))
+    return e.ids[:max(1, first)]
+
+
+@torch.no_grad()
+def compare_samples(model: Transformer, tok, examples: list, max_new: int, device) -> list[dict]:
+    """Greedy continuations of held-out prompts from the frozen base and from base+adapter."""
+    eos = tok.token_to_id(data_mod.EOS)
+    out = []
+    for e in examples:
+        ids = torch.tensor([prompt_ids(e)], device=device)
+        room = model.cfg.max_seq_len - ids.shape[1]
+        n = min(max_new, max(0, room))
+        with LM.adapters_disabled(model):
+            b = generate(model, ids, n, 0.0, stop_id=eos)[0, ids.shape[1]:].tolist()
+        a = generate(model, ids, n, 0.0, stop_id=eos)[0, ids.shape[1]:].tolist()
+        ref = e.chosen if isinstance(e, SD.PreferenceExample) else e
+        first = len(prompt_ids(e))
+        out.append({"prompt": data_mod.decode(tok, ids[0].tolist()[1:]),
+                    "reference": data_mod.decode(tok, [t for t in ref.ids[first:]
+                                                       if t != eos]),
+                    "base": data_mod.decode(tok, [t for t in b if t != eos]),
+                    "adapted": data_mod.decode(tok, [t for t in a if t != eos])})
+    return out

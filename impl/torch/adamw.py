@@ -1,0 +1,159 @@
+"""AdamW in PyTorch: a multi-tensor (torch._foreach) update for the training loop, and the
+single-tensor functional binding the contract calls.
+
+The op sequence is torch.optim.AdamW's own (mul_ by 1 − ηλ, lerp_ for m, mul_ + addcmul_ for v,
+sqrt / √(1−β2^t) + ε, addcdiv_ with −η/(1−β1^t)), and the scalar factors are computed in Python
+float64 exactly as torch computes them, so for fp32 parameters the result is bit-identical to
+torch.optim.AdamW. The math and its derivation are in reference/adamw.py.
+
+Precision policy: optimizer states m and v are always fp32. fp16/bf16 parameters are updated in
+fp32 and rounded once when written back (an fp16 θ cannot absorb updates below ½ ulp(θ), so
+keep fp32 master weights for real training; the low-precision path exists for parity tests).
+
+No hyperparameter has a default (C-HYPERPARAMS-001): every call names lr, β1, β2, ε and λ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from falsify.reference.adamw import check_hyperparameters
+
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_tensors(param, grad, m, v) -> None:
+    """Shapes and dtypes every backend accepts; raise before touching any data."""
+    for name, t in (("param", param), ("grad", grad), ("m", m), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if param.dtype not in PARAM_DTYPES:
+        raise TypeError(f"param dtype {param.dtype}: must be float32, float16 or bfloat16")
+    if grad.dtype != param.dtype:
+        raise TypeError(f"grad dtype {grad.dtype} differs from param dtype {param.dtype}")
+    for name, t in (("m", m), ("v", v)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} dtype {t.dtype}: optimizer state must be float32")
+    if not (param.shape == grad.shape == m.shape == v.shape):
+        raise ValueError(f"shape mismatch: param {tuple(param.shape)}, grad {tuple(grad.shape)}, "
+                         f"m {tuple(m.shape)}, v {tuple(v.shape)}")
+
+
+def step_scalars(step, lr, beta1, beta2, weight_decay):
+    """The per-step Python floats torch.optim.AdamW computes (float64, rounded to the tensor
+    dtype by each op): decay factor 1 − ηλ, step size η/(1−β1^t), √(1−β2^t)."""
+    bias_correction1 = 1.0 - beta1 ** step
+    bias_correction2 = 1.0 - beta2 ** step
+    return 1.0 - lr * weight_decay, lr / bias_correction1, math.sqrt(bias_correction2)
+
+
+def init_state(params):
+    """Zero-initialised fp32 moments, one (m, v) pair per parameter. Zeros matter: m̂ and v̂
+    divide by 1 − β^t assuming m₀ = v₀ = 0; recycled memory would be amplified by up to
+    1/(1−β2) = 1000× at t = 1 (seed ALB-059)."""
+    ms = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+    vs = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+    return ms, vs
+
+
+def adamw_multi(params, grads, ms, vs, step, lr, beta1, beta2, eps, weight_decay):
+    """In-place AdamW step over lists of tensors (the training loop's call).
+
+    params/grads: same dtype per pair; ms/vs: fp32. All tensors updated in place; nothing is
+    returned. fp32 parameters take torch._foreach ops directly; low-precision parameters are
+    widened, updated and rounded back (the state stays fp32 throughout)."""
+    step = check_hyperparameters(step, lr, beta1, beta2, eps, weight_decay)
+    n = len(params)
+    if not (len(grads) == len(ms) == len(vs) == n):
+        raise ValueError(f"list lengths differ: params {n}, grads {len(grads)}, ms {len(ms)}, "
+                         f"vs {len(vs)}")
+    for p, g, m, v in zip(params, grads, ms, vs):
+        check_tensors(p, g, m, v)
+    if n == 0:
+        return
+    decay, step_size, bc2_sqrt = step_scalars(step, lr, beta1, beta2, weight_decay)
+    with torch.no_grad():
+        work = [p if p.dtype == torch.float32 else p.float() for p in params]
+        gs = [g if g.dtype == torch.float32 else g.float() for g in grads]
+        if weight_decay != 0:
+            torch._foreach_mul_(work, decay)
+        torch._foreach_lerp_(ms, gs, 1.0 - beta1)
+        torch._foreach_mul_(vs, beta2)
+        torch._foreach_addcmul_(vs, gs, gs, 1.0 - beta2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, bc2_sqrt)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(work, ms, denom, -step_size)
+        for p, w in zip(params, work):
+            if w is not p:
+                p.copy_(w)
+
+
+def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
+    """Functional single-tensor AdamW step: returns new (param, m, v), inputs untouched."""
+    check_tensors(param, grad, m, v)
+    p, m2, v2 = param.detach().clone(), m.detach().clone(), v.detach().clone()
+    adamw_multi([p], [grad.detach()], [m2], [v2], step, lr, beta1, beta2, eps, weight_decay)
+    return p, m2, v2
+
+
+def adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay):
+    """len(grads) steps from zero state; returns the final (param, m, v)."""
+    check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
+    if grads.dim() != param.dim() + 1 or tuple(grads.shape[1:]) != tuple(param.shape):
+        raise ValueError(f"grads must have shape [steps, *{tuple(param.shape)}], "
+                         f"got {tuple(grads.shape)}")
+    p = param.detach().clone()
+    (m,), (v,) = init_state([p])
+    for t in range(1, grads.shape[0] + 1):
+        adamw_multi([p], [grads[t - 1].detach()], [m], [v], t, lr, beta1, beta2, eps,
+                    weight_decay)
+    return p, m, v
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim-style AdamW driving `adamw_multi` (torch) or the Triton kernel.
+
+    Every hyperparameter is required (no defaults, C-HYPERPARAMS-001) and readable back from
+    `param_groups`, so a training loop can assert that its config reached the optimizer."""
+
+    def __init__(self, params, *, lr, beta1, beta2, eps, weight_decay, backend):
+        check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"backend={backend!r}: must be 'torch' or 'triton'")
+        if backend == "triton":
+            from falsify.impl.triton.adamw import adamw_multi as update
+        else:
+            update = adamw_multi
+        self._update = update
+        self.backend = backend
+        super().__init__(params, dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                st = self.state[p]
+                if not st:
+                    (st["m"],), (st["v"],) = init_state([p])
+                    st["step"] = 0
+                st["step"] += 1
+            # Parameters of one group may have been created at different times (so have
+            # different step counts): group them by step so each call uses one t.
+            by_step: dict[int, list] = {}
+            for p in params:
+                by_step.setdefault(self.state[p]["step"], []).append(p)
+            for t, ps in by_step.items():
+                self._update(ps, [p.grad for p in ps], [self.state[p]["m"] for p in ps],
+                             [self.state[p]["v"] for p in ps], t, group["lr"], group["beta1"],
+                             group["beta2"], group["eps"], group["weight_decay"])
+        return loss

@@ -1,0 +1,211 @@
+"""Attention in torch, memory-efficient: tiled over queries and keys with the online softmax,
+never materializing the [S, S] score matrix, forward and backward (torch.autograd.Function).
+
+q: [B, Hq, S, D], k and v: [B, Hkv, S, D], Hq a multiple of Hkv (GQA: query head h reads key
+head h // G). GQA is done by viewing q as [B, Hkv, G, S, D] against k as [B, Hkv, 1, S, D]:
+K/V are broadcast, never repeated in memory, and their gradients are summed over G.
+
+Forward, per query tile, over key tiles j (Milakov & Gimelshein online softmax; the
+accumulator rescale is the step seed 003's fused-attention formula leaves out):
+    m_new = max(m, rowmax(S_j))
+    l     = l·exp(m − m_new) + rowsum(exp(S_j − m_new))
+    acc   = acc·exp(m − m_new) + exp(S_j − m_new)·V_j
+    o = acc / l,   lse = m + log(l)   (saved for the backward: [B, H, S] fp32)
+
+Backward from the saved lse (FlashAttention-2): P_j = exp(S_j − lse) is recomputed per tile;
+    Δ_i = Σ_d dO_id·O_id − dlse_i      (= Σ_j P_ij·dP_ij − dlse_i, since O = P·V)
+    dV_j += P_jᵀ·dO,  dP = dO·V_jᵀ,  dS = P ⊙ (dP − Δ),  dQ += scale·dS·K_j,  dK_j += scale·dSᵀ·Q
+The dlse term makes lse itself differentiable (∂lse_i/∂s_ij = P_ij), so flash_attention's
+second output can feed a loss.
+
+Peak extra memory is O(B·Hq·BLOCK²) for one score tile plus O(B·Hq·S·D) for the outputs and
+fp32 accumulators: linear in S (measured in falsify/proofs/attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from falsify.impl.torch.gemm import internal_overlap, may_overlap
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK = 64  # query and key tile: peak memory per step is B·Hq·BLOCK² fp32 scores
+
+
+def check_args(q, k, v, causal, scale, out, max_head_dim=None):
+    """Validate; returns (B, Hq, Hkv, S, D, scale as a float)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"attention: {name} must be a 4-D tensor [B, H, S, D], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t)}")
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention: q, k, v must share one dtype of {DTYPES}, got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("attention: q, k, v are on different devices")
+    b, hq, s, d = q.shape
+    if tuple(k.shape) != tuple(v.shape) or k.shape[0] != b or tuple(k.shape[2:]) != (s, d):
+        raise ValueError(f"attention: k {tuple(k.shape)} and v {tuple(v.shape)} must be "
+                         f"[B, Hkv, S, D] matching q {tuple(q.shape)}")
+    hkv = k.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"attention: Hq = {hq} must be a positive multiple of Hkv = {hkv}")
+    if not isinstance(causal, bool) and type(causal).__name__ != "bool_":
+        raise TypeError(f"attention: causal must be a bool, got {type(causal).__name__}")
+    if max_head_dim is not None and d > max_head_dim:
+        raise ValueError(f"attention: head dim {d} > {max_head_dim} (one tile holds a whole row)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+    elif isinstance(scale, numbers.Real) and math.isfinite(scale):
+        scale = float(scale)
+    else:
+        raise ValueError(f"attention: scale must be a finite real or None, got {scale!r}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape):
+            raise ValueError(f"attention: out must have q's shape {tuple(q.shape)}, got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else out}")
+        if out.dtype != q.dtype or out.device != q.device:
+            raise TypeError(f"attention: out must be {q.dtype} on {q.device}")
+        if internal_overlap(out):
+            raise ValueError(f"attention: out has overlapping elements (strides {out.stride()})")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if may_overlap(out, t):
+                raise ValueError(f"attention: out overlaps {name}")
+    return b, hq, hkv, s, d, scale
+
+
+def _grouped(q, hkv):
+    b, hq, s, d = q.shape
+    return q.reshape(b, hkv, hq // hkv, s, d)
+
+
+def _causal_mask(qs, qe, ks, ke, device):
+    """True where key j > query i (masked), for the tile [qs, qe) × [ks, ke)."""
+    qi = torch.arange(qs, qe, device=device)[:, None]
+    kj = torch.arange(ks, ke, device=device)[None, :]
+    return kj > qi
+
+
+def forward(q, k, v, causal, scale, block=BLOCK):
+    """(o fp32 [B, Hq, S, D], lse fp32 [B, Hq, S]), tiled; never builds [S, S]."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    qg = _grouped(q, hkv)
+    kg, vg = k.unsqueeze(2), v.unsqueeze(2)
+    o = torch.empty(qg.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)
+    for qs in range(0, s, block):
+        qe = min(s, qs + block)
+        qc = qg[..., qs:qe, :].float()
+        m = torch.full(qc.shape[:-1], float("-inf"), device=q.device)
+        l = torch.zeros(qc.shape[:-1], device=q.device)
+        acc = torch.zeros(qc.shape, device=q.device)
+        k_end = qe if causal else s  # keys after the tile's last query are all masked
+        for ks in range(0, k_end, block):
+            ke = min(k_end, ks + block)
+            sc = (qc @ kg[..., ks:ke, :].float().transpose(-1, -2)) * scale
+            if causal and ke - 1 > qs:
+                sc = sc.masked_fill(_causal_mask(qs, qe, ks, ke, q.device), float("-inf"))
+            m_new = torch.maximum(m, sc.amax(dim=-1))
+            # Key 0 is visible to every query, so m_new is finite from the first tile on and
+            # exp(m − m_new) = exp(−inf) = 0 there: no NaN from −inf − (−inf).
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(sc - m_new[..., None])
+            l = l * alpha + p.sum(dim=-1)
+            acc = acc * alpha[..., None] + p @ vg[..., ks:ke, :].float()
+            m = m_new
+        o[..., qs:qe, :] = acc / l[..., None]
+        lse[..., qs:qe] = m + torch.log(l)
+    return o.reshape(b, hq, s, d), lse.reshape(b, hq, s)
+
+
+def backward(q, k, v, o, lse, do, dlse, causal, scale, block=BLOCK):
+    """(dq, dk, dv) in fp32 from the saved lse; P is recomputed one [block, block] tile at a
+    time. dlse may be None (lse not used by the loss)."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    qg, og, dog = _grouped(q, hkv), _grouped(o, hkv), _grouped(do, hkv)
+    lse_g = lse.reshape(qg.shape[:-1])
+    delta = (dog.float() * og.float()).sum(dim=-1)
+    if dlse is not None:
+        delta = delta - dlse.reshape(delta.shape).float()
+    dq = torch.zeros(qg.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    for ks in range(0, s, block):
+        ke = min(s, ks + block)
+        kc = k[:, :, None, ks:ke, :].float()
+        vc = v[:, :, None, ks:ke, :].float()
+        q_start = (ks // block) * block if causal else 0  # earlier queries never see these keys
+        for qs in range(q_start, s, block):
+            qe = min(s, qs + block)
+            qc, doc = qg[..., qs:qe, :].float(), dog[..., qs:qe, :].float()
+            sc = (qc @ kc.transpose(-1, -2)) * scale
+            p = torch.exp(sc - lse_g[..., qs:qe, None])
+            if causal and ke - 1 > qs:
+                p = p.masked_fill(_causal_mask(qs, qe, ks, ke, q.device), 0.0)
+            dv[:, :, ks:ke] += (p.transpose(-1, -2) @ doc).sum(dim=2)
+            dp = doc @ vc.transpose(-1, -2)
+            ds = p * (dp - delta[..., qs:qe, None])
+            dq[..., qs:qe, :] += (ds @ kc) * scale
+            dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qc).sum(dim=2) * scale
+    return dq.reshape(b, hq, s, d), dk, dv
+
+
+class FlashAttentionTorch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o32, lse = forward(q, k, v, causal, scale)
+        o = o32.to(q.dtype)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cfg = (causal, scale)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale = ctx.cfg
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = backward(q, k, v, o, lse, do, dlse, causal, scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    scale: float | None = None, out: torch.Tensor | None = None):
+    """(o, lse): o like q, lse fp32 [B, Hq, S] (natural log of the softmax normalizer)."""
+    b, hq, hkv, s, d, scale = check_args(q, k, v, causal, scale, out)
+    causal = bool(causal)
+    if out is not None:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("attention: out= does not support autograd (inputs require grad)")
+        o32, lse = forward(q, k, v, causal, scale)
+        out.copy_(o32)
+        return out, lse
+    return FlashAttentionTorch.apply(q, k, v, causal, scale)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+              scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    return flash_attention(q, k, v, causal, scale, out)[0]
+
+
+def attention_naive(q, k, v, causal=True, scale=None, out=None):
+    """The textbook formulation, materializing [B, Hq, S, S]: the baseline the peak-memory
+    check compares against (and a readable statement of what the tiled code computes)."""
+    b, hq, hkv, s, d, scale = check_args(q, k, v, causal, scale, out)
+    g = hq // hkv
+    kk = k.repeat_interleave(g, dim=1).float()
+    vv = v.repeat_interleave(g, dim=1).float()
+    sc = (q.float() @ kk.transpose(-1, -2)) * scale
+    if causal:
+        sc = sc.masked_fill(_causal_mask(0, s, 0, s, q.device), float("-inf"))
+    y = (torch.softmax(sc, dim=-1) @ vv).to(q.dtype)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y

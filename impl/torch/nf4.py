@@ -1,0 +1,189 @@
+"""NF4 quantize / dequantize in PyTorch, bit-compatible with bitsandbytes.
+
+The algorithm, the code tables and every rounding decision are documented in
+`falsify.reference.nf4`; this file is the vectorised torch version of the same steps. Element i
+lives in byte `nf4_byte_of(i)` at bit offset `nf4_shift_of(i)` and uses absmax
+`nf4_block_of(i, log2 blocksize)`: those helpers (impl/launch.py) are the ones the z3 proofs in
+falsify/proofs/nf4.py run on bit-vectors.
+
+Quantization is not differentiable and the dequantized weight is a frozen constant: nothing here
+builds an autograd graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from falsify.impl.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of, nf4_shift_of
+from falsify.reference.nf4 import (
+    ABSMAX_FLOOR,
+    BLOCKSIZES,
+    DQ_BLOCKSIZE,
+    DYNAMIC_CODE,
+    DYNAMIC_MIDPOINTS,
+    NF4_CODE,
+    NF4_MIDPOINTS,
+    ZERO_CODE,
+)
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def tables(device="cpu"):
+    """The float32 tables this backend decodes with: (NF4 code, NF4 midpoints, dynamic code,
+    dynamic midpoints)."""
+    return tuple(torch.from_numpy(np.array(t, np.float32)).to(device)
+                 for t in (NF4_CODE, NF4_MIDPOINTS, DYNAMIC_CODE, DYNAMIC_MIDPOINTS))
+
+
+def nf4_code():
+    """The NF4 code table this backend uses (pinned by value in the contract)."""
+    return tables()[0]
+
+
+def check_blocksize(blocksize) -> int:
+    if not isinstance(blocksize, (int, np.integer)) or int(blocksize) not in BLOCKSIZES:
+        raise ValueError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
+    return int(blocksize)
+
+
+def output_dtype(dtype) -> torch.dtype:
+    """`dtype` may be None (float32), a torch dtype, or its name ("float16")."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""), None)
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"output dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    return dtype
+
+
+def check_shape(shape) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in shape)
+    if not shape or any(s < 1 for s in shape):
+        raise ValueError(f"shape must be a non-empty tuple of positive sizes, got {shape}")
+    return shape
+
+
+def check_state(packed, absmax, shape, blocksize, absmax2, offset):
+    """Validate a quantized state before any decoding; returns (n, nested)."""
+    n = int(np.prod(shape))
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed must be uint8, got {packed.dtype}")
+    if packed.numel() != cdiv(n, 2):
+        raise ValueError(f"packed has {packed.numel()} bytes; shape {shape} needs "
+                         f"cdiv({n}, 2) = {cdiv(n, 2)}")
+    if absmax.numel() != cdiv(n, blocksize):
+        raise ValueError(f"absmax has {absmax.numel()} values; expected cdiv({n}, {blocksize}) "
+                         f"= {cdiv(n, blocksize)}")
+    nested = absmax2 is not None or offset is not None
+    if nested:
+        if absmax2 is None or offset is None:
+            raise ValueError("double quantization needs both absmax2 and offset")
+        if absmax.dtype != torch.uint8:
+            raise TypeError(f"with double quantization absmax holds uint8 codes, got "
+                            f"{absmax.dtype}")
+        if absmax2.numel() != cdiv(absmax.numel(), DQ_BLOCKSIZE):
+            raise ValueError(f"absmax2 has {absmax2.numel()} values; expected "
+                             f"cdiv({absmax.numel()}, {DQ_BLOCKSIZE})")
+        if offset.numel() != 1:
+            raise ValueError(f"offset must hold one value, got {offset.numel()}")
+    elif absmax.dtype == torch.uint8:
+        raise TypeError("absmax is uint8 (double-quantized) but absmax2/offset are missing")
+    return n, nested
+
+
+def check_input(w) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor) or w.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"w must be a float32/float16/bfloat16 tensor, got "
+                        f"{getattr(w, 'dtype', type(w))}")
+    if w.numel() == 0:
+        raise ValueError("nf4_quantize: empty tensor")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("nf4_quantize: input has non-finite values (absmax would be inf/NaN)")
+    return w
+
+
+def _blockwise_codes(x: torch.Tensor, blocksize: int, midpoints: torch.Tensor):
+    """float32 x -> (nearest-code index int64 [n], absmax float32 [cdiv(n, blocksize)])."""
+    n = x.numel()
+    nblocks = cdiv(n, blocksize)
+    padded = x.new_zeros(nblocks * blocksize)
+    padded[:n] = x.abs()
+    absmax = padded.view(nblocks, blocksize).amax(dim=1)
+    inv = 1.0 / absmax.clamp_min(float(ABSMAX_FLOOR))
+    block = nf4_block_of(torch.arange(n, device=x.device), log2_exact(blocksize))
+    scaled = (x * inv[block]).clamp(-1.0, 1.0)
+    # right=False: index = number of midpoints strictly below -> ties go to the lower code
+    return torch.bucketize(scaled, midpoints, right=False), absmax
+
+
+def quantize_absmax(absmax: torch.Tensor):
+    """Double quantization of a float32 absmax vector: (qabsmax uint8, absmax2, offset[1])."""
+    _, _, _, dyn_mid = tables(absmax.device)
+    # the exact mean rounded once to float32 (see reference/nf4.py)
+    offset = absmax.double().mean().float().reshape(1)
+    q, absmax2 = _blockwise_codes(absmax - offset, DQ_BLOCKSIZE, dyn_mid)
+    return q.to(torch.uint8), absmax2, offset
+
+
+def decode_absmax(qabsmax, absmax2, offset) -> torch.Tensor:
+    """DYNAMIC_CODE[q] * absmax2[b // 256] + offset, in float32 (multiply, then add)."""
+    _, _, dyn, _ = tables(qabsmax.device)
+    q = qabsmax.reshape(-1).long()
+    b = torch.arange(q.numel(), device=q.device)
+    return dyn[q] * absmax2.reshape(-1).float()[b // DQ_BLOCKSIZE] + offset.reshape(-1).float()
+
+
+def nf4_quantize(w, blocksize=64, double_quant=False, out=None):
+    """See falsify.reference.nf4.nf4_quantize. `out`: optional preallocated uint8 [cdiv(n, 2)]
+    for the packed bytes."""
+    blocksize = check_blocksize(blocksize)
+    x = check_input(w).reshape(-1).float()
+    n = x.numel()
+    _, mid, _, _ = tables(x.device)
+    idx, absmax = _blockwise_codes(x, blocksize, mid)
+    i = torch.arange(n, device=x.device)
+    acc = torch.zeros(cdiv(n, 2), dtype=torch.int32, device=x.device)
+    # the two nibbles of a byte occupy disjoint bits, so adding them is OR-ing them
+    acc.index_add_(0, nf4_byte_of(i), (idx << nf4_shift_of(i)).int())
+    if n % 2:
+        acc[-1] += ZERO_CODE << nf4_shift_of(n)  # bitsandbytes pads with 0.0, code 7
+    packed = acc.to(torch.uint8)
+    if out is not None:
+        if out.dtype != torch.uint8 or out.numel() != packed.numel():
+            raise ValueError(f"out must be uint8 with {packed.numel()} elements, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        packed = out.copy_(packed.view(out.shape))
+    if not double_quant:
+        return packed, absmax
+    return (packed, *quantize_absmax(absmax))
+
+
+def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=None, dtype=None,
+                   out=None):
+    """See falsify.reference.nf4.nf4_dequantize. Decodes in float32 (code * absmax, one
+    rounding) and casts once to `dtype` (default float32), like bitsandbytes."""
+    blocksize = check_blocksize(blocksize)
+    shape = check_shape(shape)
+    n, nested = check_state(packed, absmax, shape, blocksize, absmax2, offset)
+    dt = output_dtype(dtype)
+    code, _, _, _ = tables(packed.device)
+    scale = decode_absmax(absmax, absmax2, offset) if nested else absmax.reshape(-1).float()
+    i = torch.arange(n, device=packed.device)
+    byte = packed.reshape(-1)[nf4_byte_of(i)].int()
+    nib = (byte >> nf4_shift_of(i)) & 15
+    values = (code[nib.long()] * scale[nf4_block_of(i, log2_exact(blocksize))]).to(dt)
+    values = values.view(shape)
+    if out is None:
+        return values
+    if tuple(out.shape) != shape or out.dtype != dt:
+        raise ValueError(f"out must be {dt} {shape}, got {out.dtype} {tuple(out.shape)}")
+    return out.copy_(values)
+
+
+def nf4_roundtrip(w, blocksize=64, double_quant=False):
+    """dequantize(quantize(w)) in w's dtype and shape."""
+    state = nf4_quantize(w, blocksize, double_quant)
+    extra = {"absmax2": state[2], "offset": state[3]} if double_quant else {}
+    return nf4_dequantize(state[0], state[1], w.shape, blocksize, dtype=w.dtype, **extra)

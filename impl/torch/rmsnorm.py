@@ -1,0 +1,74 @@
+"""RMSNorm in PyTorch: fp32 compute, one rounding to the input dtype, own backward.
+
+The forward saves only (x, w, inv_rms): inv_rms is one fp32 scalar per row, and the backward
+recomputes normed = x·inv_rms with the same fp32 multiply the forward used, so the recomputed
+value is bit-identical (seed 002 §11.2: saving `normed` costs B·S·H·4 bytes per layer).
+
+Backward (r = inv_rms, x̂ = x·r, g = dy ⊙ w, n = row length):
+    dx = r·(g − x̂·mean(g ⊙ x̂))      (mean over the row: a per-row scalar)
+    dw = Σ_rows dy ⊙ x̂
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None = None):
+    """Shape/dtype rules shared by the torch and Triton backends; raises before any work."""
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise TypeError("rmsnorm: x and w must be tensors")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"rmsnorm: x must have a non-empty last dimension, got {tuple(x.shape)}")
+    if w.shape != (x.shape[-1],):
+        raise ValueError(f"rmsnorm: w must have shape ({x.shape[-1]},), got {tuple(w.shape)}")
+    if not (x.is_floating_point() and w.is_floating_point()):
+        raise TypeError(f"rmsnorm: x and w must be floating point, got {x.dtype}, {w.dtype}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"rmsnorm: eps must be a positive number, got {eps!r}")
+    if out is not None:
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"rmsnorm: out must be {tuple(x.shape)} {x.dtype}, got "
+                             f"{tuple(out.shape)} {out.dtype}")
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            raise RuntimeError("rmsnorm: out= does not support autograd (x or w requires grad)")
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        xf = x.float()
+        inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1) + eps)
+        normed = xf * inv_rms.unsqueeze(-1)
+        y = (normed * w.float()).to(x.dtype)
+        ctx.save_for_backward(x, w, inv_rms)
+        ctx.mark_non_differentiable(inv_rms)
+        return y, inv_rms
+
+    @staticmethod
+    def backward(ctx, dy, _d_inv_rms):
+        x, w, inv_rms = ctx.saved_tensors
+        r = inv_rms.unsqueeze(-1)
+        xhat = x.float() * r  # the forward's `normed`, recomputed bit-exactly
+        dyf = dy.float()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            g = dyf * w.float()
+            dx = (r * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (dyf * xhat).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
+        return dx, dw, None
+
+
+def rmsnorm_forward(x: torch.Tensor, w: torch.Tensor, eps: float, out=None):
+    """(y, inv_rms): y in x.dtype, inv_rms fp32 with shape x.shape[:-1]."""
+    check_args(x, w, eps, out)
+    y, inv_rms = RMSNormFunction.apply(x, w, float(eps))
+    if out is not None:
+        out.copy_(y)
+        y = out
+    return y, inv_rms
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None) -> torch.Tensor:
+    return rmsnorm_forward(x, w, eps, out)[0]
