@@ -7,7 +7,6 @@ or I/O error (a path that does not exist or cannot be read).
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from pathlib import Path
@@ -84,20 +83,19 @@ def _load(args, paths):
 
 
 def _table(title: str | None, columns: list[tuple[str, str]], rows: list[list]) -> str:
-    """A plain-text table (rich, no colour, fixed width so pipes and tests see it whole)."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    """A plain-text table: a header, a rule, left- or right-justified columns."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(name)] + [len(r[i]) for r in cells]) for i, (name, _) in
+              enumerate(columns)]
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for name, justify in columns:
-        t.add_column(name, justify=justify, no_wrap=True)
-    for r in rows:
-        t.add_row(*map(str, r))
-    buf = io.StringIO()
-    Console(file=buf, width=250, color_system=None, force_terminal=False,
-            emoji=False, highlight=False).print(t)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
+    def line(values):
+        return "  ".join(v.rjust(w) if just == "right" else v.ljust(w)
+                         for v, w, (_, just) in zip(values, widths, columns)).rstrip()
+
+    out = [title] if title else []
+    out += [line([name for name, _ in columns]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------ status
@@ -110,7 +108,7 @@ def _status_row(c) -> dict:
         "equations": len(c.equations), "obligations": len(c.obligations),
         "checks": {"total": len(c.checks), "executable": len(executable)},
         "mutants": len(c.mutants), "symbolic_checks": len(c.symbolic_checks),
-        "kani_harnesses": len(c.kani_harnesses),
+        "kani_harnesses": sum(1 for h in c.kani_harnesses if h),
         "bindings": {name: dict(eq.bindings) for name, eq in c.equations.items()},
     }
 

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import jsonschema
+
 from falsify.harness import yamlio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +23,7 @@ CONTRACTS_DIR = ROOT / "contracts"
 SCHEMA_PATH = CONTRACTS_DIR / "contract.schema.json"
 BACKENDS = ("reference", "torch", "triton")
 MAX_SCHEMA_FINDINGS = 100
+MAX_SCHEMA_ERRORS = 20_000
 
 # Keys only the native format has: their presence means the author wrote a falsify contract.
 NATIVE_MARKERS = ("inputs", "mutants")
@@ -183,13 +185,23 @@ def json_path(parts) -> str:
     return out or "<root>"
 
 
-def schema_findings(loc: yamlio.Located, path: str, mode: str) -> list[Finding]:
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema())
+
+
+def schema_errors(data) -> list:
+    """Every JSON Schema error in `data` (bounded: the loader caps a document's size)."""
+    return list(itertools.islice(_validator().iter_errors(data), MAX_SCHEMA_ERRORS))
+
+
+def schema_findings(loc: yamlio.Located, path: str, mode: str,
+                    errors: list | None = None) -> list[Finding]:
     """JSON Schema errors, pointed at file:line. In compat mode unknown keys and wrong
     types inside pv's free-text sections are warnings (pv ignored them too)."""
     out = []
-    validator = jsonschema.Draft202012Validator(schema())
+    errors = schema_errors(loc.data) if errors is None else errors
     # a pathological file can produce an error per node: report a readable number of them
-    errors = list(itertools.islice(validator.iter_errors(loc.data), MAX_SCHEMA_FINDINGS + 1))
     if len(errors) > MAX_SCHEMA_FINDINGS:
         errors = errors[:MAX_SCHEMA_FINDINGS]
         out.append(Finding("V002" if mode == "native" else "W102",
@@ -245,28 +257,31 @@ def _text(x) -> str:
     return str(x)
 
 
-@cache
-def _def_validator(name: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator({"$defs": schema()["$defs"],
-                                            "$ref": f"#/$defs/{name}"})
-
-
-def well_typed(value, defname: str) -> dict | None:
+def well_typed(value, defname: str, at: tuple = (), bad: set | None = None) -> dict | None:
     """The fields of `value` that satisfy their part of `$defs/<defname>` (unknown or
-    ill-typed fields dropped); None if `value` is not a mapping. The schema findings report
-    what was dropped; semantic rules, the planner and the runtime then only ever see
-    well-typed fields, so a `backends: 3` or `input: [a]` cannot crash them."""
+    ill-typed fields dropped); None if `value` is not a mapping. `bad` holds the paths of the
+    document's schema errors and `at` is where `value` sits in it; without them `value` is
+    validated on its own. The schema findings report what was dropped; semantic rules, the
+    planner and the runtime then only ever see well-typed fields, so a `backends: 3` or
+    `input: [a]` cannot crash them."""
     if not isinstance(value, dict):
         return None
     props = schema()["$defs"][defname].get("properties", {})
-    bad = {e.absolute_path[0] for e in _def_validator(defname).iter_errors(value)
-           if e.absolute_path}
-    return {k: v for k, v in value.items() if k in props and k not in bad}
+    if bad is None:
+        doc = {"$defs": schema()["$defs"], "$ref": f"#/$defs/{defname}"}
+        errors = jsonschema.Draft202012Validator(doc).iter_errors(value)
+        bad, at = {tuple(e.absolute_path) for e in errors}, ()
+    n = len(at)
+    dropped = {p[n] for p in bad if len(p) > n and p[:n] == at}
+    return {k: v for k, v in value.items() if k in props and k not in dropped}
 
 
-def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
-    """Turn validated data into the typed model. Tolerant of compat-mode gaps."""
+def build_contract(path: Path, loc: yamlio.Located, mode: str,
+                   errors: list | None = None) -> Contract:
+    """Turn validated data into the typed model. Tolerant of compat-mode gaps. `errors`: the
+    document's schema errors, if already computed."""
     data = loc.data
+    bad = {tuple(e.absolute_path) for e in (schema_errors(data) if errors is None else errors)}
     stem = path.name.rsplit(".", 1)[0]
     md = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
     eqs = {}
@@ -308,7 +323,7 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
     taken = {_str(t.get("id")) for t in raw_tests if isinstance(t, dict) and t.get("id")}
     for i, t in enumerate(raw_tests):
         t = t if isinstance(t, dict) else {}
-        spec = well_typed(t.get("check"), "check")
+        spec = well_typed(t.get("check"), "check", ("falsification_tests", i, "check"), bad)
         cid, n = _str(t.get("id")), i + 1
         while not cid or (cid in taken and not t.get("id")):
             cid, n = f"FALSIFY-{prefix}-{n:03d}", n + 1
@@ -333,11 +348,14 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str) -> Contract:
         depends_on=[str(d) for d in deps] if isinstance(deps, list) else [],
         kernel=_str(md.get("kernel")), status=_str(md.get("status")) or "draft",
         critical=bool(md.get("critical", False)), equations=eqs,
-        inputs={str(k): well_typed(v, "input") for k, v in data["inputs"].items()
-                if isinstance(v, dict)} if isinstance(data.get("inputs"), dict) else {},
+        inputs={str(k): well_typed(v, "input", ("inputs", k), bad)
+                for k, v in data["inputs"].items() if isinstance(v, dict)}
+        if isinstance(data.get("inputs"), dict) else {},
         obligations=obligations, checks=checks, mutants=mutants,
-        kani_harnesses=[h for h in _list(data.get("kani_harnesses")) if isinstance(h, dict)],
-        qa_gate=data.get("qa_gate") if isinstance(data.get("qa_gate"), dict) else None,
+        # indices kept (a non-mapping becomes {}) so kani_harnesses[i] still names its line
+        kani_harnesses=[well_typed(h, "kani_harness", ("kani_harnesses", i), bad) or {}
+                        for i, h in enumerate(_list(data.get("kani_harnesses")))],
+        qa_gate=well_typed(data.get("qa_gate"), "qa_gate", ("qa_gate",), bad),
     )
 
 
@@ -378,8 +396,9 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
         sev, rule = ("error", "V004") if mode == "native" else ("warning", "W104")
         findings.append(Finding(rule, sev, spath, line, json_path(where),
                                 f"duplicate key {where[-1]!r}: YAML keeps only the last value"))
-    findings += schema_findings(loc, spath, mode)
-    return build_contract(path, loc, mode), findings
+    errors = schema_errors(loc.data)
+    findings += schema_findings(loc, spath, mode, errors)
+    return build_contract(path, loc, mode, errors), findings
 
 
 def content_hash(path: str | Path) -> str:

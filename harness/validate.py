@@ -463,8 +463,28 @@ def validate(paths, mode: str | None = None, allow_import=False, import_bindings
                                           f"id {ident!r} is also used by {owner[ident]}",
                                           native_only=True, warn_rule="W109")
             owner.setdefault(ident, c.id)
+    rep.findings = _capped(rep.findings)
     rep.findings.sort(key=lambda f: (f.path, f.line, f.rule))
     return rep
+
+
+MAX_PER_RULE = 100  # per file and rule: a 40,000-obligation file gets a readable report
+
+
+def _capped(findings: list[Finding]) -> list[Finding]:
+    out, seen, extra = [], {}, {}
+    for f in findings:
+        key = (f.path, f.rule)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= MAX_PER_RULE:
+            out.append(f)
+        else:
+            extra.setdefault(key, f)
+    for key, f in extra.items():
+        n = seen[key] - MAX_PER_RULE
+        out.append(Finding(f.rule, f.severity, f.path, f.line, f.field,
+                           f"... and {n} more {f.rule} finding(s) in this file, not listed"))
+    return out
 
 
 __all__ = ["validate", "load_all", "Report", "resolve_binding", "BACKENDS"]

@@ -174,6 +174,7 @@ def _repair(text: str, path: str, first: YamlError) -> tuple[yaml.Node | None, l
 # JSON (and pv's serde_yaml) has no dates or binary: keep what the author wrote.
 _AS_WRITTEN = {"tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:binary"}
 _STR = "tag:yaml.org,2002:str"
+_PLAIN_COLLECTIONS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 # YAML 1.1 (PyYAML) reads `1e-6` as a string; YAML 1.2 and serde_yaml read a number.
 _FLOAT12 = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+$")
 
@@ -214,15 +215,18 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
                             f"document expands to more than {MAX_NODES} nodes "
                             "(alias bomb or oversized contract)")
         loc.lines.setdefault(at, n.start_mark.line + 1)
+        if not isinstance(n, yaml.ScalarNode) and n.tag not in _PLAIN_COLLECTIONS:
+            # `!!python/object/apply:os.system [...]` must not read as a harmless list
+            raise YamlError(path, n.start_mark.line + 1, f"unsupported YAML tag {n.tag!r}")
         if isinstance(n, yaml.MappingNode):
             out = {}
             for k, v in n.value:
                 if not isinstance(k, yaml.ScalarNode):
                     raise YamlError(path, k.start_mark.line + 1, "mapping keys must be scalars")
-                key = scalar(k)
-                if key == "<<":
+                if k.tag.endswith(":merge") or k.value == "<<":
                     raise YamlError(path, k.start_mark.line + 1,
                                     "merge keys (<<) are not supported")
+                key = scalar(k)
                 if not isinstance(key, str):
                     # JSON objects have string keys: `1:`, `yes:`, `~:` or a date are kept as
                     # written (YAML 1.1 would make them int, True, None, date)

@@ -62,6 +62,16 @@ def set_rng_state(js: dict, tensors: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def make_temp_dir(parent: str | Path, prefix: str) -> Path:
+    """A fresh hidden directory next to its final place (same file system, so os.replace is
+    atomic), with the permissions a plain mkdir would give (mkdtemp's are 0700)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
 # ------------------------------------------------------------------------------- layout
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
@@ -137,7 +147,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    tmp = make_temp_dir(root, f".tmp-{final.name}-")
     try:
         weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"))

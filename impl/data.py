@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from falsify.impl.checkpoint import make_temp_dir
+
 EOS = "<|endoftext|>"
 FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"
 # Order fixes the ids 0..3 (BpeTrainer adds special tokens first); synthetic data uses the same.
@@ -335,7 +337,7 @@ def _write_cache(path: Path, tok, train: TokenDocs, val: TokenDocs, meta: dict) 
     """Directory-level atomic write: fill a temp dir, then rename it into place. A concurrent
     writer that won the race leaves an identical entry; ours is discarded."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+    tmp = make_temp_dir(path.parent, f".{path.name}-")
     try:
         tok.save(str(tmp / "tokenizer.json"))
         for name, arr in (("train", train.tokens), ("train_offsets", train.offsets),

@@ -116,11 +116,14 @@ class FinetuneConfig:
     # sample at the end (base vs base+adapter on held-out prompts)
     sample_tokens: int = 64
     sample_count: int = 2
+    sample_temperature: float = 0.7  # 0: greedy
+    sample_top_k: int = 40
 
 
 RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "save_every",
                   "keep_last", "out_dir", "progress", "threads", "cache_dir", "andon_grad_norm",
-                  "andon_loss_max", "sample_tokens", "sample_count"}
+                  "andon_loss_max", "sample_tokens", "sample_count", "sample_temperature",
+                  "sample_top_k"}
 SHIPPED = str(SD.SHIPPED_DATASET)
 
 
@@ -205,6 +208,8 @@ def validate_config(cfg: FinetuneConfig) -> None:
     need(cfg.precision in ("auto", "fp32", "bf16"), "precision", "must be auto, fp32 or bf16")
     need(cfg.sample_tokens >= 0, "sample_tokens", "must be >= 0")
     need(cfg.sample_count >= 0, "sample_count", "must be >= 0")
+    need(cfg.sample_temperature >= 0, "sample_temperature", "must be >= 0")
+    need(cfg.sample_top_k >= 1, "sample_top_k", "must be >= 1")
     need(cfg.early_stopping_patience is None or cfg.val_split > 0, "early_stopping_patience",
          "needs val_split > 0 (early stopping watches the validation loss)")
     lora_spec(cfg)
@@ -439,6 +444,7 @@ class Base:
     source: str  # what was loaded: path, or "built-in ..."
     layout: str  # "ours" | "hf" | "memory"
     info: dict = field(default_factory=dict)
+    path: str | None = None  # a directory load_base() reloads it from (None: in memory)
 
 
 def _find_tokenizer(paths: list[Path]) -> Path | None:
@@ -495,7 +501,8 @@ def _base(model, tok_path, source, layout, need_tokenizer) -> Base:
         raise FinetuneConfigError(f"base {source}: tokenizer vocab {tok.get_vocab_size()} != "
                                   f"model vocab_size {model.cfg.vocab_size}")
     return Base(model, tok, str(tok_path) if tok_path else None, source, layout,
-                {"params": sum(p.numel() for p in model.parameters())})
+                {"params": sum(p.numel() for p in model.parameters())},
+                path=str(Path(source).resolve()))
 
 
 def _tokenizer_from_train_config(train_cfg: dict, mcfg: ModelConfig) -> Path | None:
@@ -750,8 +757,15 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
             extra={"best_val_loss": best_val, "bad_evals": bad_evals}, keep_last=cfg.keep_last)
 
     vb = val_batches(val_ex, dataset.kind, pad_id, cfg.batch_size) if val_ex else []
-    progress = T._Progress(cfg.progress, rcfg.max_steps, trainer.step)
     mf = metrics_path.open("a", buffering=1)
+    if vb and ckpt_path is None:
+        # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
+        # compared with (and the first "best" for early stopping)
+        ev = trainer.evaluate_examples(vb)
+        best_val = ev["val_loss"]
+        result.evals.append({"step": 0, **ev})
+        mf.write(json.dumps({"step": 0, **ev}) + "\n")
+    progress = T._Progress(cfg.progress, rcfg.max_steps, trainer.step)
     t_loop, tokens = time.perf_counter(), 0
     try:
         while trainer.step < rcfg.max_steps:
@@ -823,10 +837,13 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
         result.adapter_dir = str(LM.export_peft(
             model, out / "adapter", base.source, base.tokenizer_path,
             meta={"base_fingerprint": fingerprint, "base_layout": base.layout,
-                  "step": trainer.step}))
+                  "base_path": base.path, "step": trainer.step,
+                  "train_on_prompt": cfg.train_on_prompt}))
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
             result.samples = compare_samples(model, base.tokenizer, (val_ex or train_ex)
-                                             [: cfg.sample_count], cfg.sample_tokens, device)
+                                             [: cfg.sample_count], cfg.sample_tokens, device,
+                                             cfg.sample_temperature, cfg.sample_top_k,
+                                             cfg.seed)
         T._atomic_write_text(out / "summary.json", json.dumps(
             {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
     result.elapsed_s = time.perf_counter() - t_start
@@ -843,17 +860,26 @@ def prompt_ids(e) -> list[int]:
 
 
 @torch.no_grad()
-def compare_samples(model: Transformer, tok, examples: list, max_new: int, device) -> list[dict]:
-    """Greedy continuations of held-out prompts from the frozen base and from base+adapter."""
+def compare_samples(model: Transformer, tok, examples: list, max_new: int, device,
+                    temperature: float = 0.0, top_k: int | None = None,
+                    seed: int = 0) -> list[dict]:
+    """Continuations of held-out prompts from the frozen base and from base+adapter, each with
+    a generator seeded alike (so at temperature 0 both are greedy and comparable)."""
     eos = tok.token_to_id(data_mod.EOS)
     out = []
-    for e in examples:
+    for i, e in enumerate(examples):
         ids = torch.tensor([prompt_ids(e)], device=device)
         room = model.cfg.max_seq_len - ids.shape[1]
         n = min(max_new, max(0, room))
+
+        def gen(ids=ids, n=n, i=i):
+            g = torch.Generator(device=device).manual_seed(seed + i)
+            return generate(model, ids, n, temperature, top_k, g,
+                            stop_id=eos)[0, ids.shape[1]:].tolist()
+
         with LM.adapters_disabled(model):
-            b = generate(model, ids, n, 0.0, stop_id=eos)[0, ids.shape[1]:].tolist()
-        a = generate(model, ids, n, 0.0, stop_id=eos)[0, ids.shape[1]:].tolist()
+            b = gen()
+        a = gen()
         ref = e.chosen if isinstance(e, SD.PreferenceExample) else e
         first = len(prompt_ids(e))
         out.append({"prompt": data_mod.decode(tok, ids[0].tolist()[1:]),

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from falsify.impl.checkpoint import make_temp_dir
 from falsify.impl.model import ModelConfig, Transformer, build_model
 
 HF_PREFIX = "model."
@@ -66,7 +66,7 @@ def export_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Pat
     """Write an HF-loadable directory atomically (temp dir, then rename into place)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    tmp = make_temp_dir(out.parent, f".{out.name}-")
     try:
         save_file(to_hf_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(

@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from falsify.impl.model import Transformer, build_model
 from falsify.impl.torch import lora as lora_kernel
 from falsify.impl.torch import nf4 as nf4_kernel
+from falsify.impl.torch import qlora as qlora_kernel
 from falsify.reference.lora import lora_scale
 
 # short name -> (block attribute, projection attribute); PEFT target_modules use the second
@@ -194,16 +195,22 @@ class AdaptedLinear(nn.Module):
         return lora_scale(self.alpha, self.r, self.rslora)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.base_weight()
         if not (self.has_adapter and self.adapters_enabled):
-            return F.linear(x, w)
+            return F.linear(x, self.base_weight())
         a, b = self.lora_A.weight, self.lora_B.weight
         if self.training and self.dropout > 0:
+            w = self.base_weight()
             # The kernels take one x for both paths; dropout applies to the adapter's input
             # only (PEFT: base(x) + B(A(drop(x)))·s), so this path composes the same math.
             xd = F.dropout(x, self.dropout, training=True)
             return F.linear(x, w) + self.scale() * F.linear(F.linear(xd, a), b)
-        return lora_kernel.lora_linear(x, w, a, b, self.alpha, self.r, self.rslora)
+        if self.quantized:
+            st = self.nf4_state()
+            return qlora_kernel.qlora_linear(x, st["packed"], st["absmax"], st["shape"],
+                                             st["blocksize"], a, b, self.alpha, self.r,
+                                             self.rslora, absmax2=st.get("absmax2"),
+                                             offset=st.get("offset"))
+        return lora_kernel.lora_linear(x, self.weight, a, b, self.alpha, self.r, self.rslora)
 
 
 class LoraAttention(nn.Module):

@@ -22,7 +22,9 @@ same token opens and closes a sample):
 The model reads ids[:-1] and is trained to predict ids[1:], so the loss mask of input position t
 is mask[t + 1]: the LAST prompt position is the one that predicts the first response token.
 Prompt and response are tokenized separately and concatenated, so the boundary is exact (a BPE
-merge across it would blur which token belongs to which part).
+merge across it would blur which token belongs to which part). The price: a boundary inside a
+whitespace run tokenizes differently from the joined text, so start the response with the
+whitespace ("…\"\"\"" | "\n    return x") rather than end the prompt with it.
 """
 
 from __future__ import annotations
@@ -188,10 +190,13 @@ def read_jsonl(path: str | Path) -> list[RawRecord]:
                 raise DataError(f"{where}: a {r.kind} record in a file whose first record "
                                 f"({out[0].source}) is {out[0].kind}; one format per file")
             if out and (r.reward is None) != (out[0].reward is None):
-                has = out[0].source if out[0].reward is not None else where
-                lacks = where if out[0].reward is not None else out[0].source
-                raise DataError(f"{lacks}: no 'reward'/'score' although {has} has one; a "
-                                "reward-weighted file needs a reward on every line")
+                if r.reward is None:
+                    raise DataError(f"{where}: no 'reward'/'score' although the file's first "
+                                    f"record ({out[0].source}) has one; a reward-weighted "
+                                    "file needs a reward on every line")
+                raise DataError(f"{where}: a 'reward'/'score' although the file's first record "
+                                f"({out[0].source}) has none; give a reward on every line "
+                                "or on none")
             out.append(r)
     if not out:
         raise DataError(f"data file {str(path)!r} holds no records")
@@ -450,8 +455,13 @@ def _docstring_pairs(source: str, relpath: str, max_body_lines: int, max_doc_cha
         ind = len(head[0]) - len(head[0].lstrip())
         if any(ln.strip() and len(ln) - len(ln.lstrip()) < ind for ln in head + body):
             continue
-        prompt = "\n".join(ln[ind:] for ln in head) + "\n"
-        response = "\n".join(ln[ind:] for ln in body) + "\n"
+        # The cut is after the closing quotes, and the newline + indentation opens the
+        # response: prompt and response are tokenized separately, and a byte-level BPE splits
+        # '"""' | '\n   ' | ' if' in the joined text too, so the tokens match pretraining's.
+        # (Cutting after the newline would tokenize '\n' and '    ' apart, a split the base
+        # never saw.)
+        prompt = "\n".join(ln[ind:] for ln in head)
+        response = "\n" + "\n".join(ln[ind:] for ln in body) + "\n"
         yield {"prompt": prompt, "response": response, "source": f"{relpath}:{node.lineno}"}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from falsify.harness.validate import validate
 
 BASE = Path(__file__).parent / "fixtures" / "valid" / "softmax-lite-v1.yaml"

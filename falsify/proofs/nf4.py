@@ -21,70 +21,70 @@ N_MAX = 2**31 - 1  # elements: the kernels index with int32 element offsets
 
 
 class U:
-    """An unsigned z3 bit-vector that behaves like a non-negative Python int."""
+    """An unsigned z3 bit-vector that behaves like a non-negative Python int (constants take
+    the width of the vector they meet)."""
 
-    def __init__(self, v):
-        self.v = v if isinstance(v, z3.BitVecRef) else z3.BitVecVal(int(v), WIDTH)
+    def __init__(self, v, width=WIDTH):
+        self.v = v if isinstance(v, z3.BitVecRef) else z3.BitVecVal(int(v), width)
 
-    @staticmethod
-    def _(x):
-        return x.v if isinstance(x, U) else z3.BitVecVal(int(x), WIDTH)
+    def _(self, x):
+        return x.v if isinstance(x, U) else z3.BitVecVal(int(x), self.v.size())
 
     def __add__(self, o):
-        return U(self.v + U._(o))
+        return U(self.v + self._(o))
 
     __radd__ = __add__
 
     def __sub__(self, o):
-        return U(self.v - U._(o))
+        return U(self.v - self._(o))
 
     def __rsub__(self, o):
-        return U(U._(o) - self.v)
+        return U(self._(o) - self.v)
 
     def __mul__(self, o):
-        return U(self.v * U._(o))
+        return U(self.v * self._(o))
 
     __rmul__ = __mul__
 
     def __floordiv__(self, o):
-        return U(z3.UDiv(self.v, U._(o)))
+        return U(z3.UDiv(self.v, self._(o)))
 
     def __mod__(self, o):
-        return U(z3.URem(self.v, U._(o)))
+        return U(z3.URem(self.v, self._(o)))
 
     def __rshift__(self, o):
-        return U(z3.LShR(self.v, U._(o)))
+        return U(z3.LShR(self.v, self._(o)))
 
     def __lshift__(self, o):
-        return U(self.v << U._(o))
+        return U(self.v << self._(o))
 
     def __rlshift__(self, o):
-        return U(U._(o) << self.v)
+        return U(self._(o) << self.v)
 
     def __and__(self, o):
-        return U(self.v & U._(o))
+        return U(self.v & self._(o))
 
     def __or__(self, o):
-        return U(self.v | U._(o))
+        return U(self.v | self._(o))
 
     def __lt__(self, o):
-        return z3.ULT(self.v, U._(o))
+        return z3.ULT(self.v, self._(o))
 
     def __le__(self, o):
-        return z3.ULE(self.v, U._(o))
+        return z3.ULE(self.v, self._(o))
 
     def __gt__(self, o):
-        return z3.UGT(self.v, U._(o))
+        return z3.UGT(self.v, self._(o))
 
     def __ge__(self, o):
-        return z3.UGE(self.v, U._(o))
+        return z3.UGE(self.v, self._(o))
 
     def eq(self, o):
-        return self.v == U._(o)
+        return self.v == self._(o)
 
 
-def var(name):
-    return U(z3.BitVec(name, WIDTH))
+def var(name, width=WIDTH):
+    return U(z3.BitVec(name, width))
 
 
 def in_range(n):

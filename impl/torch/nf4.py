@@ -163,11 +163,13 @@ def nf4_quantize(w, blocksize=64, double_quant=False, out=None):
 def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=None, dtype=None,
                    out=None):
     """See falsify.reference.nf4.nf4_dequantize. Decodes in float32 (code * absmax, one
-    rounding) and casts once to `dtype` (default float32), like bitsandbytes."""
+    rounding) and casts once to `dtype` (default: `out`'s dtype, else float32), like
+    bitsandbytes."""
     blocksize = check_blocksize(blocksize)
     shape = check_shape(shape)
     n, nested = check_state(packed, absmax, shape, blocksize, absmax2, offset)
-    dt = output_dtype(dtype)
+    # no dtype: the preallocated `out` decides, else float32
+    dt = output_dtype(dtype if dtype is not None or out is None else out.dtype)
     code, _, _, _ = tables(packed.device)
     scale = decode_absmax(absmax, absmax2, offset) if nested else absmax.reshape(-1).float()
     i = torch.arange(n, device=packed.device)

@@ -224,7 +224,8 @@ def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=Non
     blocksize = _t.check_blocksize(blocksize)
     shape = _t.check_shape(shape)
     n, nested = _t.check_state(packed, absmax, shape, blocksize, absmax2, offset)
-    dt = _t.output_dtype(dtype)
+    # no dtype: the preallocated `out` decides, else float32
+    dt = _t.output_dtype(dtype if dtype is not None or out is None else out.dtype)
     if dt == torch.bfloat16 and falsify.impl.triton.INTERPRETED:
         raise NotImplementedError("bf16 stores are broken in the Triton interpreter; use a GPU")
     if packed.dim() != 1:

@@ -1,0 +1,267 @@
+"""`falsify bench finetune`: one QLoRA training step of ours vs the same model in transformers +
+peft, on CPU, measured in one run.
+
+Both sides get the same base weights (ours exported with impl/hf.py), the same adapters (rank,
+alpha, the seven target projections), the same batch with the same response-only labels, and
+the same update (loss, backward, global-norm clip, AdamW over the adapters). The reference is
+transformers' LlamaForCausalLM with bitsandbytes NF4 (`BitsAndBytesConfig(load_in_4bit=True,
+nf4, double quant)`) when bitsandbytes is installed and its 4-bit layers run on this CPU;
+otherwise it is plain fp32 LoRA (peft on an fp32 base), and the table says which.
+
+Time: median of interleaved steps (ours, theirs, ours, …) after warm-up, in one process, so
+load drift hits both sides alike; tokens/s counts every input token of the batch. Peak memory:
+each side runs in a fresh subprocess; after the model and batch exist the resident-set
+high-water mark is reset (`/proc/self/clear_refs`) and VmHWM − VmRSS after two training steps
+is the extra memory a step needs (activations, dequantized weights, gradients, optimizer
+state). Resident base memory: VmRSS after building the model minus before, per side. The NF4
+vs fp32 base memory is also reported exactly, from the tensors' byte counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SIZES = {
+    # hidden, layers, heads, kv heads, intermediate, vocab, seq, batch
+    "small": dict(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
+                  intermediate_size=1376, vocab_size=4096, max_seq_len=128, batch=4),
+    "tiny": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=384, vocab_size=1024, max_seq_len=64, batch=4),
+}
+RANK, ALPHA, LR = 16, 32.0, 1e-3
+
+
+def _status(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _cfg(size: str):
+    from falsify.impl.model import ModelConfig
+
+    s = dict(SIZES[size])
+    s.pop("batch")
+    return ModelConfig(**s)
+
+
+def _batch(size: str):
+    """Inputs and response-only labels: the first third of every row is prompt (-100)."""
+    c = _cfg(size)
+    b, s = SIZES[size]["batch"], c.max_seq_len
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(4, c.vocab_size, (b, s), generator=g)
+    labels = torch.roll(x, -1, dims=1)
+    labels[:, : s // 3] = -100
+    labels[:, -1] = -100
+    return x, labels
+
+
+def bnb_cpu_ok() -> tuple[bool, str]:
+    """Does bitsandbytes' NF4 Linear4bit run forward+backward on this CPU?"""
+    try:
+        import bitsandbytes as bnb
+    except ImportError as e:
+        return False, f"bitsandbytes not installed ({e})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lin = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32,
+                                    quant_type="nf4")
+            lin = lin.to("cpu")
+            x = torch.randn(2, 64, requires_grad=True)
+            lin(x).sum().backward()
+        return True, f"bitsandbytes {bnb.__version__} NF4 on CPU"
+    except Exception as e:  # noqa: BLE001 - reported as the reason for the fp32 fallback
+        return False, f"bitsandbytes 4-bit does not run on this CPU ({type(e).__name__}: {e})"
+
+
+# ----------------------------------------------------------------------------- the sides
+class Ours:
+    name = "falsify QLoRA (NF4 + LoRA)"
+
+    def __init__(self, size: str):
+        from falsify.impl import finetune as FT
+        from falsify.impl import lora_model as LM
+        from falsify.impl import sft_data as SD
+        from falsify.impl.model import build_model
+
+        self.model = build_model(_cfg(size), "torch", seed=0)
+        LM.apply_lora(self.model, LM.LoraSpec(method="qlora", r=RANK, alpha=ALPHA,
+                                              double_quant=True))
+        cfg = FT.config_from_dict(dict(lr=LR, lr_min=LR, warmup_steps=0, max_steps=10**6,
+                                       weight_decay=0.0, progress=False, device="cpu",
+                                       backend="torch", lora_r=RANK, lora_alpha=ALPHA),
+                                  source="bench")
+        self.trainer = FT.FinetuneTrainer(self.model, cfg, torch.device("cpu"), None, "sft")
+        x, labels = _batch(size)
+        mask = labels != -100
+        self.micro = [SD.Batch(x, labels, mask, torch.ones(len(x)), torch.arange(len(x)))]
+        self.memory = LM.memory_bytes(self.model)
+
+    def step(self) -> float:
+        return self.trainer.train_step(self.micro).loss
+
+
+class Theirs:
+    def __init__(self, size: str, use_bnb: bool):
+        import logging
+        import tempfile
+
+        from falsify.impl import hf
+        from falsify.impl.model import build_model
+
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        from peft import LoraConfig, get_peft_model
+        from transformers import BitsAndBytesConfig, LlamaForCausalLM
+
+        self.name = ("transformers + peft + bitsandbytes NF4" if use_bnb
+                     else "transformers + peft, fp32 base (no NF4)")
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf.export_hf(build_model(_cfg(size), "torch", seed=0), f"{tmp}/base")
+            kw = dict(dtype=torch.float32, attn_implementation="sdpa")
+            if use_bnb:
+                kw.update(device_map="cpu", quantization_config=BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32))
+            base = LlamaForCausalLM.from_pretrained(f"{tmp}/base", **kw)
+        self.model = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=ALPHA,
+                                                     target_modules=TARGETS, lora_dropout=0.0,
+                                                     task_type="CAUSAL_LM"))
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                                     weight_decay=0.0, foreach=False)
+        self.x, labels = _batch(size)
+        # HF shifts labels inside the loss: pass the unshifted targets (ours are next-token)
+        self.labels = torch.cat([torch.full((len(labels), 1), -100), labels[:, :-1]], dim=1)
+        self.model.train()
+
+    def step(self) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.model(input_ids=self.x, labels=self.labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0, foreach=False)
+        self.opt.step()
+        return float(loss)
+
+
+def _make(which: str, size: str, use_bnb: bool):
+    return Ours(size) if which == "ours" else Theirs(size, use_bnb)
+
+
+def measure_memory(which: str, size: str, use_bnb: bool) -> dict:
+    rss0 = _status("VmRSS")
+    side = _make(which, size, use_bnb)
+    rss1 = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    side.step()
+    side.step()
+    return {"model_rss": max(0, rss1 - rss0), "step_peak_extra": max(0, _status("VmHWM") - rss1)}
+
+
+def memory_in_subprocess(which: str, size: str, use_bnb: bool) -> dict:
+    r = subprocess.run([sys.executable, "-m", "falsify.bench_finetune", "--measure", which,
+                        "--size", size] + (["--bnb"] if use_bnb else []),
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"memory measurement of {which} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(size: str, steps: int, memory: bool) -> dict:
+    ok, why = bnb_cpu_ok()
+    ours, theirs = Ours(size), Theirs(size, ok)
+    for _ in range(2):  # warm-up (allocator, first-call paths)
+        ours.step()
+        theirs.step()
+    t_o, t_t = [], []
+    for _ in range(steps):
+        for side, acc in ((ours, t_o), (theirs, t_t)):
+            t0 = time.perf_counter()
+            side.step()
+            acc.append(time.perf_counter() - t0)
+    x, _ = _batch(size)
+    toks = x.numel()
+    mo, mt = statistics.median(t_o), statistics.median(t_t)
+    out = {"size": size, "model": SIZES[size], "rank": RANK, "alpha": ALPHA,
+           "threads": torch.get_num_threads(), "reference": theirs.name, "bnb": why,
+           "ours_step_s": mo, "theirs_step_s": mt, "ours_tok_s": toks / mo,
+           "theirs_tok_s": toks / mt, "tok_s_ratio": (toks / mo) / (toks / mt),
+           "nf4_base": ours.memory}
+    if memory:
+        m_o = memory_in_subprocess("ours", size, ok)
+        m_t = memory_in_subprocess("theirs", size, ok)
+        out.update(ours_memory=m_o, theirs_memory=m_t,
+                   step_peak_ratio=(m_o["step_peak_extra"] / m_t["step_peak_extra"]
+                                    if m_t["step_peak_extra"] else None),
+                   model_rss_ratio=(m_o["model_rss"] / m_t["model_rss"]
+                                    if m_t["model_rss"] else None))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="falsify bench finetune")
+    p.add_argument("--size", choices=list(SIZES), default="small")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per side")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--measure", choices=["ours", "theirs"], help=argparse.SUPPRESS)
+    p.add_argument("--bnb", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure_memory(args.measure, args.size, args.bnb)))
+        return 0
+    r = run(args.size, args.steps, not args.no_memory)
+    if args.format == "json":
+        print(json.dumps(r, indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    mb = 2.0**20
+    c = Console(width=160)
+    m = r["model"]
+    t = Table(title=f"falsify bench finetune — CPU, {r['threads']} threads, one QLoRA step "
+                    f"(L={m['num_layers']} H={m['hidden_size']} I={m['intermediate_size']} "
+                    f"V={m['vocab_size']}, batch {m['batch']}x{m['max_seq_len']}, r={RANK}, "
+                    "7 targets)")
+    for col in ("", "ours", "reference", "ratio ours/ref"):
+        t.add_column(col, justify="right" if col else "left")
+    t.add_row("implementation", "falsify NF4 + LoRA", r["reference"], "")
+    t.add_row("step (median) s", f"{r['ours_step_s']:.3f}", f"{r['theirs_step_s']:.3f}",
+              f"{r['ours_step_s'] / r['theirs_step_s']:.2f}")
+    t.add_row("tokens/s", f"{r['ours_tok_s']:,.0f}", f"{r['theirs_tok_s']:,.0f}",
+              f"{r['tok_s_ratio']:.2f}")
+    if "ours_memory" in r:
+        o, h = r["ours_memory"], r["theirs_memory"]
+        t.add_row("step peak extra MiB", f"{o['step_peak_extra'] / mb:.1f}",
+                  f"{h['step_peak_extra'] / mb:.1f}",
+                  f"{r['step_peak_ratio']:.2f}" if r["step_peak_ratio"] else "-")
+        t.add_row("model resident MiB", f"{o['model_rss'] / mb:.1f}",
+                  f"{h['model_rss'] / mb:.1f}",
+                  f"{r['model_rss_ratio']:.2f}" if r["model_rss_ratio"] else "-")
+    c.print(t)
+    nb = r["nf4_base"]
+    c.print(f"reference: {r['reference']} — {r['bnb']}")
+    c.print(f"base projections: NF4 {nb['projections_stored'] / mb:.2f} MiB vs fp32 "
+            f"{nb['projections_fp32'] / mb:.2f} MiB = 1/{1 / nb['projections_ratio']:.2f} "
+            f"(double quantization); whole base incl. fp32 embedding and norms: "
+            f"{nb['base_total'] / mb:.2f} vs {nb['base_total_fp32'] / mb:.2f} MiB = "
+            f"1/{nb['base_total_fp32'] / nb['base_total']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

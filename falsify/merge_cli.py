@@ -1,0 +1,144 @@
+"""`falsify merge --adapter DIR [--model BASE] --out DIR [--layout ours,hf]`
+
+Writes a merged full-precision model: every adapted projection becomes W' = deq(W) + (α/r)·B·A
+(deq = the NF4 dequantization the adapter was trained against, for QLoRA), in our checkpoint
+layout (OUT/ours: model.safetensors + state.json, loadable as a `--model` base) and/or the
+Hugging Face LLaMA layout (OUT/hf, impl/hf.py). Without --model the base recorded in the
+adapter is used; either way the base's fingerprint must equal the one the adapter was trained
+on. The command then checks its own output: merged logits vs base+adapter logits on a probe
+batch, against the fp32 op-order tolerance. Exit codes: 0 done, 2 error, 4 self-check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from falsify.impl import finetune as FT
+from falsify.impl import hf
+from falsify.impl import lora_model as LM
+from falsify.impl.data import DataError
+from falsify.impl.train import ConfigError
+
+U32 = 2.0**-24
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="falsify merge",
+                                description="merge a LoRA/QLoRA adapter into its base (fp32)")
+    p.add_argument("--adapter", required=True, metavar="DIR",
+                   help="adapter directory written by `falsify finetune`")
+    p.add_argument("--model", metavar="BASE",
+                   help="the base (our checkpoint or HF dir); default: the adapter's recorded base")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--layout", default="ours,hf",
+                   help="comma-separated: ours, hf (default: both)")
+    p.add_argument("--backend", default="auto", choices=("torch", "triton", "auto"))
+    return p
+
+
+def load_adapted(adapter: str | Path, model_path: str | None, backend: str, console=None):
+    """(base+adapter model, Base, sidecar): the base is checked against the adapter's record."""
+    side = json.loads((Path(adapter) / LM.FALSIFY_META).read_text()) \
+        if (Path(adapter) / LM.FALSIFY_META).is_file() else None
+    if side is None:
+        raise LM.LoraConfigError(f"{adapter}: {LM.FALSIFY_META} is missing (not an adapter "
+                                 "written by `falsify finetune`)")
+    path = model_path or side.get("base_path")
+    if not path:
+        raise ConfigError(f"{adapter} does not record its base; pass --model")
+    if model_path is None and console is not None:
+        console.print(f"base: {path} (recorded in the adapter)")
+    base = FT.load_base(path, backend, need_tokenizer=False)
+    fp = FT.base_fingerprint(base.model)
+    if side.get("base_fingerprint") and fp != side["base_fingerprint"]:
+        raise ConfigError(f"base {path} is not the base adapter {adapter} was trained on "
+                          "(fingerprints differ)")
+    model = LM.load_adapter(base.model, adapter)
+    return model, base, side
+
+
+def probe_tolerance(model, logits: torch.Tensor) -> float:
+    """fp32 op-order difference bound (tests/test_hf.py): 8·(2L+1)·√K·u·max|logits|."""
+    c = model.cfg
+    k = max(c.hidden_size, c.intermediate_size)
+    return 8 * (2 * c.num_layers + 1) * math.sqrt(k) * U32 * float(logits.abs().max())
+
+
+def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict) -> Path:
+    """Our layout: model.safetensors + state.json (with the model config), atomically."""
+    from safetensors.torch import save_file
+
+    def fill(tmp: Path):
+        sd = {k: v.detach().to("cpu", torch.float32).contiguous()
+              for k, v in model.state_dict().items()}
+        save_file(sd, str(tmp / "model.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(
+            {"step": 0, "time": time.time(), "config": {"model": model.cfg.to_dict()},
+             "merged_from": meta}, indent=1, default=str))
+        if tokenizer_path:
+            import shutil
+
+            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+
+    return LM._atomic_dir(out, fill)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    layouts = [s.strip() for s in args.layout.split(",") if s.strip()]
+    bad = [s for s in layouts if s not in ("ours", "hf")]
+    if bad or not layouts:
+        console.print(f"[bold red]error:[/] --layout {args.layout!r}: choose from ours, hf")
+        return 2
+    try:
+        model, base, side = load_adapted(args.adapter, args.model, args.backend, console)
+        merged = LM.merge_lora(model).eval()
+        tok = str(Path(args.adapter) / "tokenizer.json") \
+            if (Path(args.adapter) / "tokenizer.json").is_file() else base.tokenizer_path
+        out = Path(args.out)
+        meta = {"adapter": str(Path(args.adapter).resolve()), "base": base.source,
+                "lora": side.get("lora_spec")}
+        written = []
+        if "ours" in layouts:
+            written.append(write_ours(merged, out / "ours", tok, meta))
+        if "hf" in layouts:
+            written.append(hf.export_hf(merged, out / "hf", tok))
+    except (ConfigError, DataError, LM.LoraConfigError, FileNotFoundError) as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 2
+    model.eval()
+    c = model.cfg
+    x = torch.randint(4, c.vocab_size, (2, min(64, c.max_seq_len)),
+                      generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a = model(x)
+        m = merged(x)
+        with LM.adapters_disabled(model):
+            b = model(x)
+    diff, tol = float((a - m).abs().max()), probe_tolerance(model, a)
+    effect = float((a - b).abs().max())
+    spec = side["lora_spec"]
+    console.print(f"merged {spec['method']} adapter (r={spec['r']}, alpha={spec['alpha']}, "
+                  f"targets {','.join(spec['targets'])}) into {base.source}")
+    for w in written:
+        console.print(f"  wrote {w}")
+    console.print(f"self-check: max |merged − (base+adapter)| = {diff:.3g} (tolerance "
+                  f"{tol:.3g}); the adapter moves the logits by {effect:.3g}")
+    if not diff <= tol:
+        console.print("[bold red]self-check failed: the merged model does not reproduce "
+                      "base+adapter[/]")
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""SiLU / SwiGLU in PyTorch: fp32 compute, one rounding to the input dtype, own backward.
+
+    y      = silu(g)·u = g·σ(g)·u
+    d_gate = dy·u·σ(g)·(1 + g·(1 − σ(g)))        (silu'(g) = σ + g·σ·(1 − σ))
+    d_up   = dy·silu(g)
+
+In-place backward (seed 002 §11.3): `swiglu_backward_inplace(gate, up, dy)` writes d_gate into
+gate's memory and d_up into up's, after reading both. Aliasing rule: each output is exactly its
+input's view; gate, up and dy must occupy disjoint memory — anything else raises before work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _float_tensor(name, t):
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"swiglu: {name} must be a floating-point tensor")
+    if t.dim() < 1:
+        raise ValueError(f"swiglu: {name} must have at least one dimension ([..., n])")
+
+
+def check_args(gate, up, out=None):
+    _float_tensor("gate", gate)
+    _float_tensor("up", up)
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"swiglu: gate and up must match, got {tuple(gate.shape)} {gate.dtype}"
+                         f" and {tuple(up.shape)} {up.dtype}")
+    check_out(gate, out, (gate, up))
+
+
+def check_out(x, out, inputs):
+    if out is None:
+        return
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must be {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} "
+                         f"{out.dtype}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        raise RuntimeError("out= does not support autograd (an input requires grad)")
+
+
+def _span(t: torch.Tensor):
+    """[first, last] byte addresses a view can touch."""
+    if t.numel() == 0:
+        return None
+    lo = hi = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        reach = (size - 1) * stride * t.element_size()
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + t.element_size() - 1
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = _span(a), _span(b)
+    return bool(sa and sb and sa[0] <= sb[1] and sb[0] <= sa[1])
+
+
+def check_inplace_args(gate, up, dy):
+    """The aliasing rule of the in-place backward (see the module docstring)."""
+    check_args(gate, up)
+    _float_tensor("dy", dy)
+    if dy.shape != gate.shape:
+        raise ValueError(f"swiglu: dy must have shape {tuple(gate.shape)}, got {tuple(dy.shape)}")
+    for a, b, names in ((gate, up, "gate and up"), (gate, dy, "gate and dy"),
+                        (up, dy, "up and dy")):
+        if may_overlap(a, b):
+            raise ValueError(f"swiglu_backward_inplace: {names} share memory; the in-place "
+                             "backward needs disjoint gate, up and dy")
+    if gate.requires_grad or up.requires_grad:
+        raise RuntimeError("swiglu_backward_inplace overwrites gate and up: pass tensors that "
+                           "do not require grad (this is a kernel-level API)")
+
+
+def _grads(gate, up, dy):
+    g, u, d = gate.float(), up.float(), dy.float()
+    s = torch.sigmoid(g)
+    return d * u * s * (1.0 + g * (1.0 - s)), d * g * s
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        g = gate.float()
+        return (g * torch.sigmoid(g) * up.float()).to(gate.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = _grads(gate, up, dy)
+        return d_gate.to(gate.dtype), d_up.to(up.dtype)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, out=None) -> torch.Tensor:
+    check_args(gate, up, out)
+    y = SwiGLUFunction.apply(gate, up)
+    return out.copy_(y) if out is not None else y
+
+
+def swiglu_backward_inplace(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor):
+    """Overwrite gate with d_gate and up with d_up; returns (gate, up)."""
+    check_inplace_args(gate, up, dy)
+    d_gate, d_up = _grads(gate, up, dy)  # both computed before either input is overwritten
+    gate.copy_(d_gate)
+    up.copy_(d_up)
+    return gate, up
+
+
+class SiLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xf = x.float()
+        return (xf * torch.sigmoid(xf)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        xf = x.float()
+        s = torch.sigmoid(xf)
+        return (dy.float() * s * (1.0 + xf * (1.0 - s))).to(x.dtype)
+
+
+def silu(x: torch.Tensor, out=None) -> torch.Tensor:
+    _float_tensor("x", x)
+    check_out(x, out, (x,))
+    y = SiLUFunction.apply(x)
+    return out.copy_(y) if out is not None else y
