@@ -210,17 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="alternating ours/HF rounds")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads in each child (default: torch's default)")
+                   help="torch threads in each child (default: all cores, or 1 if the "
+                        "machine is already loaded; see impl/train.py:resolve_threads)")
     p.add_argument("--backend", default="torch", choices=["torch", "triton", "auto"])
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
 
-    import torch
     from rich.console import Console
     from rich.table import Table
 
-    threads = args.threads or torch.get_num_threads()
+    from falsify.impl.train import resolve_threads
+
+    threads, why = resolve_threads(args.threads)
     console = Console()
+    console.print(f"torch threads per child: {why}")
     peak = _gemm_peak(threads)
     console.print(f"fp32 GEMM peak measured here (1024^3, {threads} threads): "
                   f"{peak / 1e9:.1f} GFLOP/s")

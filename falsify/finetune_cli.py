@@ -3,8 +3,9 @@
 
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
 impl/train on the standard library, then QLoRA-fine-tunes it on the shipped docstring -> body
-dataset (data/sft/stdlib-docstrings.jsonl) for DEMO_STEPS steps, printing the loss and the
-held-out loss before and after, and greedy samples from the base and the adapted model.
+dataset (data/sft/stdlib-docstrings.jsonl) for 60 steps, printing the loss and the
+held-out loss before and after, and samples from the base and the adapted model (the demo's
+settings, `DEMO`, are printed and each can be overridden).
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
 last and win. Exit codes: 0 done, 2 config/data/preflight error, 3 Andon stop.
 """
@@ -28,7 +29,7 @@ from falsify.impl.train import AndonStop, ConfigError, PreflightError
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
-DEMO_STEPS = 60
+DEMO = {"max_steps": 60, "val_split": 0.02}
 
 # flag -> config field (store-value flags)
 VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--rank": "lora_r",
@@ -89,10 +90,13 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
     given = set(FT.T.parse_overrides(overrides))
     if args.config:
         given |= set(FT.T.read_yaml_config(args.config))
-    if not cfg.data and cfg.model is None and "max_steps" not in given:
-        cfg = FT.config_from_dict({"max_steps": DEMO_STEPS}, source="built-in demo", base=cfg)
-        console.print(f"built-in demo: shipped dataset, built-in base, max_steps={DEMO_STEPS} "
-                      "(set max_steps=... or epochs=... with max_steps=null to change)")
+    if not cfg.data and cfg.model is None:
+        demo = {k: v for k, v in DEMO.items() if k not in given}
+        if demo:
+            cfg = FT.config_from_dict(demo, source="built-in demo", base=cfg)
+            console.print("built-in demo (shipped dataset, built-in base): "
+                          + " ".join(f"{k}={v}" for k, v in demo.items())
+                          + " (set them to change)")
     return cfg
 
 

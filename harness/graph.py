@@ -205,27 +205,38 @@ def _mermaid_label(s: str) -> str:
 
 def mermaid(contracts, focus: str | None = None) -> str:
     """A `graph TD` mermaid diagram. `contracts`: Contract objects, a mapping id -> Contract
-    or id -> dependency ids, or a Graph. With `focus`, only that contract, its direct
-    dependencies and its direct dependents are drawn, and the focus node is highlighted.
-    Dependencies that name no known contract are not drawn (`pv graph` reports them)."""
+    or id -> dependency ids, or a Graph. With `focus` (a contract's docs page), only that
+    contract, everything it depends on and everything that depends on it are drawn, and the
+    focus node is highlighted. Dependencies that name no known contract are not drawn
+    (`pv graph` reports them)."""
     g = contracts if isinstance(contracts, Graph) else build(contracts)
     nodes = g.order
     if focus is not None:
         if focus not in g.deps:
             raise KeyError(f"unknown contract {focus!r}")
-        near = {focus, *g.deps[focus], *g.dependents[focus]}
+        near = _reach(g.deps, focus) | _reach(g.dependents, focus)
         nodes = [n for n in g.order if n in near]
     ids = _mermaid_ids(nodes)
     lines = ["graph TD"]
     lines += [f"  {ids[n]}[{_mermaid_label(n)}]" for n in nodes]
     for n in nodes:
         for d in g.deps[n]:
-            if d in ids and (focus is None or focus in (n, d)):
+            if d in ids:
                 lines.append(f"  {ids[d]} --> {ids[n]}")
     if focus is not None:
         lines.append("  classDef focus stroke-width:3px,font-weight:bold")
         lines.append(f"  class {ids[focus]} focus")
     return "\n".join(lines) + "\n"
+
+
+def _reach(edges: dict[str, list[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for m in edges[todo.pop()]:
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
 
 
 def _dot_id(s: str) -> str:

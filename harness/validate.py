@@ -164,21 +164,20 @@ def tolerance_expr_error(src: str) -> str | None:
 def tolerance_envs(input_spec: dict | None) -> list[dict]:
     """Dimension values a tolerance is evaluated at: every pinned example, plus the smallest
     and the largest declared dims (a tolerance must hold over the whole range)."""
-    spec = input_spec or {}
+    def num(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    spec = input_spec if isinstance(input_spec, dict) else {}
     dims = spec.get("dims") if isinstance(spec.get("dims"), dict) else {}
     lo, hi = {}, {}
     for k, v in dims.items():
-        if isinstance(v, int):
-            lo[k] = hi[k] = v
-        elif isinstance(v, list) and len(v) == 2:
-            lo[k], hi[k] = v
-        elif isinstance(v, dict) and isinstance(v.get("choices"), list) and v["choices"]:
-            lo[k], hi[k] = min(v["choices"]), max(v["choices"])
-    envs = []
-    for ex in spec.get("examples") or []:
-        if isinstance(ex, dict):
-            envs.append({**lo, **ex})
-    return envs + [lo, hi] if dims else envs or [{}]
+        choices = v.get("choices") if isinstance(v, dict) else v if isinstance(v, list) else [v]
+        if isinstance(choices, list) and choices and all(num(c) for c in choices):
+            lo[k], hi[k] = min(choices), max(choices)
+    examples = spec.get("examples") if isinstance(spec.get("examples"), list) else []
+    envs = [{**lo, **{k: v for k, v in ex.items() if num(v)}} for ex in examples
+            if isinstance(ex, dict)]
+    return envs + [lo, hi] if lo else envs or [{}]
 
 
 def tolerance_number(val, dtype: str, env: dict, ref_max: float = 1.0) -> float:

@@ -108,11 +108,11 @@ class FinetuneConfig:
     backend: str = "auto"
     device: str = "auto"
     precision: str = "auto"
-    threads: int | None = None
+    threads: int | None = None  # null: all cores, or 1 on a loaded machine (train.resolve_threads)
     activation_checkpointing: bool = False
     cache_dir: str = ".falsify/cache"
     # the built-in base (only when model is null): steps of impl/train on the stdlib
-    base_steps: int = 300
+    base_steps: int = 200
     # sample at the end (base vs base+adapter on held-out prompts)
     sample_tokens: int = 64
     sample_count: int = 2
@@ -355,7 +355,7 @@ class FinetuneTrainer(T.Trainer):
 
     def train_step(self, micro_batches: list) -> T.StepStats:
         t = self.step + 1
-        lr = self.lr(t)
+        lr = self.lr(self.step)  # impl/train's convention: the 0-based index of this update
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         loss, n, stats = self.forward_backward(micro_batches)
@@ -370,8 +370,9 @@ class FinetuneTrainer(T.Trainer):
         if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
             raise T.AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
                               f"{self.cfg.andon_loss_max} at step {t}", t)
-        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
-                                                  foreach=False))
+        # impl/torch/grad_clip.py, the clipping contract's code, as impl/train uses it
+        gn = float(T.grad_clip.clip_grad_norm_([p.grad for p in self.params if p.grad is not None],
+                                               self.cfg.grad_clip, T.CLIP_EPS, False))
         if not math.isfinite(gn):
             raise T.AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
         if gn > self.cfg.andon_grad_norm:
@@ -420,19 +421,24 @@ def _pad(t: torch.Tensor, s: int, value) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ batches
-def make_micro(examples: list, idx, kind: str, pad_id: int, weights: np.ndarray | None):
-    """Example indices -> an SFT Batch, or a (chosen, rejected) pair of Batches."""
+def make_micro(examples: list, idx, kind: str, pad_id: int, weights: np.ndarray | None,
+               key_offset: int = 0):
+    """Example indices -> an SFT Batch, or a (chosen, rejected) pair of Batches. Each batch
+    carries index + key_offset per row: the key of the DPO reference cache, so the validation
+    split (offset by the training split's size) never reads a training example's entry."""
     idx = [int(i) for i in idx]
+    keys = [i + key_offset for i in idx]
     if kind == "sft":
         w = None if weights is None else weights[idx]
-        return SD.collate([examples[i] for i in idx], pad_id, w, idx)
-    return (SD.collate([examples[i].chosen for i in idx], pad_id, None, idx),
-            SD.collate([examples[i].rejected for i in idx], pad_id, None, idx))
+        return SD.collate([examples[i] for i in idx], pad_id, w, keys)
+    return (SD.collate([examples[i].chosen for i in idx], pad_id, None, keys),
+            SD.collate([examples[i].rejected for i in idx], pad_id, None, keys))
 
 
-def val_batches(examples: list, kind: str, pad_id: int, batch_size: int) -> list:
+def val_batches(examples: list, kind: str, pad_id: int, batch_size: int,
+                key_offset: int) -> list:
     return [make_micro(examples, range(a, min(a + batch_size, len(examples))), kind, pad_id,
-                       None) for a in range(0, len(examples), batch_size)]
+                       None, key_offset) for a in range(0, len(examples), batch_size)]
 
 
 # ------------------------------------------------------------------------------ the base
@@ -457,8 +463,9 @@ def _find_tokenizer(paths: list[Path]) -> Path | None:
 def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True) -> Base:
     """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
     output) or an HF LLaMA directory (config.json + model.safetensors, impl/hf.py)."""
-    from falsify.impl import hf
     from safetensors.torch import load_file
+
+    from falsify.impl import hf
 
     p = Path(path)
     if not p.exists():
@@ -516,10 +523,10 @@ def _tokenizer_from_train_config(train_cfg: dict, mcfg: ModelConfig) -> Path | N
 
 
 def builtin_base_config(cfg: FinetuneConfig, out_dir: Path) -> T.TrainConfig:
-    """The built-in base: impl/train's `tiny` preset on the first ~3 MB of the stdlib corpus
-    (the shipped SFT data is derived from the same corpus), a few minutes at most on CPU."""
+    """The built-in base: impl/train's `tiny` preset on the first ~2 MB of the stdlib corpus
+    (the shipped SFT data is derived from the same corpus), about a minute on 2 CPU cores."""
     return T.config_from_dict({
-        "model": "tiny", "corpus": "stdlib", "max_bytes": 3_000_000, "val_fraction": 0.05,
+        "model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000, "val_fraction": 0.05,
         "batch_size": 8, "grad_accum": 1, "max_steps": cfg.base_steps,
         "warmup_steps": max(1, cfg.base_steps // 20), "lr": 3e-3, "lr_min": 3e-4,
         "eval_interval": cfg.base_steps, "eval_batches": 4, "save_interval": cfg.base_steps,
@@ -659,10 +666,20 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
+    threads = torch.get_num_threads()
+    try:
+        n, why = T.resolve_threads(cfg.threads)
+        log.info("torch threads: %d (%s)", n, why)
+        torch.set_num_threads(n)
+        return _finetune(cfg, resume, base, dataset, objectives, stop_after, keep_model,
+                         console)
+    finally:  # process-global: do not leak it to the caller (as impl/train.train)
+        torch.set_num_threads(threads)
+
+
+def _finetune(cfg, resume, base, dataset, objectives, stop_after, keep_model, console):
     t_start = time.perf_counter()
     validate_config(cfg)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
     device, autocast = T.resolve_device(cfg)
     out = Path(cfg.out_dir)
     ckpt_path = None
@@ -756,7 +773,8 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
             data_state=sampler.state_dict(), config=effective, metrics=metrics,
             extra={"best_val_loss": best_val, "bad_evals": bad_evals}, keep_last=cfg.keep_last)
 
-    vb = val_batches(val_ex, dataset.kind, pad_id, cfg.batch_size) if val_ex else []
+    vb = (val_batches(val_ex, dataset.kind, pad_id, cfg.batch_size, len(train_ex))
+          if val_ex else [])
     mf = metrics_path.open("a", buffering=1)
     if vb and ckpt_path is None:
         # step 0: the frozen base itself (B = 0), the baseline every later evaluation is

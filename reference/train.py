@@ -4,21 +4,22 @@ One optimizer step t = 1, 2, ...:
     L, g   = token-weighted loss and gradient over the step's micro-batches (reference/model.py)
     ‖g‖    = sqrt(Σ_params Σ g²)                          global L2 norm, before clipping
     g     ← g · min(1, c / (‖g‖ + 1e-6))                  global-norm clipping (torch's 1e-6)
-    η_t    = η·t/W                       for t ≤ W         linear warmup (peak reached at t = W)
-           = η_min + ½(η − η_min)(1 + cos(π (t−W)/(T−W)))  cosine to η_min at t = T
+    η_t    = η·(t−1)/W                   for t−1 < W       linear warmup (update index t−1,
+           = η_min + ½(η − η_min)(1 + cos(π (t−1−W)/(T−W)))    0-based; cosine to η_min at T)
     θ     ← AdamW(θ, g, t, η_t, β1, β2, ε, λ)             λ = 0 for norm gains and the embedding
 
 Independent of impl/train.py (it imports no torch) so that agreement between the two is evidence,
-not a tautology. AdamW is reference/adamw.py, the one the AdamW contract checks.
+not a tautology. AdamW, clipping and the schedule are reference/adamw.py, grad_clip.py and
+lr_schedule.py, the functions their kernel contracts check.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from falsify.reference import grad_clip, lr_schedule
 from falsify.reference.adamw import adamw_step
 from falsify.reference.model import loss_and_grads
 
@@ -37,10 +38,8 @@ class RefHyper:
 
 
 def lr_at(step: int, h: RefHyper) -> float:
-    if h.warmup_steps > 0 and step <= h.warmup_steps:
-        return h.lr * step / h.warmup_steps
-    progress = min(1.0, max(0.0, (step - h.warmup_steps) / max(1, h.max_steps - h.warmup_steps)))
-    return h.lr_min + 0.5 * (h.lr - h.lr_min) * (1.0 + math.cos(math.pi * progress))
+    """LR of update `step` (0-based), reference/lr_schedule.py (the schedule contract)."""
+    return float(lr_schedule.lr_at(np.int64(step), h.warmup_steps, h.max_steps, h.lr, h.lr_min))
 
 
 def decays(name: str) -> bool:
@@ -49,9 +48,11 @@ def decays(name: str) -> bool:
 
 
 def clip_by_global_norm(grads: dict, max_norm: float) -> tuple[dict, float]:
-    norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads.values()))
-    coef = min(1.0, max_norm / (norm + 1e-6))
-    return {k: g * coef for k, g in grads.items()}, norm
+    """reference/grad_clip.py with torch's epsilon 1e-6."""
+    keys = list(grads)
+    clipped, norm = grad_clip.clip_grad_norm_list([grads[k] for k in keys], max_norm, 1e-6,
+                                                  False)
+    return dict(zip(keys, clipped)), norm
 
 
 def init_state(params: dict) -> dict:
@@ -64,8 +65,8 @@ def train_step(params: dict, state: dict, micro_batches, cfg, h: RefHyper):
     """One optimizer step in place on (params, state); returns (loss, grad_norm, lr)."""
     loss, grads, _ = loss_and_grads(params, micro_batches, cfg)
     grads, norm = clip_by_global_norm(grads, h.grad_clip)
+    lr = lr_at(state["t"], h)
     t = state["t"] + 1
-    lr = lr_at(t, h)
     for k in params:
         wd = h.weight_decay if decays(k) else 0.0
         params[k], state["m"][k], state["v"][k] = adamw_step(

@@ -304,7 +304,7 @@ def _base(tok_path, seed=0):
 
 
 def test_resume_is_bit_identical(tmp_path, tok, tok_path):
-    kw = dict(method="qlora", lora_r=4, batch_size=2, grad_accum=2, max_steps=6, epochs=2,
+    kw = dict(method="qlora", lora_r=4, batch_size=2, grad_accum=2, max_steps=10, epochs=3,
               warmup_steps=1, val_split=0.2, save_every=2, progress=False, sample_count=0,
               backend="torch", shuffle=True)
     a = FT.finetune(FT.config_from_dict(dict(kw, out_dir=str(tmp_path / "a"))),
@@ -392,3 +392,38 @@ def test_reward_zero_sample_contributes_nothing_in_the_loss():
     s_all, _ = FT.sft_loss(logits, labels, mask, torch.ones(2))
     assert abs(float(s_all) - float(want)) <= 10 * (11 + 16) * U32 * float(want)
     assert np.isfinite(float(s_all))
+
+
+def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
+    """The reference log-probs are cached per example; the validation split must not read the
+    training split's entries. The last val_loss equals DPO recomputed from scratch."""
+    recs = shipped_records(24)
+    rows = [SD.RawRecord("preference", {"prompt": r["prompt"], "chosen": r["response"],
+                                        "rejected": recs[(i + 3) % 24]["response"]}, None,
+                         f"p:{i}") for i, r in enumerate(recs)]
+    ds = SD.Dataset("preference", SD.tokenize(rows, tok), ["p"], {"p": "preference"}, False,
+                    {"truncated": 0, "dropped": 0})
+    cfg = FT.config_from_dict(dict(lora_r=4, batch_size=2, max_steps=4, val_split=0.25,
+                                   lr=3e-2, progress=False, sample_count=0, backend="torch",
+                                   out_dir=str(tmp_path / "r")))
+    r = FT.finetune(cfg, base=_base(tok_path), dataset=ds, keep_model=True)
+    _, val = SD.split_examples(ds.examples, 0.25, cfg.seed)
+    model = r.model.eval()
+    losses = []
+    with torch.no_grad():
+        for e in val:
+            lp = []
+            for on in (True, False):
+                for part in (e.chosen, e.rejected):
+                    b = SD.collate([part], 0)
+                    if on:
+                        lg = model(b.x)
+                    else:
+                        with LM.adapters_disabled(model):
+                            lg = model(b.x)
+                    lp.append(float(FT.sequence_logps(lg, b.labels, b.mask)[0]))
+            d = cfg.dpo_beta * ((lp[0] - lp[2]) - (lp[1] - lp[3]))
+            losses.append(math.log1p(math.exp(-d)))
+    assert r.evals[0]["val_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert r.evals[-1]["val_loss"] == pytest.approx(float(np.mean(losses)), abs=1e-5)
+    assert abs(r.evals[-1]["val_loss"] - math.log(2)) > 1e-3  # training moved the policy

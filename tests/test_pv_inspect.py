@@ -153,11 +153,12 @@ def test_graph_mermaid_is_valid(tmp_path, capsys):
 
 
 def test_mermaid_focus_for_the_docs():
-    contracts = {"softmax-v1": [], "attention-v1": ["softmax-v1"], "model-v1": ["attention-v1"],
-                 "gemm-v1": []}
+    contracts = {"exp-v1": [], "softmax-v1": ["exp-v1"], "attention-v1": ["softmax-v1"],
+                 "model-v1": ["attention-v1"], "gemm-v1": [], "other-v1": ["softmax-v1"]}
     text = graph.mermaid(contracts, focus="attention-v1")
     assert text.startswith("graph TD\n")
-    assert "gemm" not in text  # unrelated contracts are left out
+    assert "gemm" not in text and "other" not in text  # unrelated contracts are left out
+    assert "exp_v1 --> softmax_v1" in text  # everything it depends on, transitively
     assert "softmax_v1 --> attention_v1" in text and "attention_v1 --> model_v1" in text
     assert "class attention_v1 focus" in text
     with pytest.raises(KeyError):

@@ -99,11 +99,22 @@ def test_memory_estimate_formulas_and_budget(tmp_path):
 
 # ------------------------------------------------------------------------- schedule
 def test_lr_schedule_warmup_peak_cosine_min():
-    lr = [T.lr_at(t, 1e-3, 1e-4, 10, 100) for t in range(1, 101)]
-    assert lr[0] == pytest.approx(1e-4) and lr[9] == 1e-3  # peak reached at t = W
-    assert all(b <= a for a, b in zip(lr[9:], lr[10:]))  # monotone down after warmup
-    assert lr[-1] == pytest.approx(1e-4)
-    assert lr[54] == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way through the cosine
+    """Update index t is 0-based: t = 0 has lr 0, t = W is the first at the peak."""
+    lr = [T.lr_at(t, 1e-3, 1e-4, 10, 100) for t in range(0, 101)]
+    assert lr[0] == 0.0 and lr[1] == pytest.approx(1e-4) and lr[10] == 1e-3
+    assert all(b <= a for a, b in zip(lr[10:], lr[11:]))  # monotone down after warmup
+    assert lr[100] == 1e-4
+    assert lr[55] == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way through the cosine
+
+
+def test_trainer_applies_the_schedule(tmp_path):
+    """ALB-079: a schedule parsed but never applied; the optimizer must carry lr_at(t)."""
+    tr, cfg = _trainer(tmp_path, max_steps=20, warmup_steps=2)
+    x = torch.randint(4, 512, (2, 32))
+    for t in range(4):
+        st = tr.train_step([(x, x)])
+        assert st.lr == T.lr_at(t, cfg.lr, cfg.lr_min, 2, 20)
+        assert all(g["lr"] == st.lr for g in tr.optimizer.param_groups)
 
 
 # -------------------------------------------------------------------- the step itself
@@ -165,7 +176,7 @@ def test_run_steps_is_stable_learns_and_every_param_moves():
     assert min(out["grad_flow"].values()) > 0  # C-GRADFLOW-001
     assert all(out["params_changed"].values())
     assert out["param_count"] == out["param_count_formula"]
-    assert out["lrs"][2] == pytest.approx(3e-3)  # warmup 3 of 30 steps: peak at step 3
+    assert out["lrs"][3] == 3e-3 and out["lrs"][0] == 0.0  # warmup 3: update 3 at the peak
 
 
 # ------------------------------------------------------------------------------- Andon

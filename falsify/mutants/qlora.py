@@ -3,6 +3,9 @@ Each keeps qlora_linear's signature."""
 
 from __future__ import annotations
 
+import falsify.impl.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
+
+# isort: split
 import torch
 import triton
 import triton.language as tl

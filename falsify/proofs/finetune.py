@@ -81,6 +81,7 @@ def _objectives(backend: str):
 def tiny_base(seed: int = 0, scale: float = 0.08):
     """The tiny Transformer with weights N(0, scale) and norm gains in [0.5, 1.5]."""
     import torch
+
     from falsify.impl.model import ModelConfig, build_model
 
     m = build_model(ModelConfig(**TINY), "torch", seed=seed)
@@ -121,9 +122,10 @@ def synthetic_pairs(n: int = 16, seed: int = 0):
         p = rng.integers(4, 512, size=int(rng.integers(3, 10))).tolist()
         good = [int((p[0] * 5 + 3 * j) % 508 + 4) for j in range(int(rng.integers(2, 8)))]
         bad = rng.integers(4, 512, size=int(rng.integers(2, 8))).tolist()
-        mk = (lambda r: SFTExample([0] + p + r + [0],
-                                   [False] * (1 + len(p)) + [True] * (len(r) + 1), None,
-                                   f"pair:{i}"))
+        def mk(r, p=p, i=i):
+            return SFTExample([0] + p + r + [0], [False] * (1 + len(p)) + [True] * (len(r) + 1),
+                              None, f"pair:{i}")
+
         out.append(PreferenceExample(mk(good), mk(bad), f"pair:{i}"))
     return out
 
@@ -144,6 +146,7 @@ class Run:
 
     def __init__(self, backend: str, examples: list, kind: str = "sft", seed: int = 0, **kw):
         import torch
+
         from falsify.impl import finetune as FT
         from falsify.impl import lora_model as LM
         from falsify.impl import sft_data as SD
@@ -189,6 +192,7 @@ def frozen_base_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
     the NF4 bytes also equal the numpy reference's quantization of the original weights (an
     independent computation); no base tensor holds a gradient; every adapter did change."""
     import torch
+
     from falsify.impl import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
@@ -226,6 +230,7 @@ def zero_init_run(backend, dtype="float32", method="qlora", seed=0):
     concatenated q/k/v and gate/up GEMMs), so the derived fp32 tolerance is the one tests/
     test_hf.py uses: 8·(2L+1)·√K·u·max|logits|, K = max(hidden, intermediate)."""
     import torch
+
     from falsify.impl import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
@@ -263,6 +268,7 @@ def sft_loss_mask_run(backend, dtype="float32", seed=0):
     bit-identical, while replacing one response target changes the loss (the check can fail).
     The loop's loss is also compared with the float64 numpy loss of the same logits."""
     import torch
+
     from falsify.impl import lora_model as LM
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=8, grad_accum=1)
@@ -342,6 +348,7 @@ def batch_loss_run(backend, dtype="float32", seed=0):
     different lengths equals Σ_i CE_i / Σ_i n_i computed from one forward per example alone
     (no padding, batch 1): token-weighted, not a mean of per-sample (or per-micro) means."""
     import torch
+
     from falsify.impl import sft_data as SD
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=3, grad_accum=2)
@@ -399,6 +406,7 @@ def reward_run(backend, dtype="float32", seed=0):
     w ≡ 1 the loss equals plain SFT's (float64 numpy), so reward 1 is plain SFT; (c) the loss
     equals the numpy Σ w_i·CE_i / Σ n_i for mixed weights."""
     import torch
+
     from falsify.impl import lora_model as LM
 
     ex = synthetic_sft(16, seed, rewards=True)
@@ -523,9 +531,10 @@ def export_import_run(backend, dtype="float32", method="qlora", steps=3, seed=0)
     reproduces our logits within the HF-parity tolerance of tests/test_hf.py (the HF base gets
     the weights the adapter was trained against: dequantized NF4 for QLoRA)."""
     import torch
+    from safetensors.torch import load_file
+
     from falsify.impl import hf
     from falsify.impl import lora_model as LM
-    from safetensors.torch import load_file
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps)
     for _ in range(steps):
@@ -600,6 +609,7 @@ def merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
     adapted model's within the fp32 op-order tolerance, and the adapter moved the logits by far
     more than that (so a merge that dropped or mis-scaled the adapter cannot pass)."""
     import torch
+
     from falsify.impl import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps,
@@ -672,6 +682,7 @@ def sft_loss_mean_of_means(logits, labels, mask, weights):
 def lora_init_nonzero_b(in_features, out_features, r, seed, dtype=None):
     """MUT: B initialised like A (non-zero): the adapted model differs from the base at step 0."""
     import torch
+
     from falsify.impl.torch.lora import lora_init
 
     a, _ = lora_init(in_features, out_features, r, seed)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import z3
 
+# torch 2.13 imports triton on its first matmul (torch/_native/ops); the interpreter switch must
+# come first or the probes' Triton kernels look for a GPU driver.
+import falsify.impl.triton  # noqa: F401
 from falsify.proofs.nf4 import in_range, var
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from falsify.impl.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of, nf4_shift_of
 from falsify.reference.nf4 import (
     ABSMAX_FLOOR,

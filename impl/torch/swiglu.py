@@ -51,9 +51,38 @@ def _span(t: torch.Tensor):
     return lo, hi + t.element_size() - 1
 
 
+def _lattice_hit(d: int, dims: list) -> bool:
+    """Is d = Σ δ_k·stride_k for integers |δ_k| < size_k? `dims` = [(stride, size)] sorted by
+    decreasing stride, each stride larger than everything the later dims can reach (a
+    non-self-overlapping layout), so only floor/ceil of d/stride can work at each level."""
+    if not dims:
+        return d == 0
+    (stride, size), rest = dims[0], dims[1:]
+    for k in {d // stride, -(-d // stride)}:  # floor and ceil
+        if abs(k) < size and _lattice_hit(d - k * stride, rest):
+            return True
+    return False
+
+
 def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Could a and b share an element? Exact for two views with the same shape, strides and
+    dtype in a non-self-overlapping layout (e.g. gate = buf[:, :n], up = buf[:, n:] of a fused
+    projection); otherwise conservative: any intersection of their byte ranges counts."""
     sa, sb = _span(a), _span(b)
-    return bool(sa and sb and sa[0] <= sb[1] and sb[0] <= sa[1])
+    if not (sa and sb and sa[0] <= sb[1] and sb[0] <= sa[1]):
+        return False
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+        return True
+    d, size = a.data_ptr() - b.data_ptr(), a.element_size()
+    if d % size:
+        return True
+    dims = sorted(((st, sz) for st, sz in zip(a.stride(), a.shape) if sz > 1), reverse=True)
+    reach = 0
+    for st, sz in reversed(dims):  # nested layout: each stride exceeds what finer dims reach
+        if st <= reach:
+            return True
+        reach += (sz - 1) * st
+    return _lattice_hit(d // size, dims)
 
 
 def check_inplace_args(gate, up, dy):

@@ -22,10 +22,11 @@ outputs may be strided views into larger buffers (the contract's poisoned-margin
 
 from __future__ import annotations
 
-import falsify.impl.triton
 import torch
 import triton
 import triton.language as tl
+
+import falsify.impl.triton
 from falsify.impl.launch import cdiv, log2_exact
 from falsify.impl.torch import nf4 as _t
 

@@ -1,0 +1,59 @@
+"""GELU mutants: the bugs the gelu contract's checks must catch (same signatures as the
+bindings they replace)."""
+
+import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+
+# isort: split
+import torch
+
+from falsify.impl.torch import gelu as gelu_torch
+from falsify.impl.triton import gelu as gelu_triton
+
+
+def tanh_form_for_exact(x, approximate, out=None):
+    """approximate='none' silently served by the tanh formula (up to 4.7e-4 off)."""
+    return gelu_torch.gelu(x, "tanh", out=out)
+
+
+def triton_erf_missing_sqrt2(x, approximate, out=None):
+    """Exact form as ½·x·(1 + erf(x)): the 1/√2 scaling of the argument dropped."""
+    gelu_triton.check_args(x, approximate, out)
+    if approximate == "tanh":
+        return gelu_triton.gelu(x, approximate, out=out)
+    with torch.no_grad():
+        return gelu_triton.launch_forward(x, "none", out, consts=(1.0, 0.0, 0.0))
+
+
+def sigmoid_approx_gap(x):
+    """The 'tanh' form replaced by the sigmoid approximation x·σ(1.702·x) (another common
+    'fast GELU'): its gap to the exact form is ~0.02, forty times the stated bound."""
+    with torch.no_grad():
+        xf = x.float()
+        fast = (xf * torch.sigmoid(1.702 * xf)).to(x.dtype).float()
+        return fast - gelu_torch.gelu(x, "none").float()
+
+
+class _MissingPdfTerm(torch.autograd.Function):
+    """Correct forward; exact-form backward = Φ(x) only, dropping x·φ(x)."""
+
+    @staticmethod
+    def forward(ctx, x, approximate):
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        return gelu_torch._forward(x.float(), approximate).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        xf = x.float()
+        if ctx.approximate == "none":
+            d = 0.5 * (1.0 + torch.erf(xf * gelu_torch.INV_SQRT_2))
+        else:
+            d = gelu_torch._derivative(xf, ctx.approximate)
+        return (dy.float() * d).to(x.dtype), None
+
+
+def derivative_missing_pdf_term(x, approximate, out=None):
+    gelu_torch.check_args(x, approximate, out)
+    y = _MissingPdfTerm.apply(x, approximate)
+    return out.copy_(y) if out is not None else y

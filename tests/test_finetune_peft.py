@@ -1,0 +1,200 @@
+"""The exported adapter in the PEFT ecosystem, merge and generate:
+
+* peft.PeftModel.from_pretrained loads adapter_model.safetensors onto transformers'
+  LlamaForCausalLM built from the same base in the HF layout (impl/hf.py) and reproduces our
+  logits within the derived fp32 tolerance — for QLoRA the base PEFT gets is the dequantized
+  NF4 base the adapter was trained on, and, where bitsandbytes runs, the original fp32 base
+  quantized by bitsandbytes itself (our NF4 is bit-compatible, so the logits agree too);
+* `falsify merge` writes our and the HF layout, both reproduce base+adapter;
+* `falsify generate` samples the same greedy text from base+adapter and the merged model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from falsify.impl import finetune as FT
+from falsify.impl import hf
+from falsify.impl import lora_model as LM
+from tests.test_finetune import (
+    CFG,
+    logit_tolerance,
+    make_tokenizer,
+    shipped_records,
+    tiny_model,
+    write_base,
+    write_jsonl,
+)
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Per method: a base dir, and an adapter trained on it through the CLI (B ≠ 0)."""
+    from falsify.finetune_cli import main
+
+    root = tmp_path_factory.mktemp("peft")
+    tok = root / "tokenizer.json"
+    make_tokenizer(tok)
+    base = write_base(root / "base", tok)
+    data = write_jsonl(root / "d.jsonl", shipped_records(24))
+    out = {}
+    for key, method, extra in (("qlora", "qlora", []), ("lora", "lora", []),
+                               ("qlora-nodq", "qlora", ["double_quant=false"])):
+        run = root / f"run-{key}"
+        rc = main(["--method", method, "--model", str(base), "--data", str(data), "--out",
+                   str(run), "max_steps=4", "batch_size=4", "lora_r=4", "lr=3e-2",
+                   "val_split=0", "sample_count=0", "progress=false", "backend=torch", *extra])
+        assert rc == 0
+        out[key] = (base, run / "adapter", tok)
+    return out
+
+
+def _ours(base, adapter):
+    model = LM.load_adapter(FT.load_base(base, "torch").model, adapter).eval()
+    return model
+
+
+def _x(n=2, s=48, seed=3):
+    return torch.randint(4, CFG.vocab_size, (n, s), generator=torch.Generator().manual_seed(seed))
+
+
+def _peft_model(hf_dir, adapter, **kw):
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = LlamaForCausalLM.from_pretrained(str(hf_dir), attn_implementation="eager", **kw)
+        return PeftModel.from_pretrained(m, str(adapter)).eval()
+
+
+@pytest.mark.parametrize("method", ["qlora", "lora"])
+def test_peft_loads_the_adapter_and_reproduces_our_logits(trained, tmp_path, method):
+    base, adapter, _ = trained[method]
+    model = _ours(base, adapter)
+    cfg = json.loads((adapter / LM.ADAPTER_CONFIG).read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 16.0
+    from safetensors.torch import load_file
+
+    names = sorted(load_file(str(adapter / LM.ADAPTER_WEIGHTS)))
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names
+    assert len(names) == 2 * 7 * CFG.num_layers
+    # the HF base = the weights the adapter was trained against (dequantized NF4 for QLoRA)
+    hf.export_hf(LM.merge_lora(model, merge=lambda w, a, b, s: w), tmp_path / "hf")
+    pm = _peft_model(tmp_path / "hf", adapter, dtype=torch.float32)
+    loaded = {k.replace(".default", ""): v for k, v in pm.state_dict().items() if "lora_" in k}
+    ours = LM.peft_state(model)
+    assert set(loaded) == set(ours) and all(torch.equal(loaded[k], ours[k]) for k in ours)
+    x = _x()
+    with torch.no_grad():
+        a, p = model(x), pm(input_ids=x).logits
+        with LM.adapters_disabled(model):
+            b = model(x)
+    tol = logit_tolerance(CFG, a)
+    assert float((a - p).abs().max()) <= tol
+    # the comparison can fail: the adapter moves the logits far more than the tolerance
+    assert float((a - b).abs().max()) > 100 * tol
+
+
+def test_bitsandbytes_quantizes_our_base_to_the_same_nf4_state(trained):
+    """For every projection of the base, bitsandbytes' quantize_4bit (nf4, blocksize 64, fp32
+    input, no double quantization) gives exactly our packed bytes and absmax, so a QLoRA adapter
+    trained here sees the base a bitsandbytes QLoRA run would. (With double quantization
+    bitsandbytes 0.50.2 on CPU rounds the absmax mean differently in some tensors — an ulp,
+    then other 8-bit absmax codes — so only the nibbles agree there. And transformers 5 +
+    bitsandbytes on CPU quantize a bf16 copy of the weights (quant_state.dtype == bfloat16),
+    so a from_pretrained 4-bit model is not the fp32-quantized base: logits differ by ~1e-2.)"""
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as BF
+
+    base, adapter, _ = trained["qlora-nodq"]
+    model = _ours(base, adapter)
+    original = FT.load_base(base, "torch", need_tokenizer=False).model.state_dict()
+    n = 0
+    for name, mod in LM.adapted_layers(model):
+        packed, st = BF.quantize_4bit(original[f"{name}.weight"], blocksize=64,
+                                      quant_type="nf4", compress_statistics=False)
+        assert torch.equal(packed.reshape(-1), mod.weight_nf4.reshape(-1)), name
+        assert torch.equal(st.absmax, mod.weight_absmax), name
+        assert torch.equal(BF.dequantize_4bit(packed, st), mod.base_weight()), name
+        n += 1
+    assert n == 7 * CFG.num_layers
+
+
+@pytest.mark.parametrize("method", ["qlora", "lora"])
+def test_merge_cli_writes_both_layouts_that_match_base_plus_adapter(trained, tmp_path, method,
+                                                                   capsys):
+    from falsify.merge_cli import main
+
+    base, adapter, _ = trained[method]
+    out = tmp_path / "merged"
+    assert main(["--adapter", str(adapter), "--out", str(out)]) == 0  # base from the adapter
+    assert "self-check" in capsys.readouterr().out
+    model = _ours(base, adapter)
+    x = _x(seed=11)
+    with torch.no_grad():
+        a = model(x)
+        ours = FT.load_base(out / "ours", "torch").model.eval()(x)
+        from transformers import LlamaForCausalLM
+
+        hfm = LlamaForCausalLM.from_pretrained(str(out / "hf"), dtype=torch.float32,
+                                               attn_implementation="eager").eval()
+        theirs = hfm(input_ids=x).logits
+    tol = logit_tolerance(CFG, a)
+    assert float((a - ours).abs().max()) <= tol
+    assert float((a - theirs).abs().max()) <= tol
+    assert (out / "ours" / "tokenizer.json").is_file() and (out / "hf" / "tokenizer.json").is_file()
+
+
+def test_merge_refuses_another_base(trained, tmp_path, capsys):
+    from falsify.merge_cli import main
+
+    _, adapter, tok = trained["qlora"]
+    other = write_base(tmp_path / "other", tok, seed=9)
+    assert main(["--adapter", str(adapter), "--model", str(other), "--out",
+                 str(tmp_path / "m")]) == 2
+    assert "fingerprints differ" in capsys.readouterr().out
+    assert not (tmp_path / "m").exists()
+
+
+def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
+    from falsify.generate_cli import main as generate
+    from falsify.merge_cli import main as merge
+
+    base, adapter, _ = trained["qlora"]
+    merge(["--adapter", str(adapter), "--out", str(tmp_path / "m"), "--layout", "ours"])
+    capsys.readouterr()
+    prompt = 'def f(x):\n    """Return x."""'
+    rc = generate(["--adapter", str(adapter), "--merged", str(tmp_path / "m" / "ours"),
+                   "--prompt", prompt, "--max-new-tokens", "12"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "base (" in text and "base + adapter" in text and "merged" in text
+    from falsify.generate_cli import build_parser, sample
+
+    args = build_parser().parse_args(["--prompt", prompt, "--max-new-tokens", "12"])
+    model = _ours(base, adapter)
+    merged = FT.load_base(tmp_path / "m" / "ours", "torch")
+    assert sample(model, merged.tokenizer, prompt, args) == \
+        sample(merged.model, merged.tokenizer, prompt, args)
+
+
+def test_adapter_dir_is_complete_and_atomic(trained):
+    _, adapter, _ = trained["qlora"]
+    files = sorted(p.name for p in Path(adapter).iterdir())
+    assert files == sorted([LM.ADAPTER_CONFIG, LM.ADAPTER_WEIGHTS, LM.FALSIFY_META,
+                            "tokenizer.json"])
+    assert not any(p.name.startswith(".") for p in Path(adapter).parent.iterdir())
+    side = json.loads((adapter / LM.FALSIFY_META).read_text())
+    assert side["lora_spec"]["method"] == "qlora" and side["lora_spec"]["double_quant"] is True
+    assert side["base_fingerprint"] == FT.base_fingerprint(tiny_model())
