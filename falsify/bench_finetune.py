@@ -153,14 +153,31 @@ class Theirs:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0, foreach=False)
         self.opt.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 def _make(which: str, size: str, use_bnb: bool):
     return Ours(size) if which == "ours" else Theirs(size, use_bnb)
 
 
+def _import_side(which: str) -> None:
+    """Import every module a side uses before the baseline RSS is read, so that "model
+    resident" counts the model, not the libraries' code and import-time tables."""
+    if which == "ours":
+        import falsify.impl.finetune  # noqa: F401
+    else:
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+        from transformers import LlamaForCausalLM  # noqa: F401
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            pass
+    import falsify.impl.hf  # noqa: F401
+
+
 def measure_memory(which: str, size: str, use_bnb: bool) -> dict:
+    _import_side(which)
     rss0 = _status("VmRSS")
     side = _make(which, size, use_bnb)
     rss1 = _status("VmRSS")

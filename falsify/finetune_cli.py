@@ -55,9 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, key in BOOL_FLAGS.items():
         p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None,
                        help=f"config field {key}")
-    p.add_argument("--data", nargs="+", metavar="FILE.jsonl", default=None,
-                   help="training data (chat, prompt/response, text, +reward, or preference "
-                        "pairs; detected per file); default: the shipped stdlib dataset")
+    # one file per --data (repeat it for more): nargs="+" would swallow key=value overrides
+    p.add_argument("--data", action="append", metavar="FILE.jsonl", default=None,
+                   help="training data, repeatable (chat, prompt/response, text, +reward, or "
+                        "preference pairs; detected per file); default: the shipped stdlib "
+                        "dataset")
     p.add_argument("--config", metavar="FILE", help="YAML file of FinetuneConfig fields")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint (default: the latest in out_dir)")
@@ -153,7 +155,8 @@ def _clip(text: str, lines: int = 12) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # intermixed: key=value overrides may come before, between or after the flags
+    args = build_parser().parse_intermixed_args(argv)
     console = Console()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     cfg = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from falsify.harness.model import CONTRACTS_DIR
+
 
 def _load(paths, usage_error, mode=None):
     from falsify.harness.validate import validate
@@ -25,14 +27,16 @@ def cmd_generate(args, emit, usage_error) -> int:
         return 1
     out_dir = Path(args.out) if args.out else generate.GENERATED_DIR
     expected = generate.plan_tests(rep.contracts, out_dir)
+    # prune modules of deleted contracts only when the whole contract directory was named
+    whole = [Path(p).resolve() for p in args.paths] == [CONTRACTS_DIR.resolve()]
     if args.check:
-        stale = generate.stale_files(expected, out_dir)
+        stale = generate.stale_files(expected, out_dir, prune=whole)
         for p, why in stale:
             print(f"{p}: {why}")
         print(f"{len(stale)} generated file(s) out of date" if stale
               else f"generated files are up to date ({len(expected)} file(s))")
         return 1 if stale else 0
-    changed = generate.write_tests(expected, out_dir)
+    changed = generate.write_tests(expected, out_dir, prune=whole)
     for p in changed:
         print(f"wrote {p}")
     pages = []

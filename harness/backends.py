@@ -176,9 +176,17 @@ def outputs(result) -> list:
 MARGIN = 16
 
 
+def _sentinel(dtype):
+    """NaN for floats; the largest value for integers (a plausible-looking but wrong code)."""
+    import torch
+
+    return float("nan") if dtype.is_floating_point else int(torch.iinfo(dtype).max)
+
+
 def _poisoned_view(t, pad_last: int = 3):
-    """A copy of `t` living inside a larger NaN-filled buffer: `MARGIN` NaNs before and after,
-    and `pad_last` NaN columns after each row, so the view is non-contiguous."""
+    """A copy of `t` living inside a larger sentinel-filled buffer (NaN for floats): `MARGIN`
+    sentinels before and after, and `pad_last` sentinel columns after each row, so the view
+    is non-contiguous."""
     import torch
 
     shape = tuple(t.shape)
@@ -186,7 +194,7 @@ def _poisoned_view(t, pad_last: int = 3):
         return t, None
     padded = shape[:-1] + (shape[-1] + pad_last,)
     n = int(np.prod(padded))
-    buf = torch.full((n + 2 * MARGIN,), float("nan"), dtype=t.dtype)
+    buf = torch.full((n + 2 * MARGIN,), _sentinel(t.dtype), dtype=t.dtype)
     view = buf[MARGIN:MARGIN + n].view(padded)[..., : shape[-1]]
     with torch.no_grad():
         view.copy_(t)
@@ -230,8 +238,10 @@ def check_margins(guards: list) -> None:
 
     for name, (buf, mask) in guards:
         margin = buf[mask]
-        if not torch.isnan(margin).all():
-            bad = int((~torch.isnan(margin)).sum())
+        intact = (torch.isnan(margin) if buf.dtype.is_floating_point
+                  else margin == _sentinel(buf.dtype))
+        if not intact.all():
+            bad = int((~intact).sum())
             raise MarginViolation(f"kernel wrote {bad} element(s) outside the view of {name!r}")
 
 

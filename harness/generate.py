@@ -103,24 +103,26 @@ def plan_tests(contracts: list[Contract], out_dir: Path = GENERATED_DIR) -> dict
     return files
 
 
-def stale_files(expected: dict[Path, str], out_dir: Path) -> list[tuple[Path, str]]:
-    """Files that regenerating would change: (path, why)."""
+def stale_files(expected: dict[Path, str], out_dir: Path,
+                prune: bool = True) -> list[tuple[Path, str]]:
+    """Files that regenerating would change: (path, why). With `prune`, modules no contract
+    generates any more count too (only meaningful when `expected` covers every contract)."""
     out = []
     for p, text in sorted(expected.items()):
         if not p.exists():
             out.append((p, "missing"))
         elif p.read_text(encoding="utf-8") != text:
             out.append((p, "differs from the contract"))
-    if out_dir.exists():
+    if prune and out_dir.exists():
         for p in sorted(out_dir.glob("test_*.py")):
             if p not in expected:
                 out.append((p, "no contract generates it any more"))
     return out
 
 
-def write_tests(expected: dict[Path, str], out_dir: Path) -> list[Path]:
+def write_tests(expected: dict[Path, str], out_dir: Path, prune: bool = True) -> list[Path]:
     changed = []
-    for p, why in stale_files(expected, out_dir):
+    for p, why in stale_files(expected, out_dir, prune):
         if why.startswith("no contract"):
             p.unlink()
         else:

@@ -161,17 +161,21 @@ def _tokens(line: str) -> list[Tok]:
     return toks
 
 
-def _match(toks: list[Tok], i: int, open_: str, close: str) -> int | None:
-    """Index of the token closing toks[i] (an `open_`), or None."""
-    depth = 0
-    for j in range(i, len(toks)):
-        if toks[j].kind == "ch" and toks[j].text == open_:
-            depth += 1
-        elif toks[j].kind == "ch" and toks[j].text == close:
-            depth -= 1
-            if depth == 0:
-                return j
-    return None
+MAX_NESTING = 24  # deeper {…}/(…) groups print as literal brackets: bounded recursion
+
+
+def _pairs(toks: list[Tok]) -> dict[int, int]:
+    """Index of each `{`/`(` token -> index of its closing token, in one pass."""
+    out, stacks = {}, {"{": [], "(": []}
+    closers = {"}": "{", ")": "("}
+    for i, t in enumerate(toks):
+        if t.kind != "ch":
+            continue
+        if t.text in stacks:
+            stacks[t.text].append(i)
+        elif t.text in closers and stacks[closers[t.text]]:
+            out[stacks[closers[t.text]].pop()] = i
+    return out
 
 
 def _is_word(t: Tok) -> bool:
@@ -301,10 +305,16 @@ def _number(text: str) -> Piece:
 
 
 class _Renderer:
-    def __init__(self, toks: list[Tok], script: bool = False):
+    def __init__(self, toks: list[Tok], script: bool = False, depth: int = 0):
         self.toks = toks
         self.out: list[Piece] = []
         self.script_ctx = script  # inside _{...} / ^{...}: "ij", "2k", "t+1" are indices
+        self.depth = depth
+        self.pairs = _pairs(toks) if depth < MAX_NESTING else {}
+        self.norms = 0  # ‖ seen so far: odd ones open, even ones close
+
+    def group(self, i: int, j: int, script: bool = False) -> str:
+        return render_tokens(self.toks[i + 1:j], script, self.depth + 1)
 
     # scripts -------------------------------------------------------------------------
     def attach(self, kind: str, tex: str, ws: bool):
@@ -330,10 +340,10 @@ class _Renderer:
             return None
         t = toks[i]
         if t.kind == "ch" and t.text in "{(":
-            j = _match(toks, i, t.text, "}" if t.text == "{" else ")")
+            j = self.pairs.get(i)
             if j is None:
                 return None
-            return render_tokens(toks[i + 1:j], script=True), j + 1
+            return self.group(i, j, script=True), j + 1
         if t.kind == "ident":
             p = _ident(t.text, False)
             return p.tex, i + 1
@@ -457,16 +467,16 @@ class _Renderer:
                 last.sup = True
             return i + 1
         if c == "{":
-            j = _match(toks, i, "{", "}")
+            j = self.pairs.get(i)
             if j is not None:
-                add(Piece(r"\{" + render_tokens(toks[i + 1:j]) + r"\}", "var", ws))
+                add(Piece(r"\{" + self.group(i, j) + r"\}", "var", ws))
                 return j + 1
             add(Piece(r"\{", "open", ws))
             return i + 1
         if c == "‖":
-            n_before = sum(1 for p in self.out if p.tex in (r"\lVert", r"\rVert"))
-            add(Piece(r"\lVert" if n_before % 2 == 0 else r"\rVert",
-                      "open" if n_before % 2 == 0 else "close", ws))
+            add(Piece(r"\lVert" if self.norms % 2 == 0 else r"\rVert",
+                      "open" if self.norms % 2 == 0 else "close", ws))
+            self.norms += 1
             return i + 1
         if c in COMBINING:
             if self.out and self.out[-1].kind in ("var", "num", "name"):
@@ -528,9 +538,9 @@ class _Renderer:
         """`√(...)`, `sqrt(...)` or `√x`: i is the index after the root sign."""
         toks = self.toks
         if i < len(toks) and toks[i].kind == "ch" and toks[i].text == "(":
-            j = _match(toks, i, "(", ")")
+            j = self.pairs.get(i)
             if j is not None:
-                self.out.append(Piece(r"\sqrt{" + render_tokens(toks[i + 1:j]) + "}", "var", ws))
+                self.out.append(Piece(r"\sqrt{" + self.group(i, j) + "}", "var", ws))
                 return j + 1
         if i < len(toks) and (spaced or not toks[i].ws_before):
             sub = _Renderer(toks[i:i + 1])
@@ -549,28 +559,31 @@ class _Renderer:
         return i
 
 
+_COMMAND_END = re.compile(r"\\[A-Za-z]+$")
+
+
 def _join(pieces: list[Piece]) -> str:
-    out = ""
+    out = []
     for k, p in enumerate(pieces):
-        if k == 0:
-            out = p.tex
-            continue
-        prev = pieces[k - 1]
-        sep = " " if p.ws_before else ""
-        if p.ws_before and ((prev.kind == "name" and p.kind in ("name", "num", "var"))
-                            or (prev.kind in ("num", "var") and p.kind == "name")
-                            or (prev.kind == "num" and p.kind == "num")):
+        prev = pieces[k - 1] if k else None
+        sep = " " if p.ws_before and prev else ""
+        if prev is None:
+            pass
+        elif p.ws_before and ((prev.kind == "name" and p.kind in ("name", "num", "var"))
+                              or (prev.kind in ("num", "var") and p.kind == "name")
+                              or (prev.kind == "num" and p.kind == "num")):
             sep = r"\ "  # "165 TFLOP" must not render as 165TFLOP
-        elif not sep and re.search(r"\\[A-Za-z]+$", out) and re.match(r"[A-Za-z0-9@]", p.tex):
+        elif not sep and p.tex[:1].isascii() and (p.tex[:1].isalnum() or p.tex[:1] == "@") \
+                and _COMMAND_END.search(prev.tex[-40:]):
             sep = " "  # \alpha x, not \alphax (KaTeX reads @ as a letter in command names)
-        if prev.kind == "text" or p.kind == "text":
-            sep = "" if not sep.strip() else sep
-        out += sep + p.tex
-    return out
+        if prev is not None and (prev.kind == "text" or p.kind == "text") and not sep.strip():
+            sep = ""  # the \text{} carries its own spaces
+        out.append(sep + p.tex)
+    return "".join(out)
 
 
-def render_tokens(toks: list[Tok], script: bool = False) -> str:
-    return _join(_Renderer(toks, script).run())
+def render_tokens(toks: list[Tok], script: bool = False, depth: int = 0) -> str:
+    return _join(_Renderer(toks, script, depth).run())
 
 
 def to_latex(formula: str) -> str:

@@ -116,6 +116,7 @@ class Ctx:
         """`call:` overrides: expressions in dims and params."""
         env = dict(case.dims)
         env.update(case.params)
+        env.update(dtype=case.dtype, eps=expr.EPS.get(case.dtype, expr.EPS["float32"]))
         return {k: expr.evaluate(v, env) for k, v in (self.spec.get("call") or {}).items()}
 
     def args(self, case: cases.Case, requires_grad: tuple = ()) -> dict:

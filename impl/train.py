@@ -43,11 +43,10 @@ from falsify.impl.model import (
     param_count,
     preset,
 )
-from falsify.impl.torch import grad_clip, lr_schedule
+from falsify.impl.torch import lr_schedule
 
 log = logging.getLogger("falsify.train")
 IGNORE_INDEX = -100
-CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s epsilon in min(1, c / (norm + eps))
 ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                "intermediate_size", "rope_theta", "rms_norm_eps", "init_std")
 
@@ -491,11 +490,13 @@ class Trainer:
         if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
             raise AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
                             f"{self.cfg.andon_loss_max} at step {t}", t)
-        # impl/torch/grad_clip.py (the clipping contract's code): coef = min(1, c/(‖g‖+1e-6)),
-        # torch's epsilon; the norm is computed scaled, so 1e35 gradients (ALB-044) give a
-        # finite norm instead of inf.
-        gn = float(grad_clip.clip_grad_norm_([p.grad for p in self.params], self.cfg.grad_clip,
-                                             CLIP_EPS, False))
+        # torch's clip_grad_norm_: coef = min(1, c / (‖g‖ + 1e-6)), the same rule as
+        # impl/torch/grad_clip.py and reference/grad_clip.py. Not the former: its overflow-safe
+        # scaled norm makes ~4 passes over the gradients (0.78 s vs 0.05 s per step at 50m,
+        # 1 CPU thread). The price: ‖g‖ > ~1.8e19 reads as inf here, which the Andon check
+        # below turns into a stop rather than a clip.
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
+                                                  foreach=False))
         if not math.isfinite(gn):
             raise AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
         if gn > self.cfg.andon_grad_norm:
@@ -503,7 +504,9 @@ class Trainer:
                             f"{self.cfg.andon_grad_norm} at step {t} (update not applied)", t)
         self.optimizer.step()
         self.step = t
-        finite = all(bool(torch.isfinite(p).all()) for p in self.params)
+        # One read-only pass: a sum is NaN/inf iff an element is (or the sum overflows,
+        # |θ| ~ 1e38, which deserves a stop as much). isfinite().all() per tensor costs 25x more.
+        finite = bool(torch.isfinite(torch.stack([p.detach().sum() for p in self.params])).all())
         if not finite:
             bad = [n for n, p in zip(self.param_names, self.params)
                    if not bool(torch.isfinite(p).all())]

@@ -264,7 +264,7 @@ def test_cli_trains_every_format(tmp_path, base_dir, kind):
     }[kind]
     data = write_jsonl(tmp_path / f"{kind}.jsonl", rows)
     out = tmp_path / "run"
-    rc = main(["--method", "qlora", "--model", str(base_dir), "--data", str(data),
+    rc = main(["--method", "qlora", "--model", str(base_dir), "--data", str(data), "lr=3e-3",
                *small_args(out)])
     assert rc == 0
     m = _metrics(out)
@@ -401,8 +401,8 @@ def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
     rows = [SD.RawRecord("preference", {"prompt": r["prompt"], "chosen": r["response"],
                                         "rejected": recs[(i + 3) % 24]["response"]}, None,
                          f"p:{i}") for i, r in enumerate(recs)]
-    ds = SD.Dataset("preference", SD.tokenize(rows, tok), ["p"], {"p": "preference"}, False,
-                    {"truncated": 0, "dropped": 0})
+    ex, fit = SD.fit_length(SD.tokenize(rows, tok), CFG.max_seq_len, "drop")
+    ds = SD.Dataset("preference", ex, ["p"], {"p": "preference"}, False, fit)
     cfg = FT.config_from_dict(dict(lora_r=4, batch_size=2, max_steps=4, val_split=0.25,
                                    lr=3e-2, progress=False, sample_count=0, backend="torch",
                                    out_dir=str(tmp_path / "r")))
@@ -427,3 +427,26 @@ def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
     assert r.evals[0]["val_loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert r.evals[-1]["val_loss"] == pytest.approx(float(np.mean(losses)), abs=1e-5)
     assert abs(r.evals[-1]["val_loss"] - math.log(2)) > 1e-3  # training moved the policy
+
+
+def test_cli_several_data_files_and_flags(tmp_path, base_dir):
+    from falsify.finetune_cli import main
+
+    recs = shipped_records(24)
+    a = write_jsonl(tmp_path / "a.jsonl", recs[:12])
+    b = write_jsonl(tmp_path / "b.jsonl", recs[12:])
+    out = tmp_path / "run"
+    rc = main(["--data", str(a), "--data", str(b), "--model", str(base_dir), "--method",
+               "lora", "--rank", "2", "--targets", "q,v", "--freeze-layers", "1",
+               "--train-on-prompt", "--no-shuffle", "--grad-checkpoint", *small_args(out)])
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["data"]["files"] == [str(a), str(b)] and cfg["data"]["records"] == 24
+    f = cfg["finetune"]
+    assert (f["method"], f["lora_r"], f["targets"], f["freeze_layers"]) == ("lora", 2,
+                                                                          ["q", "v"], 1)
+    assert f["train_on_prompt"] and not f["shuffle"] and f["activation_checkpointing"]
+    # max_steps=3 from small_args (the last word wins over defaults, not over explicit flags)
+    assert f["max_steps"] == 3 and cfg["lora"]["freeze_layers"] == 1
+    # layer 1 only, q and v: A [2, 64] + B [64, 2] (q) and A [2, 64] + B [32, 2] (v, 2 kv heads)
+    assert cfg["trainable_params"] == (2 * 64 + 64 * 2) + (2 * 64 + 32 * 2)

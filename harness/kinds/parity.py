@@ -38,8 +38,11 @@ def run(ctx, case):
         import torch
 
         args, guards = backends.poison(args, fn)
-        out, g = backends.poisoned_out(fn, torch.from_numpy(ref[0]).to(
-            backends.torch_dtype(case.dtype)))
+        # the output buffer has the implementation's output dtype: the case dtype for floats,
+        # the reference's integer dtype for codes (e.g. packed uint8)
+        out_dtype = (backends.torch_dtype(case.dtype) if ref[0].dtype.kind == "f"
+                     else torch.from_numpy(ref[0][:0]).dtype)
+        out, g = backends.poisoned_out(fn, torch.from_numpy(ref[0]).to(out_dtype))
         if out is not None:
             args["out"] = out
             guards.append(("out", g))

@@ -18,8 +18,8 @@ Backward from the saved lse (FlashAttention-2): P_j = exp(S_j − lse) is recomp
 The dlse term makes lse itself differentiable (∂lse_i/∂s_ij = P_ij), so flash_attention's
 second output can feed a loss.
 
-Peak extra memory is O(B·Hq·BLOCK²) for one score tile plus O(B·Hq·S·D) for the outputs and
-fp32 accumulators: linear in S (measured in falsify/proofs/attention.py).
+Peak extra memory is O(B·Hq·MAX_BLOCK²) for one score tile plus O(B·Hq·S·D) for the outputs
+and fp32 accumulators: linear in S (measured in falsify/proofs/attention.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,18 @@ import numbers
 
 import torch
 
+from falsify.impl.launch import next_power_of_2_clamped
 from falsify.impl.torch.gemm import internal_overlap, may_overlap
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK = 64  # query and key tile: peak memory per step is B·Hq·BLOCK² fp32 scores
+MAX_BLOCK = 128  # largest query/key tile: peak memory per step is B·Hq·MAX_BLOCK² fp32 scores
+
+
+def block_size(s):
+    """Query and key tile for sequence length s: about half of s (so even short sequences run
+    the multi-tile online-softmax path the contract's small shapes test), at least 16 and at
+    most MAX_BLOCK, so the score tile — and with it peak memory — stops growing with s."""
+    return next_power_of_2_clamped((s + 1) // 2, 16, MAX_BLOCK)
 
 
 def check_args(q, k, v, causal, scale, out, max_head_dim=None):
@@ -89,9 +97,10 @@ def _causal_mask(qs, qe, ks, ke, device):
     return kj > qi
 
 
-def forward(q, k, v, causal, scale, block=BLOCK):
+def forward(q, k, v, causal, scale, block=None):
     """(o fp32 [B, Hq, S, D], lse fp32 [B, Hq, S]), tiled; never builds [S, S]."""
     b, hq, s, d = q.shape
+    block = block or block_size(s)
     hkv = k.shape[1]
     qg = _grouped(q, hkv)
     kg, vg = k.unsqueeze(2), v.unsqueeze(2)
@@ -122,10 +131,11 @@ def forward(q, k, v, causal, scale, block=BLOCK):
     return o.reshape(b, hq, s, d), lse.reshape(b, hq, s)
 
 
-def backward(q, k, v, o, lse, do, dlse, causal, scale, block=BLOCK):
+def backward(q, k, v, o, lse, do, dlse, causal, scale, block=None):
     """(dq, dk, dv) in fp32 from the saved lse; P is recomputed one [block, block] tile at a
     time. dlse may be None (lse not used by the loss)."""
     b, hq, s, d = q.shape
+    block = block or block_size(s)
     hkv = k.shape[1]
     qg, og, dog = _grouped(q, hkv), _grouped(o, hkv), _grouped(do, hkv)
     lse_g = lse.reshape(qg.shape[:-1])

@@ -82,9 +82,18 @@ def _ce_bwd_kernel(z_ptr, y_ptr, lse_ptr, dy_ptr, dz_ptr, V, s_zr, s_zc, s_y, s_
                  mask=mask)
 
 
+def _check_offsets(t: torch.Tensor, name: str) -> None:
+    # column offsets `offs * stride` are int32 in the kernels (rows are int64)
+    V = t.shape[1]
+    if V > 2 ** 31 - 2 * MAX_BLOCK_V or (V + MAX_BLOCK_V) * abs(t.stride(1)) >= 2 ** 31:
+        raise ValueError(f"{name}: vocabulary {V} × column stride {t.stride(1)} exceeds the "
+                         "kernel's int32 column offsets")
+
+
 def forward_rows(logits, labels, ignore_index, z_loss, label_smoothing, kernel=None):
     """(loss [T] fp32, lse [T] fp32)."""
     T, V = logits.shape
+    _check_offsets(logits, "logits")
     loss = torch.empty(T, dtype=torch.float32, device=logits.device)
     lse = torch.empty(T, dtype=torch.float32, device=logits.device)
     if T:
@@ -99,6 +108,8 @@ def backward_rows(logits, labels, lse, dy_vec, dy_stride, ignore_index, z_loss,
                   label_smoothing, dz=None, kernel=None):
     T, V = logits.shape
     dz = torch.empty_like(logits) if dz is None else dz
+    _check_offsets(logits, "logits")
+    _check_offsets(dz, "dlogits")
     if T:
         grid, block = launch_config(T, V)
         (kernel or _ce_bwd_kernel)[(grid,)](
