@@ -370,9 +370,9 @@ class FinetuneTrainer(T.Trainer):
         if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
             raise T.AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
                               f"{self.cfg.andon_loss_max} at step {t}", t)
-        # impl/torch/grad_clip.py, the clipping contract's code, as impl/train uses it
-        gn = float(T.grad_clip.clip_grad_norm_([p.grad for p in self.params if p.grad is not None],
-                                               self.cfg.grad_clip, T.CLIP_EPS, False))
+        # the same clip as impl/train.Trainer.train_step (torch's min(1, c / (‖g‖ + 1e-6)))
+        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
+                                                  foreach=False))
         if not math.isfinite(gn):
             raise T.AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
         if gn > self.cfg.andon_grad_norm:

@@ -291,7 +291,26 @@ def apply_lora(model: Transformer, spec: LoraSpec, *, init=None, freeze=None) ->
         block.mlp = LoraMLP(block.mlp, groups["mlp"])
     model.lora_spec = spec
     freeze(model)
+    if quantize:
+        _return_freed_memory()
     return model
+
+
+def _return_freed_memory() -> None:
+    """The replaced fp32 projections are freed, but glibc keeps freed heap pages, so the
+    process would stay as large as the fp32 base; malloc_trim hands them back to the OS.
+    Memory hygiene only: on a libc without malloc_trim nothing changes but the RSS figure."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
 
 
 def adapted_layers(model: nn.Module):

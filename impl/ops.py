@@ -92,51 +92,6 @@ def _find_module(backend: str, kernel: str):
         raise
 
 
-# --------------------------------------------------------------------------------------------
-# TEMPORARY until impl/torch/<kernel>.py lands. These are the plain torch formulations, used only
-# for the torch backend and only for a kernel whose module does not exist yet; `Ops.provenance`
-# records which were used so a test can insist on the real modules.
-def _tmp_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # TEMPORARY until impl/torch/rmsnorm.py lands
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.float()).to(x.dtype)
-
-
-def _tmp_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    # TEMPORARY until impl/torch/rope.py lands. Rotate-half convention (HF LLaMA): pairs
-    # (i, i + D/2) rotate by pos * theta^(-2i/D).
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d))
-    ang = pos.to(torch.float64)[:, None] * inv_freq[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    cos = ang.cos().to(x.dtype)[None, :, None, :]
-    sin = ang.sin().to(x.dtype)[None, :, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def _tmp_attention(q, k, v, causal: bool = True, scale: float | None = None):
-    # TEMPORARY until impl/torch/attention.py lands
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
-
-
-def _tmp_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    # TEMPORARY until impl/torch/swiglu.py lands
-    return F.silu(gate) * up
-
-
-def _tmp_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    # TEMPORARY until impl/torch/embedding.py lands
-    return F.embedding(ids, table)
-
-
-_TEMPORARY = {"rmsnorm": _tmp_rmsnorm, "rope": _tmp_rope, "attention": _tmp_attention,
-              "swiglu": _tmp_swiglu, "embedding": _tmp_embedding}
-# --------------------------------------------------------------------------------------------
-
-
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """y = x @ W.T with W stored [out, in] (HF layout). On every backend this is torch's GEMM
     (MKL/oneDNN on CPU, cuBLAS on GPU): the gemm kernel contract tests impl/*/gemm.py on its own,
@@ -153,12 +108,7 @@ class Ops:
     swiglu: Callable
     embedding: Callable
     linear: Callable
-    # kernel -> "falsify.impl.torch.rope:rope" or "TEMPORARY falsify.impl.ops:_tmp_rope"
-    provenance: dict
-
-    @property
-    def temporary(self) -> list[str]:
-        return [k for k, v in self.provenance.items() if v.startswith("TEMPORARY")]
+    provenance: dict  # kernel -> "falsify.impl.torch.rope:rope", recorded in run configs
 
 
 _CACHE: dict[str, Ops] = {}
@@ -174,12 +124,6 @@ def get_ops(backend: str = "auto") -> Ops:
     for k in KERNELS:
         mod = _find_module(chosen, k)
         if mod is None:
-            if chosen == "torch":
-                fns[k] = _TEMPORARY[k]
-                prov[k] = f"TEMPORARY falsify.impl.ops:_tmp_{k}"
-                log.warning("impl/torch/%s.py not found: using the TEMPORARY formulation in "
-                            "impl/ops.py", k)
-                continue
             raise BackendUnavailableError(
                 f"backend={chosen!r}: kernel module falsify.impl.{chosen}.{k} does not exist")
         fn = getattr(mod, k, None)

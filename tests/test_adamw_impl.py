@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from falsify.impl.torch import adamw as ta
 from falsify.impl.triton import adamw as tr
 from falsify.reference import adamw as ref

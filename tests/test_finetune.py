@@ -443,10 +443,35 @@ def test_cli_several_data_files_and_flags(tmp_path, base_dir):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["data"]["files"] == [str(a), str(b)] and cfg["data"]["records"] == 24
     f = cfg["finetune"]
-    assert (f["method"], f["lora_r"], f["targets"], f["freeze_layers"]) == ("lora", 2,
+    # key=value overrides come last and win: small_args' lora_r=4 beats --rank 2
+    assert (f["method"], f["lora_r"], f["targets"], f["freeze_layers"]) == ("lora", 4,
                                                                           ["q", "v"], 1)
     assert f["train_on_prompt"] and not f["shuffle"] and f["activation_checkpointing"]
-    # max_steps=3 from small_args (the last word wins over defaults, not over explicit flags)
     assert f["max_steps"] == 3 and cfg["lora"]["freeze_layers"] == 1
-    # layer 1 only, q and v: A [2, 64] + B [64, 2] (q) and A [2, 64] + B [32, 2] (v, 2 kv heads)
-    assert cfg["trainable_params"] == (2 * 64 + 64 * 2) + (2 * 64 + 32 * 2)
+    # layer 1 only, q and v: A [4, 64] + B [64, 4] (q) and A [4, 64] + B [32, 4] (v, 2 kv heads)
+    assert cfg["trainable_params"] == (4 * 64 + 64 * 4) + (4 * 64 + 32 * 4)
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_dropout_applies_to_the_adapter_input_only(method):
+    """PEFT: y = base(x) + s·B(A(drop(x))). In train mode with p > 0 the layer composes that
+    from F.linear; in eval mode it is the kernel (impl/torch/lora.py / qlora.py) — both must
+    agree with the formula written out here."""
+    m = tiny_model()
+    LM.apply_lora(m, LM.LoraSpec(method=method, r=4, dropout=0.5, targets=("q",)))
+    lin = dict(LM.adapted_layers(m))["layers.0.self_attn.q_proj"]
+    with torch.no_grad():
+        lin.lora_B.weight.normal_(0, 0.5)  # B ≠ 0 so the adapter path shows
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    w, a, b, s = lin.base_weight(), lin.lora_A.weight, lin.lora_B.weight, lin.scale()
+    lin.train()
+    torch.manual_seed(7)
+    y = lin(x)
+    torch.manual_seed(7)
+    xd = torch.nn.functional.dropout(x, 0.5, training=True)
+    want = x @ w.T + s * (xd @ a.T) @ b.T
+    assert torch.allclose(y, want, atol=1e-5, rtol=0)
+    lin.eval()
+    y_eval = lin(x)
+    assert torch.allclose(y_eval, x @ w.T + s * (x @ a.T) @ b.T, atol=1e-5, rtol=0)
+    assert float((y - y_eval).abs().max()) > 1e-2  # dropout did act in train mode

@@ -184,27 +184,56 @@ def test_missing_triton_kernel_is_an_error(monkeypatch):
         ops_mod.get_ops("triton")
 
 
-def test_torch_backend_uses_the_real_kernel_modules_where_they_exist():
-    """TEMPORARY formulations in impl/ops.py are only for kernels whose module is missing."""
+def test_missing_torch_kernel_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setattr(ops_mod, "_CACHE", {})
+    real = ops_mod._find_module
+    monkeypatch.setattr(ops_mod, "_find_module",
+                        lambda b, k: None if k == "swiglu" else real(b, k))
+    with pytest.raises(ops_mod.BackendUnavailableError, match="falsify.impl.torch.swiglu"):
+        ops_mod.get_ops("torch")
+
+
+def test_torch_backend_wires_the_kernel_modules():
     ops = ops_mod.get_ops("torch")
-    kernel_dir = Path(ops_mod.__file__).parent / "torch"
-    for k in ops_mod.KERNELS:
-        exists = (kernel_dir / f"{k}.py").exists()
-        assert ops.provenance[k] == (f"falsify.impl.torch.{k}:{k}" if exists
-                                     else f"TEMPORARY falsify.impl.ops:_tmp_{k}")
+    assert ops.provenance == {k: f"falsify.impl.torch.{k}:{k}" for k in ops_mod.KERNELS}
+
+
+# Plain torch formulations of the model's math, written independently of impl/torch: the oracle
+# for the test below (rotate-half RoPE with float64 angles, SDPA with GQA, fp32 RMSNorm).
+def _plain_rmsnorm(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _plain_rope(x, pos, theta):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double()[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().to(x.dtype)[None, :, None], ang.sin().to(x.dtype)[None, :, None]
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+
+def _plain_attention(q, k, v, causal=True, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+PLAIN = ops_mod.Ops(backend="plain", linear=ops_mod.linear, provenance={},
+                    rmsnorm=_plain_rmsnorm, rope=_plain_rope, attention=_plain_attention,
+                    swiglu=lambda g, u: torch.nn.functional.silu(g) * u,
+                    embedding=torch.nn.functional.embedding)
 
 
 def test_kernels_agree_with_plain_torch_formulations():
-    """The wired-in kernels (whatever impl/torch holds) compute the model's math: same logits
-    and gradients as a model built on the plain formulations (rotate-half RoPE, SDPA, ...)."""
+    """The wired-in kernels compute the model's math: same loss and gradients as a model built on
+    the plain formulations above (catches e.g. an interleaved-pair RoPE or a wrong GQA map)."""
     real = ops_mod.get_ops("torch")
-    plain = ops_mod.Ops(backend="torch", linear=ops_mod.linear, provenance={},
-                        **{k: ops_mod._TEMPORARY[k] for k in ops_mod.KERNELS})
     a = build_model(SMALL, "torch", seed=3)
     b = build_model(SMALL, "torch", seed=3)
     for mod in b.modules():
         if hasattr(mod, "ops"):
-            mod.ops = plain
+            mod.ops = PLAIN
     assert a.ops is real
     ids = torch.randint(0, SMALL.vocab_size, (2, 16))
     out = []

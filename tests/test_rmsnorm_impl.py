@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from falsify.impl.torch import rmsnorm as rn_torch
 from falsify.impl.triton import rmsnorm as rn_triton
 from falsify.reference import rmsnorm as rn_ref

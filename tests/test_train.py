@@ -254,3 +254,32 @@ def test_resume_with_a_different_lr_is_refused(tmp_path):
 
 def test_param_count_of_default_config():
     assert param_count(T.model_config(T.TrainConfig())) == 1_049_728
+
+
+# ------------------------------------------------------------------------------- the CLI
+def _cli_args(tmp_path, **over):
+    d = dict(T.TINY_TEST, out_dir=str(tmp_path), max_steps=6, warmup_steps=0,
+             sample_tokens=8, eval_interval=6, save_interval=3)
+    d.update(over)
+    return [f"{k}={v}" for k, v in d.items()]
+
+
+def test_cli_trains_prints_perplexity_and_resumes(tmp_path, capsys):
+    from falsify.train_cli import main
+
+    assert main(_cli_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "perplexity" in out and "sample" in out
+    # a finished run resumed by directory: nothing left to do, same exit code, no new steps
+    assert main(["--resume", str(tmp_path)]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert C.latest_checkpoint(tmp_path).name == "step-00000006"
+
+
+def test_cli_errors_are_exit_code_2(tmp_path, capsys):
+    from falsify.train_cli import main
+
+    assert main(_cli_args(tmp_path, max_steps=100_000, warmup_steps=0)) == 2
+    assert "unreachable" in capsys.readouterr().out
+    assert main(["save_every=25"]) == 2
+    assert "unknown config field 'save_every'" in capsys.readouterr().out

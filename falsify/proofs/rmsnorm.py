@@ -17,19 +17,19 @@ N = 3  # symbolic row length for the real-arithmetic claims
 
 
 def launch_claims():
-    """For 1 ≤ n ≤ 2^16 and 1 ≤ m ≤ 2^30 rows, on 32-bit vectors:
+    """For 1 ≤ n ≤ 2^16 and 1 ≤ m ≤ 2^24 rows, on 32-bit vectors:
     forward: BLOCK is a power of two with n ≤ BLOCK < 2n (the mask `offs < n` keeps the row);
-    backward: 1 ≤ programs ≤ MAX_BWD_PROGRAMS, every row r < m belongs to program
-    r // rows_per_program < programs, and no program starts past the last row (so every
-    partial dw row is written by a program that owns at least one row)."""
-    m, n, r = (z3.BitVec(s, 32) for s in ("m", "n", "r"))
+    backward: 1 ≤ programs ≤ MAX_BWD_PROGRAMS, programs·rows_per_program ≥ m (so every row
+    r < m belongs to program r // rows_per_program < programs), and no program starts past the
+    last row (so every partial dw row is written by a program that owns at least one row)."""
+    m, n = z3.BitVec("m", 32), z3.BitVec("n", 32)
     cfg = launch_config(U(m), U(n))
     block, rpp, progs = cfg["BLOCK"].e, cfg["rows_per_program"].e, cfg["programs"].e
-    dom = z3.And(z3.UGE(n, 1), z3.ULE(n, 2 ** 16), z3.UGE(m, 1), z3.ULE(m, 2 ** 30))
+    dom = z3.And(z3.UGE(n, 1), z3.ULE(n, 2 ** 16), z3.UGE(m, 1), z3.ULE(m, 2 ** 24))
     return z3.Implies(dom, z3.And(
         z3.UGE(block, n), z3.ULT(block, 2 * n), block & (block - 1) == 0,
         z3.UGE(progs, 1), z3.ULE(progs, MAX_BWD_PROGRAMS),
-        z3.Implies(z3.ULT(r, m), z3.ULT(z3.UDiv(r, rpp), progs)),
+        z3.UGE(progs * rpp, m),  # so every row r < m has r // rows_per_program < programs
         z3.ULT((progs - 1) * rpp, m)))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from falsify.reference.adamw import check_hyperparameters
 
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

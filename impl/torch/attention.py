@@ -2,8 +2,9 @@
 never materializing the [S, S] score matrix, forward and backward (torch.autograd.Function).
 
 q: [B, Hq, S, D], k and v: [B, Hkv, S, D], Hq a multiple of Hkv (GQA: query head h reads key
-head h // G). GQA is done by viewing q as [B, Hkv, G, S, D] against k as [B, Hkv, 1, S, D]:
-K/V are broadcast, never repeated in memory, and their gradients are summed over G.
+head h // G). The G query heads that share a key/value head are folded into the rows of one
+matmul against that head's keys ([B, Hkv, G·rows, D] @ [B, Hkv, D, keys]): K/V are never
+repeated in memory, and the products that reduce over rows (dK, dV) sum over the group.
 
 Forward, per query tile, over key tiles j (Milakov & Gimelshein online softmax; the
 accumulator rescale is the step seed 003's fused-attention formula leaves out):
@@ -85,9 +86,25 @@ def check_args(q, k, v, causal, scale, out, max_head_dim=None):
     return b, hq, hkv, s, d, scale
 
 
-def _grouped(q, hkv):
-    b, hq, s, d = q.shape
-    return q.reshape(b, hkv, hq // hkv, s, d)
+def _grouped(x, hkv):
+    """[B, Hq, S, ...] → [B, Hkv, G, S, ...] (a view when x allows it)."""
+    return x.reshape(x.shape[0], hkv, x.shape[1] // hkv, *x.shape[2:])
+
+
+def _rows(xg, qs, qe):
+    """Rows qs..qe of every head of a group, folded into one [B, Hkv, G·(qe − qs), ...] block:
+    the G query heads that share a key/value head become extra rows of one plain matmul
+    against that head's keys (no broadcast, no K/V copies), and the products that reduce over
+    rows (dK, dV) sum over the group by themselves."""
+    b, hkv, g = xg.shape[:3]
+    return xg[:, :, :, qs:qe].float().reshape(b, hkv, g * (qe - qs), *xg.shape[4:])
+
+
+def _mask_tile(t, g, qs, qe, ks, ke, value):
+    """Apply the causal mask to a folded [B, Hkv, G·bq, bk] tile (viewed per head)."""
+    b, hkv = t.shape[:2]
+    t5 = t.view(b, hkv, g, qe - qs, ke - ks)
+    return t5.masked_fill(_causal_mask(qs, qe, ks, ke, t.device), value).view(t.shape)
 
 
 def _causal_mask(qs, qe, ks, ke, device):
@@ -102,32 +119,32 @@ def forward(q, k, v, causal, scale, block=None):
     b, hq, s, d = q.shape
     block = block or block_size(s)
     hkv = k.shape[1]
+    g = hq // hkv
     qg = _grouped(q, hkv)
-    kg, vg = k.unsqueeze(2), v.unsqueeze(2)
     o = torch.empty(qg.shape, dtype=torch.float32, device=q.device)
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32, device=q.device)
     for qs in range(0, s, block):
         qe = min(s, qs + block)
-        qc = qg[..., qs:qe, :].float()
+        qc = _rows(qg, qs, qe)
         m = torch.full(qc.shape[:-1], float("-inf"), device=q.device)
         l = torch.zeros(qc.shape[:-1], device=q.device)
         acc = torch.zeros(qc.shape, device=q.device)
         k_end = qe if causal else s  # keys after the tile's last query are all masked
         for ks in range(0, k_end, block):
             ke = min(k_end, ks + block)
-            sc = (qc @ kg[..., ks:ke, :].float().transpose(-1, -2)) * scale
+            sc = (qc @ k[:, :, ks:ke].float().transpose(-1, -2)) * scale
             if causal and ke - 1 > qs:
-                sc = sc.masked_fill(_causal_mask(qs, qe, ks, ke, q.device), float("-inf"))
+                sc = _mask_tile(sc, g, qs, qe, ks, ke, float("-inf"))
             m_new = torch.maximum(m, sc.amax(dim=-1))
             # Key 0 is visible to every query, so m_new is finite from the first tile on and
             # exp(m − m_new) = exp(−inf) = 0 there: no NaN from −inf − (−inf).
             alpha = torch.exp(m - m_new)
             p = torch.exp(sc - m_new[..., None])
             l = l * alpha + p.sum(dim=-1)
-            acc = acc * alpha[..., None] + p @ vg[..., ks:ke, :].float()
+            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke].float()
             m = m_new
-        o[..., qs:qe, :] = acc / l[..., None]
-        lse[..., qs:qe] = m + torch.log(l)
+        o[:, :, :, qs:qe] = (acc / l[..., None]).view(b, hkv, g, qe - qs, d)
+        lse[:, :, :, qs:qe] = (m + torch.log(l)).view(b, hkv, g, qe - qs)
     return o.reshape(b, hq, s, d), lse.reshape(b, hq, s)
 
 
@@ -137,31 +154,31 @@ def backward(q, k, v, o, lse, do, dlse, causal, scale, block=None):
     b, hq, s, d = q.shape
     block = block or block_size(s)
     hkv = k.shape[1]
-    qg, og, dog = _grouped(q, hkv), _grouped(o, hkv), _grouped(do, hkv)
-    lse_g = lse.reshape(qg.shape[:-1])
-    delta = (dog.float() * og.float()).sum(dim=-1)
+    g = hq // hkv
+    qg, dog = _grouped(q, hkv), _grouped(do, hkv)
+    lse_g = _grouped(lse, hkv)
+    delta = _grouped((do.float() * o.float()).sum(dim=-1), hkv)
     if dlse is not None:
-        delta = delta - dlse.reshape(delta.shape).float()
+        delta = delta - _grouped(dlse.float(), hkv)
     dq = torch.zeros(qg.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     for ks in range(0, s, block):
         ke = min(s, ks + block)
-        kc = k[:, :, None, ks:ke, :].float()
-        vc = v[:, :, None, ks:ke, :].float()
+        kc, vc = k[:, :, ks:ke].float(), v[:, :, ks:ke].float()
         q_start = (ks // block) * block if causal else 0  # earlier queries never see these keys
         for qs in range(q_start, s, block):
             qe = min(s, qs + block)
-            qc, doc = qg[..., qs:qe, :].float(), dog[..., qs:qe, :].float()
+            qc, doc = _rows(qg, qs, qe), _rows(dog, qs, qe)
             sc = (qc @ kc.transpose(-1, -2)) * scale
-            p = torch.exp(sc - lse_g[..., qs:qe, None])
+            p = torch.exp(sc - _rows(lse_g[..., None], qs, qe))
             if causal and ke - 1 > qs:
-                p = p.masked_fill(_causal_mask(qs, qe, ks, ke, q.device), 0.0)
-            dv[:, :, ks:ke] += (p.transpose(-1, -2) @ doc).sum(dim=2)
+                p = _mask_tile(p, g, qs, qe, ks, ke, 0.0)
+            dv[:, :, ks:ke] += p.transpose(-1, -2) @ doc
             dp = doc @ vc.transpose(-1, -2)
-            ds = p * (dp - delta[..., qs:qe, None])
-            dq[..., qs:qe, :] += (ds @ kc) * scale
-            dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qc).sum(dim=2) * scale
+            ds = p * (dp - _rows(delta[..., None], qs, qe))
+            dq[:, :, :, qs:qe] += (ds @ kc).view(b, hkv, g, qe - qs, d) * scale
+            dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qc) * scale
     return dq.reshape(b, hq, s, d), dk, dv
 
 

@@ -29,6 +29,7 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 import torch
 import triton
 import triton.language as tl
+
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.adamw import check_tensors, init_state, step_scalars
 from falsify.reference.adamw import check_hyperparameters

@@ -21,6 +21,7 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 import torch
 import triton
 import triton.language as tl
+
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rmsnorm import check_args
 

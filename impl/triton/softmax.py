@@ -14,6 +14,7 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 import torch
 import triton
 import triton.language as tl
+
 from falsify.impl.launch import next_power_of_2
 
 
