@@ -195,3 +195,12 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _flce_cases():
+    from falsify.proofs.fused_linear_cross_entropy import bench_cases
+
+    return bench_cases()
+
+
+EXTRA_CASES.append(_flce_cases)
