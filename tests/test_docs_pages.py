@@ -135,7 +135,7 @@ def test_output_is_deterministic(softmax, tmp_path):
     assert a == b
     assert list(a) == sorted(a)
     joined = "\n".join(a.values())
-    assert not re.search(r"\b20\d\d-\d\d-\d\d", joined), "a timestamp leaked into the pages"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d[T ]\d\d:\d\d", joined), "a timestamp leaked into the pages"
     assert str(ROOT) not in joined, "an absolute path leaked into the pages"
 
     site = tmp_path / "site"
@@ -176,7 +176,8 @@ def test_without_coverage_everything_is_not_run(softmax):
     assert "fs-covered" not in page and "fs-passed" not in page and "fs-killed" not in page
     assert f"0/{len(softmax.obligations)} obligations covered" in page
     index = site["docs/contracts/index.md"]
-    assert "No results" in index and "0/7 obligations covered" in index
+    n = len(load_all([ROOT / "contracts" / "softmax-kernel-v1.yaml"]).contracts[0].obligations)
+    assert "0/%d obligations covered" % n in index
 
 
 def test_statuses_from_coverage_object(softmax):
@@ -212,7 +213,8 @@ def test_statuses_from_coverage_object(softmax):
     # dashboard: covered/total from coverage.totals, per backend pass/fail/not-run, mutants
     index = render_site([softmax], cov)["docs/contracts/index.md"]
     line = next(ln for ln in index.splitlines() if ln.startswith("| [softmax-kernel-v1]"))
-    assert "| 1/7 |" in line and "14 %" in line
+    n = len(softmax.obligations)
+    assert f"| 1/{n} |" in line and f"{100 // n} %" in line
     header = next(ln for ln in index.splitlines() if ln.startswith("| contract"))
     for b in ("reference", "torch", "triton", "z3"):
         assert f" {b} |" in header
@@ -220,7 +222,7 @@ def test_statuses_from_coverage_object(softmax):
     counts = [c for c in cells if re.fullmatch(r"\d+ / \d+ / \d+", c)]
     assert len(counts) == 4
     assert sum(int(c.split(" / ")[1]) for c in counts) == 1  # exactly the one failed run
-    assert "Overall: 1/7 obligations covered" in index
+    assert f"Overall: 1/{len(softmax.obligations)} obligations covered" in index
 
 
 def test_unknown_obligation_in_coverage_reads_not_run(softmax):
