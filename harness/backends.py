@@ -128,14 +128,31 @@ def reference_args(case: Case) -> dict:
     return out
 
 
-def tensor_args(case: Case, spec_args: dict, requires_grad: tuple = ()) -> dict:
+def device_for(backend: str) -> str:
+    """Where a backend's tensors live. Triton kernels compiled for a GPU need CUDA tensors;
+    under the interpreter (and for torch) they are CPU tensors. Decided from how Triton was
+    configured at `import falsify` (falsify.triton_env), never guessed per call."""
+    if backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BindingError("Triton is configured for a GPU (TRITON_INTERPRET is not 1) but torch "
+                           "sees no CUDA device: set FALSIFY_TRITON=interpret to use the "
+                           "interpreter")
+    return "cuda"
+
+
+def tensor_args(case: Case, spec_args: dict, requires_grad: tuple = (),
+                device: str = "cpu") -> dict:
     import torch
 
     out = {}
     for k, v in case.args.items():
         if isinstance(v, np.ndarray):
             dt = arg_dtype(spec_args.get(k, {}), case.dtype)
-            t = torch.from_numpy(np.ascontiguousarray(v)).to(torch_dtype(dt))
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(device=device,
+                                                            dtype=torch_dtype(dt))
             if k in requires_grad:
                 t.requires_grad_(True)
             out[k] = t
@@ -147,7 +164,7 @@ def tensor_args(case: Case, spec_args: dict, requires_grad: tuple = ()) -> dict:
 def args_for(backend: str, case: Case, spec_args: dict, requires_grad: tuple = ()) -> dict:
     if backend == "reference":
         return reference_args(case)
-    return tensor_args(case, spec_args, requires_grad)
+    return tensor_args(case, spec_args, requires_grad, device_for(backend))
 
 
 def to_numpy(x):
@@ -194,11 +211,11 @@ def _poisoned_view(t, pad_last: int = 3):
         return t, None
     padded = shape[:-1] + (shape[-1] + pad_last,)
     n = int(np.prod(padded))
-    buf = torch.full((n + 2 * MARGIN,), _sentinel(t.dtype), dtype=t.dtype)
+    buf = torch.full((n + 2 * MARGIN,), _sentinel(t.dtype), dtype=t.dtype, device=t.device)
     view = buf[MARGIN:MARGIN + n].view(padded)[..., : shape[-1]]
     with torch.no_grad():
         view.copy_(t)
-    mask = torch.ones(n + 2 * MARGIN, dtype=torch.bool)
+    mask = torch.ones(n + 2 * MARGIN, dtype=torch.bool, device=t.device)
     inner = mask[MARGIN:MARGIN + n].view(padded)
     inner[..., : shape[-1]] = False
     view.requires_grad_(t.requires_grad)

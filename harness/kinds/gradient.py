@@ -75,7 +75,8 @@ def run(ctx, case):
     targs = ctx.args(case, requires_grad=wrt)
     out = backends.call(ctx.fn(), **targs)
     y = out[0] if isinstance(out, (tuple, list)) else out
-    dy_t = torch.from_numpy(dy).to(y.dtype if y.is_floating_point() else torch.float32)
+    dy_t = torch.from_numpy(dy).to(device=y.device,
+                                   dtype=y.dtype if y.is_floating_point() else torch.float32)
     leaves = [targs[w] for w in wrt]
     grads = backends.call(torch.autograd.grad, y, leaves, grad_outputs=dy_t,
                           allow_unused=True)

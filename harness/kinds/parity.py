@@ -42,7 +42,9 @@ def run(ctx, case):
         # the reference's integer dtype for codes (e.g. packed uint8)
         out_dtype = (backends.torch_dtype(case.dtype) if ref[0].dtype.kind == "f"
                      else torch.from_numpy(ref[0][:0]).dtype)
-        out, g = backends.poisoned_out(fn, torch.from_numpy(ref[0]).to(out_dtype))
+        like = torch.from_numpy(ref[0]).to(device=backends.device_for(ctx.backend),
+                                           dtype=out_dtype)
+        out, g = backends.poisoned_out(fn, like)
         if out is not None:
             args["out"] = out
             guards.append(("out", g))
