@@ -179,6 +179,10 @@ def _import_side(which: str) -> None:
         except ImportError:
             pass
     import falsify.impl.hf  # noqa: F401
+    # torch.optim's first constructor lazily imports torch._dynamo, inductor, sympy and triton
+    # (~145 MiB of library code). transformers imports them at import time; without this, only
+    # our side would pay for that code inside the measured region.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
 
 
 def measure_memory(which: str, size: str, use_bnb: bool) -> dict:
