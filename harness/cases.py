@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from falsify.harness import expr
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from falsify.harness import expr
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
 NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,

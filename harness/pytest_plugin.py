@@ -12,6 +12,7 @@ import os
 import time
 
 import pytest
+
 from falsify.harness import ledger
 
 KEY = "falsify_entry"

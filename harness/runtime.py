@@ -21,10 +21,11 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+
 from falsify.harness import backends, cases, expr
 from falsify.harness.model import CONTRACTS_DIR, Check, Contract, load_contract
 from falsify.harness.plan import INPUT_KINDS, equation_of, runs
-from hypothesis import HealthCheck, given, settings
 
 if sys.version_info < (3, 11):  # hypothesis depends on the backport there
     from exceptiongroup import BaseExceptionGroup

@@ -12,6 +12,7 @@
 """
 
 import numpy as np
+
 from falsify.harness import backends, cases
 from falsify.harness.kinds.parity import compare
 from falsify.harness.runtime import CheckFailed

@@ -3,6 +3,7 @@ permutation, causality). T is applied to the float64 values and then rounded to 
 exactly as a caller's input would be."""
 
 import numpy as np
+
 from falsify.harness import backends, cases, expr
 from falsify.harness.runtime import CheckFailed
 

@@ -6,6 +6,7 @@ that writes outside it is caught by the margin check.
 """
 
 import numpy as np
+
 from falsify.harness import backends
 from falsify.harness.runtime import CheckFailed
 

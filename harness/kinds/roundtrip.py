@@ -2,6 +2,7 @@
 (quantize∘dequantize error bounds, encode/decode identities)."""
 
 import numpy as np
+
 from falsify.harness import backends, expr
 
 

@@ -3,6 +3,7 @@
 fixed seed, so a failure reproduces exactly."""
 
 import numpy as np
+
 from falsify.harness import backends, cases, expr
 
 SEED = 20260

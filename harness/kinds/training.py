@@ -3,6 +3,7 @@ predicate on `r` must hold. The run function compares against something independ
 reference loop, torch.optim, an uninterrupted run), never against itself."""
 
 import numpy as np
+
 from falsify.harness import backends
 from falsify.harness.runtime import CheckFailed, tolerance
 
