@@ -4,7 +4,7 @@ reference loop, torch.optim, an uninterrupted run), never against itself."""
 
 import numpy as np
 
-from falsify.harness import backends
+from falsify.harness import backends, expr
 from falsify.harness.runtime import CheckFailed, tolerance
 
 
@@ -14,6 +14,6 @@ def run(ctx, case=None):
     if not isinstance(r, dict):
         raise CheckFailed(f"{ctx.spec['run']} returned {type(r).__name__}, not a dict")
     atol, rtol = tolerance(ctx.spec, ctx.variant, {})
-    env = {"r": r, "np": np, "tol": atol, "rtol": rtol}
+    env = dict(expr.eps_names(ctx.variant), r=r, np=np, tol=atol, rtol=rtol, dtype=ctx.variant)
     ctx.assert_expr(ctx.spec["predicate"], env, "training predicate")
     return {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}
