@@ -225,11 +225,16 @@ def cmd_run(args) -> int:
         extra += ["--junitxml", str(junit)]
     if args.k:
         extra += ["-k", args.k]
+    from falsify.harness import pytest_plugin
+
     start = time.time()
-    before = ledger.load(ledger_path)
+    pytest_plugin.LAST_SESSION.update(runs=[], mutants=[])
     rc = _pytest(modules, extra, args.workers, env, console)
     after = ledger.load(ledger_path)
-    new = [e for k, e in after["runs"].items() if before["runs"].get(k) != e]
+    # only what this session ran: the ledger also holds other contracts' results, some of
+    # them written by concurrent runs while this one was in flight
+    selected = {c.id for c in contracts}
+    new = [e for e in pytest_plugin.LAST_SESSION["runs"] if e["contract"] in selected]
     _print_failures(contracts, new, console)
     if args.format == "json":
         print(json.dumps({"entries": new, "exit": rc}, indent=1, default=str))

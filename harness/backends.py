@@ -13,6 +13,7 @@ import os
 from contextlib import contextmanager
 
 import numpy as np
+
 from falsify.harness.cases import FLOAT_DTYPES, Case, arg_dtype
 from falsify.harness.model import Contract
 

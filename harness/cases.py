@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from falsify.harness import expr
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from falsify.harness import expr
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
 NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
@@ -157,15 +158,22 @@ def array_strategy(argspec: dict, shape: tuple, dtype: str, dims: dict, where: s
         return dense
     if dtype in FLOAT_DTYPES:
         width = FLOAT_WIDTH[dtype]
-        elements = st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
-        if argspec.get("special"):  # values where the contract defines behaviour
-            elements = st.one_of(st.sampled_from(argspec["special"]), elements)
+        elements = with_special(
+            st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width), argspec)
         sparse = hnp.arrays(NP_STORAGE[dtype] if dtype != "bfloat16" else np.float32, shape,
                             elements=elements).map(lambda a: round_to(a * scale, dtype))
     else:
         sparse = hnp.arrays(NP_STORAGE[dtype], shape,
-                            elements=st.integers(int(lo), int(hi)))
+                            elements=with_special(st.integers(int(lo), int(hi)), argspec))
     return st.one_of(sparse, dense)
+
+
+def with_special(elements, argspec: dict):
+    """Mix the argument's `special` values (where the contract defines behaviour: zeros,
+    extremes, ignore_index) into its element strategy, for float and integer dtypes alike."""
+    if argspec.get("special"):
+        return st.one_of(st.sampled_from(argspec["special"]), elements)
+    return elements
 
 
 def param_strategy(spec):
@@ -188,8 +196,9 @@ def _arg_value(draw, argspec, dims, dtype, where):
         lo, hi = argspec.get("values", [-1.0, 1.0])
         lo, hi = eval_num(lo, dims, where), eval_num(hi, dims, where)
         if adt in FLOAT_DTYPES:
-            return float(draw(st.floats(lo, hi, allow_nan=False, allow_infinity=False)))
-        return int(draw(st.integers(int(lo), int(hi))))
+            return float(draw(with_special(
+                st.floats(lo, hi, allow_nan=False, allow_infinity=False), argspec)))
+        return int(draw(with_special(st.integers(int(lo), int(hi)), argspec)))
     return draw(array_strategy(argspec, shape, adt, dims, where))
 
 

@@ -75,20 +75,54 @@ def evaluate(src, env: dict):
         # themselves cannot name it (dunder names are rejected in compile_expr).
         return eval(code, {"__builtins__": {"__import__": __import__}}, ns)  # noqa: S307
     except NameError as e:
-        raise ExprError(f"{src!r}: {e}") from None
+        hint = ""
+        if getattr(e, "name", None) == "eps":
+            hint = (" (the input has an argument named `eps`, so a bare `eps` would be "
+                    "ambiguous: write `eps_dtype` for the dtype's machine epsilon or "
+                    "`args['eps']` for the argument)")
+        raise ExprError(f"{src!r}: {e}{hint}") from None
 
 
 EPS = {"float64": float(np.finfo(np.float64).eps), "float32": float(np.finfo(np.float32).eps),
        "float16": float(np.finfo(np.float16).eps), "bfloat16": 2.0 ** -7}
+# The machine epsilon of a named dtype, whatever dtype the case runs in: a float16 kernel that
+# accumulates in float32 writes its tolerance as `eps + n * eps32`.
+NAMED_EPS = {"eps64": EPS["float64"], "eps32": EPS["float32"], "eps16": EPS["float16"],
+             "epsbf16": EPS["bfloat16"]}
+
+
+def eps_names(dtype: str) -> dict:
+    """`eps` and `eps_dtype` (the case dtype's epsilon; float32's for integer cases) and the
+    named epsilons. Callers that also bind input arguments drop `eps` when one is named so."""
+    e = EPS.get(dtype, EPS["float32"])
+    return dict(NAMED_EPS, eps=e, eps_dtype=e)
+
+
+# Names the harness binds in expressions. An input dim, argument, check param or `call:` key
+# may not take one (it would hide it, or be hidden), except an argument or `call:` key named
+# `eps`: kernels take one, so there the bare `eps` is withdrawn instead (see `eps_names`).
+HARNESS_NAMES = frozenset(SAFE_NAMES) | frozenset(NAMED_EPS) | {
+    "eps", "eps_dtype", "dtype", "args", "y", "outs", "z", "zs", "y1", "y2", "outs1", "outs2",
+    "x2", "tol", "rtol", "ref_max", "stats", "samples"}
+
+
+def names_in(src: str) -> set[str]:
+    """The bare names an expression reads (empty for a syntax error: reported elsewhere)."""
+    try:
+        tree = ast.parse(src.strip(), mode="eval")
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def tolerance_value(val, dtype: str, dims: dict, ref_max: float = 1.0) -> float:
-    """A tolerance number: a literal, or an expression in `eps` (of the dtype), the case's
-    dimension symbols and `ref_max` (max |reference output|)."""
+    """A tolerance number: a literal, or an expression in `eps`/`eps_dtype` (of the dtype),
+    `eps64`/`eps32`/`eps16`/`epsbf16`, the case's dimension symbols and `ref_max`
+    (max |reference output|). Tolerances never see input arguments, so `eps` is unambiguous."""
     if isinstance(val, (int, float)):
         return float(val)
     env = dict(dims)
-    env.update(eps=EPS.get(dtype, EPS["float32"]), ref_max=ref_max)
+    env.update(eps_names(dtype), ref_max=ref_max)
     try:
         out = evaluate(val, env)
     except ExprError:

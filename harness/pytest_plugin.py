@@ -12,6 +12,7 @@ import os
 import time
 
 import pytest
+
 from falsify.harness import ledger
 
 KEY = "falsify_entry"
@@ -128,6 +129,9 @@ def pytest_runtest_makereport(item, call):
 
 
 _SINK: list[dict] = []  # entries seen by this process (the controller under xdist)
+# What the last session in this process recorded: `falsify run` reports from here, not from a
+# diff of the ledger, which other processes (another `falsify run`, CI shards) also write.
+LAST_SESSION: dict[str, list[dict]] = {"runs": [], "mutants": []}
 
 
 def pytest_runtest_logreport(report):
@@ -143,6 +147,7 @@ def pytest_sessionfinish(session, exitstatus):
     runs = [d["run"] for d in _SINK if "run" in d]
     muts = [d["mutant"] for d in _SINK if "mutant" in d]
     _SINK.clear()
+    LAST_SESSION.update(runs=runs, mutants=muts)
     if config.getoption("--no-ledger") or not (runs or muts):
         return
     path = config.getoption("--falsify-ledger")

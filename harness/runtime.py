@@ -21,10 +21,11 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+
 from falsify.harness import backends, cases, expr
 from falsify.harness.model import CONTRACTS_DIR, Check, Contract, load_contract
 from falsify.harness.plan import INPUT_KINDS, equation_of, runs
-from hypothesis import HealthCheck, given, settings
 
 if sys.version_info < (3, 11):  # hypothesis depends on the backport there
     from exceptiongroup import BaseExceptionGroup
@@ -113,11 +114,18 @@ class Ctx:
                                  backend or self.backend)
 
     def call_kwargs(self, case: cases.Case) -> dict:
-        """`call:` overrides: expressions in dims and params."""
+        """`call:` overrides: expressions in dims, params, `dtype` and the epsilons."""
         env = dict(case.dims)
         env.update(case.params)
-        env.update(dtype=case.dtype, eps=expr.EPS.get(case.dtype, expr.EPS["float32"]))
+        env.update(expr.eps_names(case.dtype), dtype=case.dtype)
         return {k: expr.evaluate(v, env) for k, v in (self.spec.get("call") or {}).items()}
+
+    def ref_args(self, case: cases.Case) -> dict:
+        """The reference call's keyword arguments: the case's (float64) with `call:` applied.
+        A `call:` key that names an input argument replaces it, on every backend alike."""
+        a = backends.reference_args(case)
+        a.update(self.call_kwargs(case))
+        return a
 
     def args(self, case: cases.Case, requires_grad: tuple = ()) -> dict:
         a = backends.args_for(self.backend, case, self.input_spec.get("args", {}), requires_grad)
@@ -128,13 +136,11 @@ class Ctx:
         return tolerance(self.spec, case.dtype, case.dims, ref_max)
 
     def env(self, case: cases.Case, **extra) -> dict:
-        """Names visible to predicates and relations."""
-        e = {k: v for k, v in backends.reference_args(case).items()}
-        e.update(case.dims)
-        e.update(case.params)
-        e.update(dtype=case.dtype, eps=expr.EPS.get(case.dtype, expr.EPS["float32"]))
-        e.update(extra)
-        return e
+        """Names visible to predicates and relations: the arguments the function was called
+        with (each by name and all in `args`), dims, params, `dtype`, the epsilons, `extra`.
+        With an argument named `eps`, a bare `eps` is an error (V021): `eps_dtype` or
+        `args['eps']` say which is meant."""
+        return names_env(self.ref_args(case), case, **extra)
 
     def assert_expr(self, src: str, env: dict, what: str) -> None:
         with np.errstate(all="ignore"):
@@ -151,6 +157,18 @@ class Ctx:
             bad = np.argwhere(~ok.astype(bool))
             where = f" at {len(bad)} position(s), first {tuple(bad[0])}" if ok.ndim else ""
             raise CheckFailed(f"{what} {src!r} is false{where}")
+
+
+def names_env(args: dict, case: cases.Case, **extra) -> dict:
+    e = expr.eps_names(case.dtype)
+    e.update(args)
+    if "eps" in args:  # ambiguous: neither meaning is bound; expr.evaluate's error says to
+        del e["eps"]   # write eps_dtype for the dtype epsilon or args['eps'] for the argument
+    e.update(case.dims)
+    e.update(case.params)
+    e.update(dtype=case.dtype, args=args)
+    e.update(extra)
+    return e
 
 
 def kind_module(kind: str):

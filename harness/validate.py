@@ -21,6 +21,9 @@ Errors (native mode):
   V018 check spec incomplete or inconsistent
   V019 mutant names a missing obligation/binding
   V020 metadata.references is empty
+  V021 a name clash in expressions: an input dim/argument, check param or `call:` key named
+       like a harness name (`y`, `tol`, `eps32`, ...), or a bare `eps` where an argument is
+       named `eps`
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -286,6 +289,7 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
         ctx.add("W106", ("equations",), "equations",
                 "no bindings: nothing can be executed against this contract", native_only=True,
                 warn_rule="W106")
+    _input_names(ctx, c)
     obligation_ids = {o.id for o in c.obligations}
     # Checks
     for t in c.checks:
@@ -343,6 +347,58 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                         f"qa_gate lists {cid!r}, which is not a falsification test id")
 
 
+def _reserved(name, allow_eps: bool) -> bool:
+    return name in expr.HARNESS_NAMES and not (allow_eps and name == "eps")
+
+
+def _input_names(ctx, c: Contract) -> None:
+    """V021 for input declarations: their dims and arguments become expression names."""
+    for iname, spec in c.inputs.items():
+        if not isinstance(spec, dict):
+            continue
+        for where in ("dims", "args"):
+            block = spec.get(where)
+            for n in block if isinstance(block, dict) else {}:
+                if _reserved(n, allow_eps=where == "args"):
+                    ctx.add("V021", ("inputs", iname, where, n), f"inputs.{iname}.{where}.{n}",
+                            f"{where[:-1]} {n!r} has the name of a value the harness binds in "
+                            "expressions; rename it" + (
+                                " (only an argument may be named `eps`)" if n == "eps" else ""))
+
+
+_ARG_EXPRS = ("relation", "statistic")  # expressions evaluated with the input arguments bound
+
+
+def _check_names(ctx, c: Contract, t, base, fname, inp) -> None:
+    """V021 for one check: params and `call:` keys named like harness names, and a bare `eps`
+    in an expression that also sees an argument named `eps`."""
+    spec = t.spec
+    for key in ("params", "call"):
+        block = spec.get(key)
+        for n in block if isinstance(block, dict) else {}:
+            if _reserved(n, allow_eps=key == "call"):
+                ctx.add("V021", base + ("check", key, n), f"{fname}.check.{key}.{n}",
+                        f"{t.id}: {key} {n!r} has the name of a value the harness binds in "
+                        "expressions; rename it")
+    args = set(inp.get("args") or {}) if isinstance(inp, dict) else set()
+    call = spec.get("call") if isinstance(spec.get("call"), dict) else {}
+    if "eps" not in args | set(call):
+        return
+    exprs = {k: spec[k] for k in _ARG_EXPRS if isinstance(spec.get(k), str)}
+    if spec.get("kind") != "statistical" and isinstance(spec.get("predicate"), str):
+        exprs["predicate"] = spec["predicate"]  # a statistical predicate sees only `stats`, dims
+    for key in ("transform", "args"):
+        if spec.get("kind") in ("metamorphic", "roundtrip") and isinstance(spec.get(key), dict):
+            exprs.update({f"{key}.{k}": v for k, v in spec[key].items() if isinstance(v, str)})
+    for key, src in exprs.items():
+        if "eps" in expr.names_in(src):
+            path = base + ("check",) + tuple(key.split("."))
+            ctx.add("V021", path, f"{fname}.check.{key}",
+                    f"{t.id}: bare `eps` in {key} is ambiguous: the input has an argument "
+                    "named `eps`. Write `eps_dtype` for the dtype's machine epsilon or "
+                    "`args['eps']` for the argument")
+
+
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
     kind = spec.get("kind")
@@ -385,6 +441,13 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
                         key=str)
         _tolerance(ctx, c, spec["tolerance"], base + ("check", "tolerance"), dtypes, inp,
                    evaluate=not (kind in INPUT_KINDS and "input" in spec and inp is None))
+    _check_names(ctx, c, t, base, fname, inp)
+    if kind == "gradient" and isinstance(spec.get("call"), dict):
+        for w in spec.get("wrt") or []:
+            if w in spec["call"]:
+                ctx.add("V018", base + ("check", "call", w), f"{fname}.check.call.{w}",
+                        f"{t.id}: `call` replaces {w!r}, which the check differentiates "
+                        "(wrt): the gradient would be taken of a constant")
     for key in ("predicate", "relation", "statistic"):
         if isinstance(spec.get(key), str):
             err = expr.syntax_error(spec[key])

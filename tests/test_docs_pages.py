@@ -12,6 +12,7 @@ from pathlib import Path
 
 import markdown
 import pytest
+
 from falsify.harness import docs
 from falsify.harness.docs import (
     GENERATED_MARKER,
@@ -135,7 +136,8 @@ def test_output_is_deterministic(softmax, tmp_path):
     assert a == b
     assert list(a) == sorted(a)
     joined = "\n".join(a.values())
-    assert not re.search(r"\b20\d\d-\d\d-\d\d[T ]\d\d:\d\d", joined), "a timestamp leaked into the pages"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d[T ]\d\d:\d\d", joined), \
+        "a timestamp leaked into the pages"
     assert str(ROOT) not in joined, "an absolute path leaked into the pages"
 
     site = tmp_path / "site"
@@ -177,7 +179,7 @@ def test_without_coverage_everything_is_not_run(softmax):
     assert f"0/{len(softmax.obligations)} obligations covered" in page
     index = site["docs/contracts/index.md"]
     n = len(load_all([ROOT / "contracts" / "softmax-kernel-v1.yaml"]).contracts[0].obligations)
-    assert "0/%d obligations covered" % n in index
+    assert f"0/{n} obligations covered" in index
 
 
 def test_statuses_from_coverage_object(softmax):

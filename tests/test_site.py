@@ -30,10 +30,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+
 from falsify.harness.docs import write_site
 from falsify.harness.latex import to_latex
 from falsify.harness.validate import load_all
-
 from tests.test_docs_pages import FakeCoverage
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ fires, and check its id and the `file:line` of the offending field.
 
 The baseline is tests/fixtures/valid/softmax-lite-v1.yaml (the softmax contract bound to the
 reference and torch backends, which always import), valid with zero findings in native and in
-forced compat mode. Native rules are V001-V020; W1xx are the compat-mode warnings.
+forced compat mode. Native rules are V001-V021; W1xx are the compat-mode warnings.
 """
 
 from __future__ import annotations
@@ -350,6 +350,25 @@ def test_v020_no_references(tmp_path):
     text = text[:start] + "  references: []\n" + text[end:]
     (f,) = only(run(tmp_path, text)[1], "V020", "error")
     assert f.line == line_of(text, "references: []")
+
+
+def test_v021_input_named_like_a_harness_name(tmp_path):
+    text = edit(base_text(), "      x: {shape: [m, n], values: [-30.0, 30.0]}",
+                "      x: {shape: [m, n], values: [-30.0, 30.0]}\n      tol: {const: 1.0}")
+    (f,) = only(run(tmp_path, text)[1], "V021", "error")
+    assert f.line == line_of(text, "tol: {const: 1.0}") and "'tol'" in f.message
+
+
+def test_v021_bare_eps_beside_an_eps_argument(tmp_path):
+    text = edit(base_text(), "      x: {shape: [m, n], values: [-30.0, 30.0]}",
+                "      x: {shape: [m, n], values: [-30.0, 30.0]}\n      eps: {const: 1.0e-6}")
+    text = edit(text, 'predicate: "(y >= 0) & (y <= 1)"', 'predicate: "(y >= -eps) & (y <= 1)"')
+    (f,) = only(run(tmp_path, text)[1], "V021", "error")
+    assert f.line == line_of(text, 'predicate: "(y >= -eps)')
+    assert "eps_dtype" in f.message and "args['eps']" in f.message
+    # the disambiguated spellings validate
+    ok = edit(text, "(y >= -eps)", "(y >= -args['eps'] - eps_dtype)")
+    assert run(tmp_path, ok)[1] == []
 
 
 # ---------------------------------------------------------------------------- warnings

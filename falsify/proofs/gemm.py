@@ -11,51 +11,11 @@ from __future__ import annotations
 import z3
 
 from falsify.impl.triton.gemm import MAX_EXTENT, launch_config, span
+from falsify.proofs.bitvec import U
 
 CONTRACT = "gemm-kernel-v1"
 W = 64  # bit width: products of two values < 2^31 fit, so no claim is an overflow artefact
 LIM = 2**31
-
-
-class U:
-    """An unsigned z3 bit-vector with the operators impl/launch.py uses."""
-
-    __slots__ = ("e",)
-
-    def __init__(self, e):
-        self.e = e
-
-    @staticmethod
-    def _v(o):
-        return o.e if isinstance(o, U) else o
-
-    def __add__(self, o):
-        return U(self.e + self._v(o))
-
-    __radd__ = __add__
-
-    def __sub__(self, o):
-        return U(self.e - self._v(o))
-
-    def __rsub__(self, o):
-        return U(self._v(o) - self.e)
-
-    def __mul__(self, o):
-        return U(self.e * self._v(o))
-
-    __rmul__ = __mul__
-
-    def __floordiv__(self, o):
-        return U(z3.UDiv(self.e, self._v(o)))
-
-    def __or__(self, o):
-        return U(self.e | self._v(o))
-
-    def __and__(self, o):
-        return U(self.e & self._v(o))
-
-    def __rshift__(self, o):
-        return U(z3.LShR(self.e, self._v(o)))
 
 
 def bv(name):

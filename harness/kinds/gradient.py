@@ -2,22 +2,38 @@
 
 - reference backend: the reference backward (the contract's `backward` equation) is checked
   against central finite differences of the reference forward, in float64, on up to
-  FD_COORDS coordinates per argument. L(x) = Σ f(x)·dy with a random non-uniform dy.
-  Step h = 1e-6·max(1, |x_i|): truncation error O(h²·f''') ≈ 1e-12 and rounding error
-  O(eps64·|L|/h) ≈ 2e-10·|L|, so 1e-6·(1 + max|g|) leaves four orders of margin while a wrong
-  formula (an O(1) error) cannot pass.
+  FD_COORDS coordinates per argument, with L(x) = Σ f(x)·dy for a random non-uniform dy.
+  The tolerance is derived per coordinate, not a fixed ratio (contracts/FORMAT.md,
+  "Finite differences", has the derivation):
+    step        h = eps64^(1/3)·max(1, |x_i|), and the step actually taken divides;
+    truncation  D(h) − L' = h²·L'''/6 + O(h^4), estimated (Richardson) as |D(2h) − D(h)|/3;
+    rounding    each L is evaluated with error ≤ ρ = (⌈log2 N⌉ + 1 + FWD_ULPS)·u·Σ|f·dy|
+                (u = eps64/2), so D(h) carries ≤ ρ/h and D(2h) ≤ ρ/(2h);
+    backward    the reference gradient's own rounding, ≤ (⌈log2 N⌉ + FWD_ULPS)·u·max|g|;
+    check       |D(h) − g_i| ≤ 2·truncation + 3·ρ/h + backward.
+  A wrong formula errs by O(|g|), orders of magnitude above every term for smooth functions;
+  near a kink (relu, max) D(h) and D(2h) disagree and the check widens there, honestly.
 - torch/triton backends: autograd through the bound forward (which may be our own
   torch.autograd.Function) with the same dy, compared with the reference backward under the
   check's per-dtype tolerance. A `wrt` argument that receives no gradient fails the check.
 """
 
+import math
+
 import numpy as np
+
 from falsify.harness import backends, cases
 from falsify.harness.kinds.parity import compare
 from falsify.harness.runtime import CheckFailed
 
 FD_COORDS = 24
-FD_RTOL = 1e-6
+EPS64 = float(np.finfo(np.float64).eps)
+# h = eps^(1/3) minimises h²·|L'''|/6 + eps·|L|/h when L and its derivatives share a scale
+H0 = EPS64 ** (1.0 / 3.0)
+# Rounding budget, in units of u = eps64/2, of one float64 evaluation of the reference forward
+# (or backward) per output element: a few dozen correctly rounded operations on the path to
+# each output. The reduction L = Σ f·dy adds its own ⌈log2 N⌉ + 1 (pairwise summation).
+FWD_ULPS = 64
 
 
 def _upstream(shape, seed, dtype):
@@ -29,7 +45,7 @@ def _upstream(shape, seed, dtype):
 
 def _ref_backward(ctx, case, dy):
     bwd = ctx.fn(equation=ctx.spec["backward"], backend="reference")
-    grads = backends.call(bwd, **backends.reference_args(case), **ctx.call_kwargs(case), dy=dy)
+    grads = backends.call(bwd, **ctx.ref_args(case), dy=dy)
     if not isinstance(grads, dict):
         raise CheckFailed("reference backward must return {arg: gradient}")
     missing = [w for w in ctx.spec["wrt"] if w not in grads]
@@ -38,36 +54,63 @@ def _ref_backward(ctx, case, dy):
     return {k: np.asarray(v, np.float64) for k, v in grads.items()}
 
 
+def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy) -> float:
+    """(L(x + h·e_i) − L(x − h·e_i)) / (actual step): x ± h is rounded, and dividing by the
+    step actually taken removes the eps·|x_i|/h error of dividing by 2h."""
+    x0 = float(args[w][idx])
+    hi, lo = x0 + h, x0 - h
+    vals = []
+    for xs in (hi, lo):
+        a = dict(args)
+        a[w] = args[w].copy()
+        a[w][idx] = xs
+        y_h = backends.outputs(backends.call(fwd, **a))[0]
+        vals.append(float((y_h * dy).sum()))
+    return (vals[0] - vals[1]) / (hi - lo)
+
+
+def fd_tolerance(d1: float, d2: float, h: float, rho: float, g_round: float) -> float:
+    """Bound on |D(h) − L'| from D(h), D(2h), the step h and the evaluation rounding ρ.
+    |D(2h) − D(h)|/3 estimates D(h)'s truncation error but also carries up to 1.5·ρ/h/3 of
+    rounding noise that may cancel it; the factors 2 and 3 cover that and the O(h^4) rest."""
+    return 2.0 * abs(d2 - d1) / 3.0 + 3.0 * rho / h + g_round
+
+
+def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
+    ref_fwd = ctx.fn(backend="reference")
+    rng = np.random.default_rng(case.seed ^ 0x5EED)
+    u = EPS64 / 2
+    finite = np.isfinite(y0)
+    levels = math.ceil(math.log2(max(int(y0.size), 1)))
+    rho = (levels + 1 + FWD_ULPS) * u * float(np.abs(y0[finite] * dy[finite]).sum())
+    for w in ctx.spec["wrt"]:
+        x = args64[w]
+        flat_idx = rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False)
+        g = ref_grads[w].reshape(-1)
+        g_round = (levels + FWD_ULPS) * u * (float(np.abs(g).max()) if g.size else 0.0)
+        for fi in flat_idx:
+            idx = np.unravel_index(fi, x.shape)
+            h = H0 * max(1.0, abs(float(x[idx])))
+            d1 = central_difference(ref_fwd, args64, w, idx, h, dy)
+            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dy)
+            tol = fd_tolerance(d1, d2, h, rho, g_round)
+            if not abs(d1 - g[fi]) <= tol:
+                raise CheckFailed(
+                    f"d/d{w}{tuple(int(i) for i in idx)}: reference backward {g[fi]!r} vs "
+                    f"central difference {d1!r} (step {h:.3g}; tolerance {tol:.3g} = "
+                    f"2·truncation {abs(d2 - d1) / 3:.3g} + 3·rounding {rho / h:.3g} + "
+                    f"backward rounding {g_round:.3g})")
+
+
 def run(ctx, case):
     ref_fwd = ctx.fn(backend="reference")
-    args64 = backends.reference_args(case)
-    kw = ctx.call_kwargs(case)
-    y0 = backends.outputs(backends.call(ref_fwd, **args64, **kw))[0]
+    args64 = ctx.ref_args(case)
+    y0 = backends.outputs(backends.call(ref_fwd, **args64))[0]
     dy = _upstream(y0.shape, case.seed, case.dtype if case.dtype in cases.FLOAT_DTYPES
                    else "float64")
     ref_grads = _ref_backward(ctx, case, dy)
     if ctx.backend == "reference":
-        rng = np.random.default_rng(case.seed ^ 0x5EED)
-        for w in ctx.spec["wrt"]:
-            x = args64[w]
-            flat_idx = rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False)
-            g = ref_grads[w].reshape(-1)
-            scale = 1.0 + float(np.abs(g).max()) if g.size else 1.0
-            for fi in flat_idx:
-                idx = np.unravel_index(fi, x.shape)
-                h = 1e-6 * max(1.0, abs(float(x[idx])))
-                vals = []
-                for sgn in (1.0, -1.0):
-                    a = dict(args64)
-                    a[w] = x.copy()
-                    a[w][idx] += sgn * h
-                    y_h = backends.outputs(backends.call(ref_fwd, **a, **kw))[0]
-                    vals.append(float((y_h * dy).sum()))
-                fd = (vals[0] - vals[1]) / (2 * h)
-                if abs(fd - g[fi]) > FD_RTOL * scale:
-                    raise CheckFailed(
-                        f"d/d{w}{tuple(int(i) for i in idx)}: reference backward {g[fi]!r} vs "
-                        f"central difference {fd!r} (tolerance {FD_RTOL * scale:.3g})")
+        _check_fd(ctx, case, args64, y0, dy, ref_grads)
         return
     import torch
 

@@ -3,6 +3,7 @@ permutation, causality). T is applied to the float64 values and then rounded to 
 exactly as a caller's input would be."""
 
 import numpy as np
+
 from falsify.harness import backends, cases, expr
 from falsify.harness.runtime import CheckFailed
 
@@ -34,5 +35,5 @@ def run(ctx, case):
     finite = outs1[0][np.isfinite(outs1[0])]
     atol, rtol = ctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
     env = ctx.env(case, y1=outs1[0], y2=outs2[0], outs1=outs1, outs2=outs2, tol=atol, rtol=rtol,
-                  x2=backends.reference_args(case2))
+                  x2=ctx.ref_args(case2))
     ctx.assert_expr(ctx.spec["relation"], env, "relation")

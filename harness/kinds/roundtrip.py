@@ -2,7 +2,9 @@
 (quantize∘dequantize error bounds, encode/decode identities)."""
 
 import numpy as np
+
 from falsify.harness import backends, expr
+from falsify.harness.runtime import names_env
 
 
 def run(ctx, case):
@@ -10,9 +12,7 @@ def run(ctx, case):
     inv = ctx.fn(equation=ctx.spec["inverse"])
     raw = backends.call(fwd, **ctx.args(case))
     raw = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-    env = dict(case.dims)
-    env.update(case.params)
-    env.update(backends.reference_args(case))
+    env = names_env(ctx.ref_args(case), case)
     inv_kwargs = {k: expr.evaluate(v, env) for k, v in (ctx.spec.get("args") or {}).items()}
     z = backends.outputs(backends.call(inv, *raw, **inv_kwargs))
     outs = [backends.to_numpy(r) for r in raw]

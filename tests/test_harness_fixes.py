@@ -1,0 +1,302 @@
+"""Harness mechanisms the kernel authors reported broken: names in expressions (`eps`, the
+named epsilons, dims in statistical predicates), `call:` keys that are input arguments,
+`poison` on 0-d outputs, `special` integers, `{choices}` dims, the finite-difference tolerance,
+and `falsify run` reporting only what it ran.
+
+Each test builds a tiny contract around tests/fixtures/harness_fns.py and runs the real check
+kind in-process (or, for the CLI, the real `falsify` command), so they cost seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+
+from falsify.harness import cases, expr, runtime
+from falsify.harness.model import ROOT, load_contract
+from falsify.harness.validate import validate
+
+FNS = "tests.fixtures.harness_fns"
+
+
+def contract_dict(equations: dict, inputs: dict, checks: list[dict], cid="fix-kernel-v1"):
+    """A native contract: one obligation per check, each check's equation explicit."""
+    obligations, tests = [], []
+    for i, chk in enumerate(checks):
+        oid = f"FIX-{i + 1:03d}"
+        obligations.append({"id": oid, "type": "invariant", "property": f"property {i}",
+                            "applies_to": chk.get("equation", next(iter(equations)))})
+        tests.append({"id": f"FALSIFY-FIX-{i + 1:03d}", "rule": f"rule {i}",
+                      "prediction": "holds", "obligation": oid, "check": chk,
+                      "if_fails": "the mechanism is broken"})
+    return {"metadata": {"version": "1.0.0", "description": "harness fixture",
+                         "references": ["tests/test_harness_fixes.py"]},
+            "equations": {k: {"formula": "f(x)", "bindings": v} for k, v in equations.items()},
+            "inputs": inputs, "proof_obligations": obligations, "falsification_tests": tests}
+
+
+def load(tmp_path, data: dict, cid="fix-kernel-v1", expect_errors=False):
+    path = tmp_path / f"{cid}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    rep = validate([path])
+    if not expect_errors:
+        assert not rep.errors, "\n".join(map(str, rep.errors))
+        c, _ = load_contract(path)
+        return c
+    return rep
+
+
+def run_check(c, n: int, backend: str, variant: str, case=None):
+    t = c.checks[n]
+    ctx = runtime.Ctx(c, t, backend, variant)
+    return runtime.kind_module(t.kind).run(ctx, case)
+
+
+def first_case(c, n: int, variant: str):
+    t = c.checks[n]
+    return cases.pinned_cases(c.inputs[t.spec["input"]], variant, t.spec.get("params"))[0]
+
+
+EPS_INPUT = {"dtypes": ["float32"], "dims": {"m": [1, 4]},
+             "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]},
+                      "eps": {"const": 0.25}},
+             "examples": [{"m": 3}]}
+ADD_EPS = {"add_eps": {"reference": f"{FNS}:add_eps", "torch": f"{FNS}:add_eps"}}
+
+
+# ---------------------------------------------------------------- 1, 2: eps names
+def test_eps_argument_and_dtype_epsilon_are_both_reachable(tmp_path):
+    pred = ("close(y, x + args['eps'], 1e-6) & (args['eps'] == 0.25) & (eps_dtype == eps32) "
+            "& (eps32 == 2.0 ** -23) & (eps16 == 2.0 ** -10) & (eps64 == 2.0 ** -52) "
+            "& (epsbf16 == 2.0 ** -7)")
+    c = load(tmp_path, contract_dict(ADD_EPS, {"rows": EPS_INPUT},
+                                     [{"kind": "property", "input": "rows", "predicate": pred}]))
+    run_check(c, 0, "torch", "float32", first_case(c, 0, "float32"))
+    run_check(c, 0, "reference", "float32", first_case(c, 0, "float32"))
+
+
+def test_bare_eps_is_rejected_where_an_argument_is_named_eps(tmp_path):
+    data = contract_dict(ADD_EPS, {"rows": EPS_INPUT},
+                         [{"kind": "property", "input": "rows", "predicate": "y >= x - eps"}])
+    rep = load(tmp_path, data, expect_errors=True)
+    msgs = [str(f) for f in rep.errors if f.rule == "V021"]
+    assert msgs and "eps_dtype" in msgs[0] and "args['eps']" in msgs[0], rep.errors
+    # and at run time (a contract loaded without validation) it is an error, not a guess
+    c, _ = load_contract(tmp_path / "fix-kernel-v1.yaml")
+    with pytest.raises(expr.ExprError, match="eps_dtype"):
+        run_check(c, 0, "torch", "float32", first_case(c, 0, "float32"))
+
+
+def test_bare_eps_still_means_the_dtype_epsilon_without_an_eps_argument(tmp_path):
+    inp = {"dtypes": ["float16"], "dims": {"m": 3},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}}, "examples": [{"m": 3}]}
+    fns = {"cube": {"reference": f"{FNS}:cube", "torch": f"{FNS}:cube"}}
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "property", "input": "rows", "predicate": "(eps == 2.0 ** -10) & (tol == eps32)",
+         "tolerance": {"why": "names", "float16": {"atol": "eps32"}}}]))
+    run_check(c, 0, "torch", "float16", first_case(c, 0, "float16"))
+
+
+@pytest.mark.parametrize("where, name", [("dims", "eps"), ("dims", "tol"), ("args", "y"),
+                                         ("params", "eps32")])
+def test_reserved_names_cannot_be_inputs(tmp_path, where, name):
+    inp = {"dtypes": ["float32"], "dims": {"m": 3},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}}, "examples": [{"m": 3}]}
+    chk = {"kind": "property", "input": "rows", "predicate": "y == y"}
+    if where == "dims":
+        inp["dims"][name] = 2
+    elif where == "args":
+        inp["args"][name] = {"const": 1.0}
+    else:
+        chk = {"kind": "metamorphic", "input": "rows", "params": {name: [0.0, 1.0]},
+               "transform": {"x": "x"}, "relation": "y1 == y2"}
+    fns = {"cube": {"reference": f"{FNS}:cube", "torch": f"{FNS}:cube"}}
+    rep = load(tmp_path, contract_dict(fns, {"rows": inp}, [chk]), expect_errors=True)
+    assert any(f.rule == "V021" and repr(name) in str(f) for f in rep.errors), rep.errors
+
+
+# ---------------------------------------------------------------- 3: statistical sees dims
+def test_statistical_predicate_sees_dims_params_and_sample_count(tmp_path):
+    inp = {"dtypes": ["float32"], "dims": {"m": 5, "k": [1, 3]},
+           "args": {"x": {"shape": ["m", "k"], "values": [-1.0, 1.0]}}}
+    fns = {"cube": {"reference": f"{FNS}:cube", "torch": f"{FNS}:cube"}}
+    chk = {"kind": "statistical", "input": "rows", "samples": 12,
+           "statistic": "y.shape[1]",
+           "predicate": "(m == 5) & np.all(stats == k) & (samples == 12) & (eps == eps32)"}
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [chk]))
+    out = run_check(c, 0, "torch", "float32")
+    assert out["samples"] == 12
+    # and a predicate that misreads them fails: dims are really bound, not just defined
+    chk["predicate"] = "np.all(stats == m)"
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [chk]))
+    with pytest.raises(runtime.CheckFailed):
+        run_check(c, 0, "torch", "float32")
+
+
+# ---------------------------------------------------------------- 4: call key = argument
+def test_call_key_that_is_an_input_argument_overrides_it_on_every_backend(tmp_path):
+    inp = {"dtypes": ["float32"], "dims": {"m": [1, 5]},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}, "alpha": {"const": 1.0}},
+           "examples": [{"m": 4}]}
+    fns = {"scale": {"reference": f"{FNS}:scale", "torch": f"{FNS}:scale"},
+           "scale_backward": {"reference": f"{FNS}:scale_backward"}}
+    tol = {"why": "one rounding", "float32": {"atol": "eps", "rtol": "eps"}}
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "parity", "input": "rows", "equation": "scale", "call": {"alpha": "m + 0.5"},
+         "tolerance": tol},
+        {"kind": "gradient", "input": "rows", "equation": "scale", "wrt": ["x"],
+         "backward": "scale_backward", "call": {"alpha": "m + 0.5"}, "tolerance": tol},
+        {"kind": "property", "input": "rows", "equation": "scale", "call": {"alpha": "m + 0.5"},
+         "predicate": "(alpha == m + 0.5) & close(y, x * (m + 0.5), tol, rtol)",
+         "tolerance": tol}]))
+    case = first_case(c, 0, "float32")
+    run_check(c, 0, "torch", "float32", case)
+    for backend in ("reference", "torch"):
+        run_check(c, 1, backend, "float32", case)
+        run_check(c, 2, backend, "float32", case)
+
+
+def test_call_key_that_is_a_wrt_argument_is_rejected(tmp_path):
+    inp = {"dtypes": ["float32"], "dims": {"m": 3},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}, "alpha": {"const": 1.0}}}
+    fns = {"scale": {"reference": f"{FNS}:scale", "torch": f"{FNS}:scale"},
+           "scale_backward": {"reference": f"{FNS}:scale_backward"}}
+    rep = load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "gradient", "input": "rows", "equation": "scale", "wrt": ["x"],
+         "backward": "scale_backward", "call": {"x": "1.0"},
+         "tolerance": {"why": "-", "float32": {"atol": "eps"}}}]), expect_errors=True)
+    assert any(f.rule == "V018" and "wrt" in str(f) for f in rep.errors), rep.errors
+
+
+# ---------------------------------------------------------------- 5: poison, 0-d output
+def _poison_contract(tmp_path, triton_fn):
+    inp = {"dtypes": ["float32"], "dims": {"m": [1, 6]},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}}, "examples": [{"m": 5}]}
+    fns = {"total": {"reference": f"{FNS}:total", "triton": f"{FNS}:{triton_fn}"}}
+    return load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "parity", "input": "rows", "poison": True,
+         "tolerance": {"why": "a sum of m terms", "float32": {"atol": "8 * eps"}}}]))
+
+
+def test_poison_runs_on_a_scalar_output(tmp_path):
+    c = _poison_contract(tmp_path, "total")
+    run_check(c, 0, "triton", "float32", first_case(c, 0, "float32"))
+
+
+def test_poison_catches_a_scalar_out_that_is_never_written(tmp_path):
+    c = _poison_contract(tmp_path, "total_ignores_out")
+    with pytest.raises(runtime.CheckFailed, match="output 0"):
+        run_check(c, 0, "triton", "float32", first_case(c, 0, "float32"))
+
+
+# ---------------------------------------------------------------- 6: special integers
+@pytest.mark.parametrize("shape", [["m"], None])
+def test_special_values_are_drawn_for_integer_args(shape):
+    arg = {"dtype": "int64", "values": [0, 9], "special": [-77, 12345]}
+    if shape:
+        arg["shape"] = shape
+    spec = {"dims": {"m": [1, 4]}, "args": {"i": arg}}
+    seen = set()
+
+    @settings(max_examples=300, derandomize=True, database=None)
+    @given(case=cases.case_strategy(spec, "float32"))
+    def collect(case):
+        seen.update(np.asarray(case.args["i"]).ravel().tolist())
+
+    collect()
+    assert {-77, 12345} <= seen
+    assert seen <= set(range(10)) | {-77, 12345}
+
+
+# ---------------------------------------------------------------- 7: {choices} dims
+def test_choices_dims_draw_every_choice_and_nothing_else():
+    choices = [3, 17, 64]
+    spec = {"dims": {"n": {"choices": choices}, "m": 2},
+            "args": {"x": {"shape": ["m", "n"], "values": [-1.0, 1.0]}}}
+    seen = set()
+
+    @settings(max_examples=100, derandomize=True, database=None)
+    @given(case=cases.case_strategy(spec, "float32"))
+    def collect(case):
+        seen.add(case.dims["n"])
+        assert case.args["x"].shape == (2, case.dims["n"])
+
+    collect()
+    assert seen == set(choices)
+    # the seeded sampler (statistical checks, pinned examples) draws from the same set
+    rng = np.random.default_rng(0)
+    drawn = {cases.sample_case(spec, "float32", rng).dims["n"] for _ in range(60)}
+    assert drawn == set(choices)
+
+
+# ---------------------------------------------------------------- 9: FD tolerance
+def _fd_contract(tmp_path, fwd, bwd, values=(-2.0, 2.0)):
+    inp = {"dtypes": ["float32"], "dims": {"m": [2, 64]},
+           "args": {"x": {"shape": ["m"], "values": list(values)}},
+           "examples": [{"m": 64}]}
+    fns = {fwd: {"reference": f"{FNS}:{fwd}"}, "bwd": {"reference": f"{FNS}:{bwd}"}}
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "gradient", "input": "rows", "equation": fwd, "wrt": ["x"],
+         "backward": "bwd"}]))
+    return c, first_case(c, 0, "float32")
+
+
+def test_fd_tolerance_includes_the_rounding_term(tmp_path):
+    """f = x + 1e12 makes |L| ≈ 1e13: float64 rounding of L, not truncation, limits the
+    central difference. The old fixed bound 1e-6·(1 + max|g|) rejected the correct backward."""
+    from falsify.harness import backends
+    from falsify.harness.kinds import gradient
+
+    c, case = _fd_contract(tmp_path, "offset", "offset_backward")
+    run_check(c, 0, "reference", "float32", case)
+    # the case really is rounding-dominated: the old step and bound fail on some coordinate
+    args = backends.reference_args(case)
+    dy = gradient._upstream(args["x"].shape, case.seed, "float32")
+    fwd = c.equations["offset"].bindings["reference"]
+    fwd = backends.resolve(fwd)
+    errs = [abs(gradient.central_difference(fwd, args, "x", (i,), 1e-6, dy) - dy[i])
+            for i in range(args["x"].size)]
+    assert max(errs) > 1e-6 * (1 + np.abs(dy).max())
+
+
+def test_fd_still_catches_a_slightly_wrong_backward(tmp_path):
+    # x³ on [−2, 2]: truncation ~h²·|dy|, rounding ~eps64·Σ|x³·dy|/h, both ≲ 1e-8, so a
+    # backward that is off by one part in 10⁶ (|g| up to 12) is caught
+    c, case = _fd_contract(tmp_path, "cube", "cube_backward_wrong")
+    with pytest.raises(runtime.CheckFailed, match="central difference"):
+        run_check(c, 0, "reference", "float32", case)
+    c, case = _fd_contract(tmp_path, "cube", "cube_backward")
+    run_check(c, 0, "reference", "float32", case)
+
+
+# ---------------------------------------------------------------- 8: run reports only its own
+def test_falsify_run_reports_only_the_contracts_it_ran(tmp_path):
+    fns = {"add_eps": {"reference": f"{FNS}:add_eps", "torch": f"{FNS}:add_eps"}}
+    data = contract_dict(fns, {}, [
+        {"kind": "training", "run": f"{FNS}:intruder", "predicate": "r['ok']"}])
+    cdir = tmp_path / "contracts"
+    cdir.mkdir()
+    path = cdir / "fix-kernel-v1.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    ledger = tmp_path / "l.json"
+    env = dict(os.environ, FALSIFY_CONTRACTS=str(cdir), FALSIFY_LEDGER=str(ledger),
+               FALSIFY_GENERATED=str(tmp_path / "gen"), FALSIFY_QUIET="1", COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "falsify.cli", "run", str(path), "-n", "1",
+                        "--format", "json"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the intruder really wrote into the ledger during the run ...
+    assert "other-contract-v1|FALSIFY-OTHER-001|torch|float32" in json.loads(
+        ledger.read_text())["runs"]
+    # ... but this run reports only its own check
+    assert "other-contract-v1" not in r.stdout + r.stderr
+    entries = json.loads(r.stdout)["entries"]
+    assert [e["contract"] for e in entries] == ["fix-kernel-v1"]
+    assert entries[0]["outcome"] == "passed"
