@@ -32,8 +32,6 @@ from tests.test_finetune import (
     write_jsonl,
 )
 
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -114,8 +112,7 @@ def test_bitsandbytes_quantizes_our_base_to_the_same_nf4_state(trained):
     then other 8-bit absmax codes — so only the nibbles agree there. And transformers 5 +
     bitsandbytes on CPU quantize a bf16 copy of the weights (quant_state.dtype == bfloat16),
     so a from_pretrained 4-bit model is not the fp32-quantized base: logits differ by ~1e-2.)"""
-    pytest.importorskip("bitsandbytes")
-    import bitsandbytes.functional as BF
+    import bitsandbytes.functional as BF  # installed by scripts/install.sh (interop extra)
 
     base, adapter, _ = trained["qlora-nodq"]
     model = _ours(base, adapter)
