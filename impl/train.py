@@ -344,8 +344,14 @@ def check_config_algebra(n_sequences: int, batch_size: int, grad_accum: int, epo
 # gate and up 2I, SwiGLU output I; i.e. (6H + 2·D_kv + 3I) floats. Albor's K=10·H per layer
 # undercounts the FFN when I = 4H; we report both and budget with ours.
 def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
-                    activation_checkpointing: bool = False, act_bytes: int = 4) -> dict:
-    """Training-memory contract: weights 4P, grads 4P, AdamW 8P (fp32), + activations."""
+                    activation_checkpointing: bool = False, act_bytes: int = 4,
+                    grad_accum: int = 1) -> dict:
+    """Training-memory contract: weights 4P, grads 4P, AdamW 8P (fp32), + activations, + (with
+    grad_accum > 1) 4P: from the second micro-batch on, autograd computes each gradient in a
+    fresh buffer before adding it into .grad, and the torch profiler shows them coexisting
+    (train-loop-v1, FALSIFY-TL-008). Outside the layers: the embedding output and the final
+    norm's input and output (3·tokens·H), and the tied embedding's gradient, which arrives from
+    the lookup and from the output projection and is summed in a second V·H buffer."""
     p = param_count(mcfg)
     h, i = mcfg.hidden_size, mcfg.intermediate_size
     d_kv = mcfg.num_kv_heads * mcfg.head_dim
@@ -356,10 +362,13 @@ def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
     else:
         acts = mcfg.num_layers * per_layer
     logits = 3 * tokens * mcfg.vocab_size * 4  # logits, log-softmax, their gradient (fp32)
+    outside = 3 * tokens * h * act_bytes + mcfg.vocab_size * h * 4
     out = {"params": p, "weights": 4 * p, "grads": 4 * p, "optimizer": 8 * p,
-           "activations": acts + logits, "logits": logits,
+           "accum_grads": 4 * p if grad_accum > 1 else 0,
+           "activations": acts + outside + logits, "logits": logits,
            "activations_albor": mcfg.num_layers * seq_len * h * 10 * 4 * batch_size}
-    out["total"] = out["weights"] + out["grads"] + out["optimizer"] + out["activations"]
+    out["total"] = (out["weights"] + out["grads"] + out["accum_grads"] + out["optimizer"]
+                    + out["activations"])
     return out
 
 
@@ -386,7 +395,8 @@ def preflight(cfg: TrainConfig, mcfg: ModelConfig, n_train_blocks: int, n_val_bl
     if cfg.val_fraction > 0 and n_val_blocks == 0:
         raise PreflightError(f"val_fraction={cfg.val_fraction} but the validation split has "
                              f"fewer than {mcfg.max_seq_len + 1} tokens (no full block)")
-    mem = memory_estimate(mcfg, cfg.batch_size, mcfg.max_seq_len, cfg.activation_checkpointing)
+    mem = memory_estimate(mcfg, cfg.batch_size, mcfg.max_seq_len, cfg.activation_checkpointing,
+                          grad_accum=cfg.grad_accum)
     budget = (cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb is not None
               else machine_memory_bytes(device))
     if mem["total"] > budget:
