@@ -24,6 +24,7 @@ import random
 import time
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -343,8 +344,14 @@ def check_config_algebra(n_sequences: int, batch_size: int, grad_accum: int, epo
 # gate and up 2I, SwiGLU output I; i.e. (6H + 2·D_kv + 3I) floats. Albor's K=10·H per layer
 # undercounts the FFN when I = 4H; we report both and budget with ours.
 def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
-                    activation_checkpointing: bool = False, act_bytes: int = 4) -> dict:
-    """Training-memory contract: weights 4P, grads 4P, AdamW 8P (fp32), + activations."""
+                    activation_checkpointing: bool = False, act_bytes: int = 4,
+                    grad_accum: int = 1) -> dict:
+    """Training-memory contract: weights 4P, grads 4P, AdamW 8P (fp32), + activations, + (with
+    grad_accum > 1) 4P: from the second micro-batch on, autograd computes each gradient in a
+    fresh buffer before adding it into .grad, and the torch profiler shows them coexisting
+    (train-loop-v1, FALSIFY-TL-008). Outside the layers: the embedding output and the final
+    norm's input and output (3·tokens·H), and the tied embedding's gradient, which arrives from
+    the lookup and from the output projection and is summed in a second V·H buffer."""
     p = param_count(mcfg)
     h, i = mcfg.hidden_size, mcfg.intermediate_size
     d_kv = mcfg.num_kv_heads * mcfg.head_dim
@@ -355,10 +362,13 @@ def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
     else:
         acts = mcfg.num_layers * per_layer
     logits = 3 * tokens * mcfg.vocab_size * 4  # logits, log-softmax, their gradient (fp32)
+    outside = 3 * tokens * h * act_bytes + mcfg.vocab_size * h * 4
     out = {"params": p, "weights": 4 * p, "grads": 4 * p, "optimizer": 8 * p,
-           "activations": acts + logits, "logits": logits,
+           "accum_grads": 4 * p if grad_accum > 1 else 0,
+           "activations": acts + outside + logits, "logits": logits,
            "activations_albor": mcfg.num_layers * seq_len * h * 10 * 4 * batch_size}
-    out["total"] = out["weights"] + out["grads"] + out["optimizer"] + out["activations"]
+    out["total"] = (out["weights"] + out["grads"] + out["accum_grads"] + out["optimizer"]
+                    + out["activations"])
     return out
 
 
@@ -369,8 +379,9 @@ def machine_memory_bytes(device: torch.device) -> int:
 
 
 def preflight(cfg: TrainConfig, mcfg: ModelConfig, n_train_blocks: int, n_val_blocks: int,
-              tokenizer_vocab: int, device: torch.device) -> dict:
+              tokenizer_vocab: int, device: torch.device, parts: LoopParts | None = None) -> dict:
     """All pre-step-1 checks; returns the numbers for the run log, raises PreflightError."""
+    parts = parts or LoopParts()
     try:
         mcfg.validate()
     except ModelConfigError as e:
@@ -378,12 +389,14 @@ def preflight(cfg: TrainConfig, mcfg: ModelConfig, n_train_blocks: int, n_val_bl
     if tokenizer_vocab != mcfg.vocab_size:
         raise PreflightError(f"tokenizer vocab {tokenizer_vocab} != model vocab_size "
                              f"{mcfg.vocab_size}")
-    algebra = check_config_algebra(n_train_blocks, cfg.batch_size, cfg.grad_accum, cfg.epochs,
-                                   cfg.max_steps, cfg.warmup_steps, mcfg.max_seq_len)
+    algebra = parts.check_config_algebra(n_train_blocks, cfg.batch_size, cfg.grad_accum,
+                                         cfg.epochs, cfg.max_steps, cfg.warmup_steps,
+                                         mcfg.max_seq_len)
     if cfg.val_fraction > 0 and n_val_blocks == 0:
         raise PreflightError(f"val_fraction={cfg.val_fraction} but the validation split has "
                              f"fewer than {mcfg.max_seq_len + 1} tokens (no full block)")
-    mem = memory_estimate(mcfg, cfg.batch_size, mcfg.max_seq_len, cfg.activation_checkpointing)
+    mem = memory_estimate(mcfg, cfg.batch_size, mcfg.max_seq_len, cfg.activation_checkpointing,
+                          grad_accum=cfg.grad_accum)
     budget = (cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb is not None
               else machine_memory_bytes(device))
     if mem["total"] > budget:
@@ -430,6 +443,25 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     return opt, dn + nn_
 
 
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> float:
+    """Global-norm clip of the gradients in place, on every step (ALB-071: a safety clip behind
+    an optional setting is a bug); returns the norm before clipping. torch's clip_grad_norm_:
+    coef = min(1, c / (‖g‖ + 1e-6)), the same rule as impl/torch/grad_clip.py and
+    reference/grad_clip.py. Not the former: its overflow-safe scaled norm makes ~4 passes over the
+    gradients (0.78 s vs 0.05 s per step at 50m, 1 CPU thread). The price: ‖g‖ > ~1.8e19 reads as
+    inf here, which the Andon check turns into a stop rather than a clip."""
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
+
+
+def micro_batch_divisors(token_counts: list[int]) -> list[int]:
+    """What each micro-batch's loss sum is divided by before backward: the token count of the
+    whole step, so Σ_m s_m / N is the loss of one batch holding every micro-batch (every token
+    weighs the same; not the mean of per-micro-batch means, which over-weighs the tokens of
+    short micro-batches)."""
+    total = sum(token_counts)
+    return [total] * len(token_counts)
+
+
 # ------------------------------------------------------------------------------- the step
 @dataclass
 class StepStats:
@@ -445,9 +477,10 @@ class Trainer:
     """One optimizer step = grad_accum micro-batches, token-weighted, clipped, AdamW."""
 
     def __init__(self, model: Transformer, cfg: TrainConfig, device: torch.device,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, parts: LoopParts | None = None):
         self.model, self.cfg, self.device = model, cfg, device
-        self.optimizer, self.param_names = build_optimizer(model, cfg)
+        self.parts = parts or LoopParts()
+        self.optimizer, self.param_names = self.parts.build_optimizer(model, cfg)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.step = 0
         self.autocast_dtype = autocast_dtype
@@ -471,18 +504,20 @@ class Trainer:
         lr = self.lr(self.step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        n_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+        counts = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+        n_tokens = sum(counts)
         if n_tokens == 0:
             raise ValueError(f"step {t}: every target is ignore_index; nothing to learn from")
+        divisors = self.parts.micro_batch_divisors(counts)
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         total = 0.0
-        for x, y in micro_batches:
+        for (x, y), d in zip(micro_batches, divisors, strict=True):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._autocast():
                 logits = self.model(x)
             s, _ = loss_sum(logits, y, IGNORE_INDEX)
-            (s / n_tokens).backward()
+            (s / d).backward()
             total += float(s.detach())
         loss = total / n_tokens
         if not math.isfinite(loss):
@@ -490,13 +525,7 @@ class Trainer:
         if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
             raise AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
                             f"{self.cfg.andon_loss_max} at step {t}", t)
-        # torch's clip_grad_norm_: coef = min(1, c / (‖g‖ + 1e-6)), the same rule as
-        # impl/torch/grad_clip.py and reference/grad_clip.py. Not the former: its overflow-safe
-        # scaled norm makes ~4 passes over the gradients (0.78 s vs 0.05 s per step at 50m,
-        # 1 CPU thread). The price: ‖g‖ > ~1.8e19 reads as inf here, which the Andon check
-        # below turns into a stop rather than a clip.
-        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
-                                                  foreach=False))
+        gn = self.parts.clip_gradients(self.params, self.cfg.grad_clip)
         if not math.isfinite(gn):
             raise AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
         if gn > self.cfg.andon_grad_norm:
@@ -528,6 +557,27 @@ class Trainer:
             raise ValueError("evaluation got no tokens")
         loss = total / n
         return loss, math.exp(min(loss, 700.0))
+
+
+def restore_position(trainer: Trainer, sampler: data_mod.BatchSampler, state: dict) -> None:
+    """After the weights, optimizer and RNG states are loaded: the step counter (which is also
+    the LR schedule's position) and the data position, so a resumed run continues the same
+    schedule on the same next batch instead of restarting warmup or replaying data."""
+    trainer.step = int(state["step"])
+    sampler.load_state_dict(state["data"])
+
+
+@dataclass(frozen=True)
+class LoopParts:
+    """The loop's swappable pieces. contracts/train-loop-v1.yaml binds each one, and its mutants
+    (falsify/mutants/train.py) replace one at a time in the real loop; a run uses the defaults."""
+
+    build_optimizer: Callable = build_optimizer
+    clip_gradients: Callable = clip_gradients
+    micro_batch_divisors: Callable = micro_batch_divisors
+    sampler: Callable = data_mod.BatchSampler
+    check_config_algebra: Callable = check_config_algebra
+    restore_position: Callable = restore_position
 
 
 # ------------------------------------------------------------------------------- the run
@@ -652,7 +702,7 @@ class _Progress:
 
 def train(cfg: TrainConfig, *, resume: str | Path | None = None,
           data: data_mod.PreparedData | None = None, stop_after: int | None = None,
-          keep_model: bool = False) -> TrainResult:
+          keep_model: bool = False, parts: LoopParts | None = None) -> TrainResult:
     """Run (or resume) a training run as configured. `resume`: a run or checkpoint directory,
     or "auto" for the latest checkpoint in cfg.out_dir. `stop_after`: stop once this optimizer
     step is done (and checkpointed), as if killed there: the schedule still runs to max_steps."""
@@ -661,7 +711,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
         n, why = resolve_threads(cfg.threads)
         log.info("torch threads: %d (%s)", n, why)
         torch.set_num_threads(n)
-        return _train(cfg, resume, data, stop_after, keep_model)
+        return _train(cfg, resume, data, stop_after, keep_model, parts or LoopParts())
     finally:  # the thread count is process-global: do not leak it to the caller
         torch.set_num_threads(threads)
 
@@ -682,7 +732,8 @@ def resolve_threads(requested: int | None) -> tuple[int, str]:
     return cores, f"threads=null: all {cores} cores (load average {load:.1f})"
 
 
-def _train(cfg: TrainConfig, resume, data, stop_after, keep_model) -> TrainResult:
+def _train(cfg: TrainConfig, resume, data, stop_after, keep_model,
+           parts: LoopParts) -> TrainResult:
     t_start = time.perf_counter()
     validate_config(cfg)
     device, autocast = resolve_device(cfg)
@@ -709,15 +760,15 @@ def _train(cfg: TrainConfig, resume, data, stop_after, keep_model) -> TrainResul
     train_stream = data_mod.token_stream(data.train, eos, cfg.fim_rate, cfg.seed,
                                          data.special_ids)
     val_stream = data_mod.token_stream(data.val, eos)  # no FIM: val ppl is left-to-right
-    sampler = data_mod.BatchSampler(train_stream, mcfg.max_seq_len, cfg.batch_size,
-                                    cfg.grad_accum, cfg.epochs, cfg.seed, data.key)
+    sampler = parts.sampler(train_stream, mcfg.max_seq_len, cfg.batch_size, cfg.grad_accum,
+                            cfg.epochs, cfg.seed, data.key)
     pre = preflight(cfg, mcfg, sampler.n_blocks,
                     data_mod.num_blocks(len(val_stream), mcfg.max_seq_len), data.vocab_size,
-                    device)
+                    device, parts)
 
     model = build_model(mcfg, cfg.backend, device, seed=cfg.seed)
     model.activation_checkpointing = cfg.activation_checkpointing
-    trainer = Trainer(model, cfg, device, autocast)
+    trainer = Trainer(model, cfg, device, autocast, parts)
     log.info("backend=%s kernels=%s", model.ops.backend, model.ops.provenance)
     extra = {"backend": model.ops.backend, "kernels": model.ops.provenance,
              "threads": torch.get_num_threads(),
@@ -733,8 +784,7 @@ def _train(cfg: TrainConfig, resume, data, stop_after, keep_model) -> TrainResul
     if ckpt_path is not None:
         state = ckpt_mod.load_checkpoint(ckpt_path, model, trainer.optimizer,
                                          trainer.param_names)
-        trainer.step = int(state["step"])
-        sampler.load_state_dict(state["data"])
+        parts.restore_position(trainer, sampler, state)
         best_val = state.get("best_val_loss")
         result.resumed_from = str(ckpt_path)
         _truncate_metrics(metrics_path, trainer.step)
@@ -860,7 +910,7 @@ def tiny_config(out_dir: str | Path, **overrides) -> TrainConfig:
 
 
 def run_steps(steps: int = 20, seed: int = 0, out_dir: str | Path | None = None,
-              **overrides) -> dict:
+              parts: LoopParts | None = None, **overrides) -> dict:
     """Loop-level contract entry point: train `steps` optimizer steps of the tiny synthetic
     config and return plain data — per-step loss / grad norm / lr / parameter finiteness, the
     max |grad| of every parameter after the first step (gradient flow), the optimizer's
@@ -876,57 +926,61 @@ def run_steps(steps: int = 20, seed: int = 0, out_dir: str | Path | None = None,
         validate_config(cfg)
         torch.set_num_threads(resolve_threads(cfg.threads)[0])
         try:
-            return _run_steps(cfg, steps)
+            return _run_steps(cfg, steps, parts or LoopParts())
         finally:
             torch.set_num_threads(threads)
 
 
-def _run_steps(cfg: TrainConfig, steps: int) -> dict:
+def _run_steps(cfg: TrainConfig, steps: int, parts: LoopParts) -> dict:
     device, autocast = resolve_device(cfg)
     mcfg = model_config(cfg)
     seed_everything(cfg.seed)
     data = data_mod.prepare_data(data_spec(cfg, mcfg.vocab_size), cfg.cache_dir)
     stream = data_mod.token_stream(data.train, data.special_ids[data_mod.EOS],
                                    cfg.fim_rate, cfg.seed, data.special_ids)
-    sampler = data_mod.BatchSampler(stream, mcfg.max_seq_len, cfg.batch_size,
-                                    cfg.grad_accum, cfg.epochs, cfg.seed, data.key)
-    check_config_algebra(sampler.n_blocks, cfg.batch_size, cfg.grad_accum, cfg.epochs,
-                         cfg.max_steps, cfg.warmup_steps, mcfg.max_seq_len)
+    sampler = parts.sampler(stream, mcfg.max_seq_len, cfg.batch_size, cfg.grad_accum,
+                            cfg.epochs, cfg.seed, data.key)
+    parts.check_config_algebra(sampler.n_blocks, cfg.batch_size, cfg.grad_accum, cfg.epochs,
+                               cfg.max_steps, cfg.warmup_steps, mcfg.max_seq_len)
     model = build_model(mcfg, cfg.backend, device, seed=cfg.seed)
-    trainer = Trainer(model, cfg, device, autocast)
+    trainer = Trainer(model, cfg, device, autocast, parts)
     out: dict = {"losses": [], "grad_norms": [], "lrs": [], "params_finite": [],
                  "grad_flow": {}, "config": effective_config(cfg)}
-    init = {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+    # every parameter of the model, not only those the optimizer was given: a parameter left
+    # out of the optimizer shows up as never changing
+    named = dict(model.named_parameters())
+    init = {n: p.detach().clone() for n, p in named.items()}
     for _ in range(steps):
         st = trainer.train_step(sampler.next_step())
         if st.step == 1:
             out["grad_flow"] = {n: float(p.grad.abs().max()) if p.grad is not None else 0.0
-                                for n, p in zip(trainer.param_names, trainer.params)}
+                                for n, p in named.items()}
         out["losses"].append(st.loss)
         out["grad_norms"].append(st.grad_norm)
         out["lrs"].append(st.lr)
         out["params_finite"].append(st.params_finite)
-    out["optimizer_groups"] = [{k: (list(v) if isinstance(v, tuple) else v)
-                                for k, v in g.items() if k != "params"}
+    names = iter(trainer.param_names)
+    out["optimizer_groups"] = [{**{k: (list(v) if isinstance(v, tuple) else v)
+                                   for k, v in g.items() if k != "params"},
+                                "param_names": [next(names) for _ in g["params"]]}
                                for g in trainer.optimizer.param_groups]
-    out["params_changed"] = {n: bool((p.detach() != init[n]).any())
-                             for n, p in zip(trainer.param_names, trainer.params)}
-    out["param_count"] = sum(p.numel() for p in trainer.params)
+    out["params_changed"] = {n: bool((p.detach() != init[n]).any()) for n, p in named.items()}
+    out["param_count"] = sum(p.numel() for p in named.values())
     out["param_count_formula"] = param_count(mcfg)
     return out
 
 
 def resume_equivalence(total_steps: int, kill_at: int, workdir: str | Path,
-                       **overrides) -> dict:
+                       parts: LoopParts | None = None, **overrides) -> dict:
     """Checkpoint/resume contract: train `total_steps` straight; separately train to `kill_at`,
     stop, resume from the checkpoint and continue to `total_steps`. Returns both loss
     sequences and whether the final weights are bit-identical."""
     workdir = Path(workdir)
     kw = dict(max_steps=total_steps, warmup_steps=max(0, total_steps // 10), **overrides)
-    a = train(tiny_config(workdir / "straight", **kw), keep_model=True)
+    a = train(tiny_config(workdir / "straight", **kw), keep_model=True, parts=parts)
     cfg_b = tiny_config(workdir / "killed", **kw)
-    b1 = train(cfg_b, stop_after=kill_at)
-    b2 = train(cfg_b, resume="auto", keep_model=True)
+    b1 = train(cfg_b, stop_after=kill_at, parts=parts)
+    b2 = train(cfg_b, resume="auto", keep_model=True, parts=parts)
     sa = a.model.state_dict()
     sb = b2.model.state_dict()
     diffs = {k: float((sa[k] - sb[k]).abs().max()) for k in sa}
