@@ -361,7 +361,10 @@ def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
         acts = mcfg.num_layers * tokens * h * act_bytes + per_layer
     else:
         acts = mcfg.num_layers * per_layer
-    logits = 3 * tokens * mcfg.vocab_size * 4  # logits, log-softmax, their gradient (fp32)
+    # [tokens, V] fp32 buffers live at once at the loss's backward, the step's peak (torch
+    # profiler, train-loop-v1 FALSIFY-TL-016): the logits, the saved log-softmax, the NLL's
+    # gradient, and log-softmax backward's exp(output) temporary.
+    logits = 4 * tokens * mcfg.vocab_size * 4
     outside = 3 * tokens * h * act_bytes + mcfg.vocab_size * h * 4
     out = {"params": p, "weights": 4 * p, "grads": 4 * p, "optimizer": 8 * p,
            "accum_grads": 4 * p if grad_accum > 1 else 0,
