@@ -2,7 +2,6 @@
 # Change the contract and run `pv generate`; `pv generate --check` fails on drift.
 # contract sha256: 5e76378b751a79378da2288d58a4856411d8b194a4bfdba4f971bdcf66ace1a4
 import pytest
-from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
