@@ -42,7 +42,9 @@ def render(c: Contract) -> str:
         "# Change the contract and run `pv generate`; `pv generate --check` fails on drift.",
         f"# contract sha256: {c.sha256}",
         "import pytest",
-        "from hypothesis import example, given",
+        # only contracts with input-driven checks use hypothesis (keeps generated code lint-clean)
+        *(["from hypothesis import example, given"]
+          if any(t.spec and uses_hypothesis(t.kind) for t in c.checks) else []),
         "",
         "from falsify.harness import runtime as rt",
         "",
