@@ -303,7 +303,16 @@ def cmd_delegate(module: str, argv: list[str]) -> int:
 
 
 def build_parser():
-    p = _Parser(prog="falsify", description=__doc__.splitlines()[0])
+    import argparse
+
+    p = _Parser(prog="falsify", description=__doc__.splitlines()[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="more commands (each has its own --help):\n"
+                       "  train      pretrain a LLaMA-style model (default: tiny preset, stdlib)\n"
+                       "  finetune   LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO)\n"
+                       "  merge      merge an adapter into a full-precision checkpoint\n"
+                       "  generate   sample from a checkpoint (base, +adapter, merged)\n"
+                       "  bench      kernels | train | finetune: ours vs the baseline, one run")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     r = sub.add_parser("run", help="run the contracts' checks (generates tests if needed)")
     r.add_argument("contracts", nargs="*", help="contract ids or files (default: all)")
