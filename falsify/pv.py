@@ -39,8 +39,12 @@ def _mode(args) -> str | None:
 
 
 def cmd_validate(args) -> int:
+    from falsify.harness.model import resolve_arg
     from falsify.harness.validate import validate
 
+    for p in map(resolve_arg, args.paths):  # a path that is not there is an I/O error (2)
+        if not p.exists():
+            raise UsageError(f"no such file or directory: {p}")
     rep = validate(args.paths, mode=_mode(args), allow_import=args.allow_import)
     if not rep.contracts and not rep.findings:
         raise UsageError(f"no contracts found under {' '.join(map(str, args.paths))}")

@@ -11,8 +11,11 @@ def _load(paths, usage_error, mode=None):
     from falsify.harness.validate import validate
 
     rep = validate(paths, mode=mode, import_bindings=False)
-    if not rep.contracts and not rep.findings:
-        raise usage_error(f"no contracts found under {' '.join(map(str, paths))}")
+    if not rep.contracts:
+        # nothing loaded: an unreadable path, a bad file or an empty directory is a usage
+        # error (exit 2) with the reason, never an empty, successful report
+        why = "; ".join(str(f) for f in rep.findings) or "no contracts found"
+        raise usage_error(f"{why} (under {' '.join(map(str, paths))})")
     return rep
 
 

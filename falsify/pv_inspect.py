@@ -59,7 +59,9 @@ def _mode(args) -> str | None:
 
 def _check_paths(paths) -> None:
     """A path that is missing or unreadable is an I/O error (exit 2), not a bad contract."""
-    for p in map(Path, paths):
+    from falsify.harness.model import resolve_arg
+
+    for p in map(resolve_arg, paths):
         if not p.exists():
             raise _Verb.usage_error(f"no such file or directory: {p}")
         if not (p.is_file() or p.is_dir()):

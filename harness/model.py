@@ -405,11 +405,22 @@ def content_hash(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def resolve_arg(p: str | Path) -> Path:
+    """A command-line contract argument: an existing path as given, else a bare contract id
+    (`softmax-kernel-v1`) naming contracts/<id>.yaml when that file exists."""
+    p = Path(p)
+    by_id = CONTRACTS_DIR / f"{p.name.removesuffix('.yaml')}.yaml"
+    if not p.exists() and len(p.parts) == 1 and by_id.is_file():
+        return by_id
+    return p
+
+
 def discover(paths: list[str | Path]) -> list[Path]:
-    """Contract files named by `paths` (files, or directories searched recursively)."""
+    """Contract files named by `paths` (files, directories searched recursively, or contract
+    ids: see resolve_arg)."""
     out = []
     for p in paths:
-        p = Path(p)
+        p = resolve_arg(p)
         if p.is_dir():
             out += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
         else:
