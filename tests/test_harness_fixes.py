@@ -300,3 +300,19 @@ def test_falsify_run_reports_only_the_contracts_it_ran(tmp_path):
     entries = json.loads(r.stdout)["entries"]
     assert [e["contract"] for e in entries] == ["fix-kernel-v1"]
     assert entries[0]["outcome"] == "passed"
+
+
+def test_fd_rounding_scale_covers_outputs_formed_by_cancellation():
+    """KD loss at all-zero logits is exactly 0 (KL of equal distributions) yet is computed from
+    O(1) intermediates: the rounding budget must not scale with |f| = 0 alone (a CI failure:
+    reference backward 0.0 vs central difference -1.8e-12, tolerance 1.2e-12)."""
+    import numpy as np
+
+    from falsify.harness import runtime as rt
+    from falsify.harness.cases import Case
+
+    case = Case("float32", {"R": 1, "V": 5},
+                {"student_logits": np.zeros((1, 5), np.float32),
+                 "teacher_logits": np.zeros((1, 5), np.float32), "labels": np.array([0]),
+                 "temperature": 2.0, "alpha": 1.0, "ignore_index": -1}, {}, 0, "zeros")
+    rt.execute("kd-loss-kernel-v1", "FALSIFY-KD-002", "reference", "float32", case)

@@ -7,8 +7,9 @@
   "Finite differences", has the derivation):
     step        h = eps64^(1/3)·max(1, |x_i|), and the step actually taken divides;
     truncation  D(h) − L' = h²·L'''/6 + O(h^4), estimated (Richardson) as |D(2h) − D(h)|/3;
-    rounding    each L is evaluated with error ≤ ρ = (⌈log2 N⌉ + 1 + FWD_ULPS)·u·Σ|f·dy|
-                (u = eps64/2), so D(h) carries ≤ ρ/h and D(2h) ≤ ρ/(2h);
+    rounding    each L is evaluated with error ≤ ρ = (⌈log2 N⌉ + 1 + FWD_ULPS)·u·Σ m_j·|dy_j|
+                (u = eps64/2, m_j = max(|f_j|, max|input|, 1): outputs formed by cancellation
+                carry their intermediates' rounding), so D(h) carries ≤ ρ/h, D(2h) ≤ ρ/(2h);
     backward    the reference gradient's own rounding, ≤ (⌈log2 N⌉ + FWD_ULPS)·u·max|g|;
     check       |D(h) − g_i| ≤ 2·truncation + 3·ρ/h + backward.
   A wrong formula errs by O(|g|), orders of magnitude above every term for smooth functions;
@@ -82,7 +83,15 @@ def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
     u = EPS64 / 2
     finite = np.isfinite(y0)
     levels = math.ceil(math.log2(max(int(y0.size), 1)))
-    rho = (levels + 1 + FWD_ULPS) * u * float(np.abs(y0[finite] * dy[finite]).sum())
+    # An output computed by cancellation (KL ≈ 0, logsumexp − z_y, x − max x) carries the
+    # rounding of its intermediates, not of its own value: those are of the inputs' magnitude,
+    # or of unit scale (probabilities, log V) — all-zero logits give KL = 0 from O(1) terms.
+    # Each output's scale is max(|f_j|, max |input|, 1), the unit scale the step h assumes too.
+    xscale = max((float(np.abs(v).max()) for v in args64.values()
+                  if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size), default=0.0)
+    xscale = max(xscale, 1.0)
+    mag = np.maximum(np.abs(y0[finite]), xscale)
+    rho = (levels + 1 + FWD_ULPS) * u * float((mag * np.abs(dy[finite])).sum())
     for w in ctx.spec["wrt"]:
         x = args64[w]
         flat_idx = rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False)
