@@ -484,9 +484,14 @@ class Trainer:
         total = 0.0
         for x, y in micro_batches:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self._autocast():
-                logits = self.model(x)
-            s, _ = loss_sum(logits, y, IGNORE_INDEX)
+            if self.autocast_dtype is None:
+                # fp32: LM head + CE fused over token chunks (Transformer.loss_sum), the same
+                # Σ CE as the logits path below without building the [tokens, V] logits
+                s, _ = self.model.loss_sum(x, y, IGNORE_INDEX)
+            else:
+                with self._autocast():
+                    logits = self.model(x)
+                s, _ = loss_sum(logits, y, IGNORE_INDEX)
             (s / n_tokens).backward()
             total += float(s.detach())
         loss = total / n_tokens
