@@ -1,7 +1,8 @@
 """`falsify bench train`: our training step vs transformers.LlamaForCausalLM, side by side.
 
 Both models are loaded from one exported HF directory (same weights), checked to give the same
-loss on the same batch (a benchmark of two different computations would be meaningless), then
+loss on the same batch (a benchmark of two different computations would be meaningless; ours
+is computed the way the timed step computes it, LM head and cross-entropy fused), then
 each runs warmup + timed training steps (forward, backward, global-norm clip at 1.0, fused
 AdamW β=(0.9, 0.95), wd 0.1; fp32 on CPU; HF uses attn_implementation="eager") in its own
 subprocess, alternating ours/HF for `--rounds` rounds; per side the best round's median step
@@ -142,8 +143,11 @@ def check_same_loss(hf_dir: Path, x, y, backend: str) -> dict:
     with torch.no_grad():
         lo = ours(x)
         lh = hf(input_ids=x).logits
+        # ours: the loss as the timed training step computes it (LM head + CE fused,
+        # Transformer.loss_sum), not via the logits
+        s, n = ours.loss_sum(x, y)
     v = lo.shape[-1]
-    loss_o = float(F.cross_entropy(lo.reshape(-1, v), y.reshape(-1)))
+    loss_o = float(s) / n
     loss_h = float(F.cross_entropy(lh.reshape(-1, v), y.reshape(-1)))
     cfg = ours.cfg
     k = max(cfg.hidden_size, cfg.intermediate_size)
