@@ -1,9 +1,10 @@
 """`falsify bench train`: our training step vs transformers.LlamaForCausalLM, side by side.
 
 Both models are loaded from one exported HF directory (same weights), checked to give the same
-loss on the same batch (a benchmark of two different computations would be meaningless), then
-each runs warmup + timed training steps (forward, backward, global-norm clip at 1.0, AdamW
-β=(0.9, 0.95), wd 0.1; fp32 on CPU; HF uses attn_implementation="eager") in its own
+loss on the same batch (a benchmark of two different computations would be meaningless; ours
+is computed the way the timed step computes it, LM head and cross-entropy fused), then
+each runs warmup + timed training steps (forward, backward, global-norm clip at 1.0, fused
+AdamW β=(0.9, 0.95), wd 0.1; fp32 on CPU; HF uses attn_implementation="eager") in its own
 subprocess, alternating ours/HF for `--rounds` rounds; per side the best round's median step
 time is reported (least disturbed by other load on the machine).
 
@@ -87,15 +88,19 @@ def _child(kind: str, hf_dir: str, batch_path: str, steps: int, warmup: int, thr
                                                  attn_implementation="eager",
                                                  dtype=torch.float32)
         model.train()
+        # As a transformers user gets it: Trainer's default optimizer on torch >= 2.8 is
+        # "adamw_torch_fused", and its clipping calls clip_grad_norm_ with torch's defaults.
+        # Ours uses the fused AdamW too (impl/train.py:build_optimizer), so the optimizer
+        # costs both sides the same and the ratio measures the model.
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
-                                weight_decay=0.1, foreach=False)
+                                weight_decay=0.1, fused=True)
 
         def step():
             opt.zero_grad(set_to_none=True)
             logits = model(input_ids=x).logits
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             return float(loss.detach())
     base = _rss_bytes()
@@ -138,8 +143,11 @@ def check_same_loss(hf_dir: Path, x, y, backend: str) -> dict:
     with torch.no_grad():
         lo = ours(x)
         lh = hf(input_ids=x).logits
+        # ours: the loss as the timed training step computes it (LM head + CE fused,
+        # Transformer.loss_sum), not via the logits
+        s, n = ours.loss_sum(x, y)
     v = lo.shape[-1]
-    loss_o = float(F.cross_entropy(lo.reshape(-1, v), y.reshape(-1)))
+    loss_o = float(s) / n
     loss_h = float(F.cross_entropy(lh.reshape(-1, v), y.reshape(-1)))
     cfg = ours.cfg
     k = max(cfg.hidden_size, cfg.intermediate_size)

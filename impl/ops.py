@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 BACKENDS = ("torch", "triton", "auto")
 # The kernels the model needs. gemm is deliberately absent: projections go through
 # `Ops.linear` (F.linear, weights stored [out, in] like HF) on every backend; see `linear` below.
-KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding")
+KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding", "fused_linear_cross_entropy")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -107,6 +107,7 @@ class Ops:
     attention: Callable
     swiglu: Callable
     embedding: Callable
+    fused_linear_cross_entropy: Callable  # the training loss: LM head + CE, logits never built
     linear: Callable
     provenance: dict  # kernel -> "falsify.impl.torch.rope:rope", recorded in run configs
 

@@ -441,8 +441,13 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
         (nn_ if is_no_decay(name) else dn).append(name)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    # fused: one multithreaded C++ kernel per parameter instead of ~8 elementwise passes over
+    # it (62M parameters, 1 CPU thread: 51 ms vs 304 ms per step with foreach=False); the same
+    # update rule. transformers' Trainer defaults to it too (optim="adamw_torch_fused").
+    fused = all(p.device.type in ("cpu", "cuda") for p in decay + no_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, foreach=False)
+                            weight_decay=cfg.weight_decay, foreach=False if not fused else None,
+                            fused=fused or None)
     return opt, dn + nn_
 
 
@@ -517,9 +522,14 @@ class Trainer:
         total = 0.0
         for (x, y), d in zip(micro_batches, divisors, strict=True):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self._autocast():
-                logits = self.model(x)
-            s, _ = loss_sum(logits, y, IGNORE_INDEX)
+            if self.autocast_dtype is None:
+                # fp32: LM head + CE fused over token chunks (Transformer.loss_sum), the same
+                # Σ CE as the logits path below without building the [tokens, V] logits
+                s, _ = self.model.loss_sum(x, y, IGNORE_INDEX)
+            else:
+                with self._autocast():
+                    logits = self.model(x)
+                s, _ = loss_sum(logits, y, IGNORE_INDEX)
             (s / d).backward()
             total += float(s.detach())
         loss = total / n_tokens

@@ -222,7 +222,10 @@ def _plain_attention(q, k, v, causal=True, scale=None):
 PLAIN = ops_mod.Ops(backend="plain", linear=ops_mod.linear, provenance={},
                     rmsnorm=_plain_rmsnorm, rope=_plain_rope, attention=_plain_attention,
                     swiglu=lambda g, u: torch.nn.functional.silu(g) * u,
-                    embedding=torch.nn.functional.embedding)
+                    embedding=torch.nn.functional.embedding,
+                    fused_linear_cross_entropy=lambda x, w, y, ignore_index, reduction: (
+                        torch.nn.functional.cross_entropy(x @ w.t(), y, ignore_index=ignore_index,
+                                                          reduction=reduction)))
 
 
 def test_kernels_agree_with_plain_torch_formulations():
@@ -244,6 +247,26 @@ def test_kernels_agree_with_plain_torch_formulations():
     assert abs(out[0][0] - out[1][0]) <= 1e-5 * abs(out[1][0])
     for ga, gb in zip(out[0][1], out[1][1]):
         torch.testing.assert_close(ga, gb, atol=1e-6, rtol=1e-4)
+
+
+def test_fused_loss_sum_equals_the_logits_path():
+    """Transformer.loss_sum (LM head + CE fused, what the training step runs) against
+    loss_sum(model(ids)) on the same weights, with ignored targets: same sum and count, same
+    gradients within fp32 summation order. Catches a dropped ignore_index, a wrong head weight
+    or a lost embedding/head gradient."""
+    ids = torch.randint(0, SMALL.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    tgt = torch.roll(ids, -1, dims=1)
+    tgt[0, :5] = -100
+    out = []
+    for fused in (True, False):
+        m = build_model(SMALL, "torch", seed=3)
+        s, n = m.loss_sum(ids, tgt) if fused else loss_sum(m(ids), tgt)
+        (s / n).backward()
+        out.append((float(s.detach()), n, {k: p.grad for k, p in m.named_parameters()}))
+    assert out[0][1] == out[1][1] == 27
+    assert abs(out[0][0] - out[1][0]) <= 1e-5 * abs(out[1][0])
+    for k, g in out[1][2].items():
+        torch.testing.assert_close(out[0][2][k], g, atol=1e-6, rtol=1e-4, msg=k)
 
 
 def test_triton_backend_model_matches_torch_backend():

@@ -38,9 +38,11 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, eps):
         xf = x.float()
-        inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1) + eps)
-        normed = xf * inv_rms.unsqueeze(-1)
-        y = (normed * w.float()).to(x.dtype)
+        # mean(x²) as a per-row dot product (one read pass, no [.., n] temporary for x²)
+        ms = torch.linalg.vecdot(xf, xf).div_(x.shape[-1])
+        inv_rms = torch.rsqrt(ms.add_(eps))
+        # normed then ·w in place: the same two fp32 roundings, one [.., n] buffer
+        y = (xf * inv_rms.unsqueeze(-1)).mul_(w.float()).to(x.dtype)
         ctx.save_for_backward(x, w, inv_rms)
         ctx.mark_non_differentiable(inv_rms)
         return y, inv_rms
@@ -54,9 +56,11 @@ class RMSNormFunction(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             g = dyf * w.float()
-            dx = (r * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))).to(x.dtype)
+            c = torch.linalg.vecdot(g, xhat).div_(x.shape[-1]).unsqueeze(-1)  # mean(g ⊙ x̂)
+            # r·(g − x̂·c) in place in g's buffer: 7 passes and 2 buffers instead of 9 and 6
+            dx = g.addcmul_(xhat, c, value=-1.0).mul_(r).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            dw = (dyf * xhat).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
+            dw = xhat.mul_(dyf).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
         return dx, dw, None
 
 

@@ -49,12 +49,18 @@ def rope_tables(pos: torch.Tensor, d: int, theta: float, inv_freq_exponent: floa
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """y = [x1·cos − x2·sin, x2·cos + x1·sin] in fp32, rounded once to x's dtype.
-    cos/sin are [S, half] and broadcast over batch and heads."""
+    cos/sin are [S, half] and broadcast over batch and heads. Each half is written straight
+    into the output (a product, then addcmul_ adds ∓ the other product, each rounded once as
+    before): 4 half-size passes into one buffer instead of 6 passes, 6 buffers and a cat."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    y = torch.empty(xf.shape, dtype=torch.float32, device=x.device)
+    y1, y2 = y[..., :half], y[..., half:]
+    torch.mul(x1, c, out=y1).addcmul_(x2, s, value=-1.0)
+    torch.mul(x2, c, out=y2).addcmul_(x1, s)
+    return y.to(x.dtype)
 
 
 class RoPEFunction(torch.autograd.Function):
