@@ -45,22 +45,23 @@ def build_optimizer_without_no_decay_group(model, cfg):
 
 
 # ----------------------------------------------------------------------------- clipping
-def clip_gradients_quartic(params, max_norm):
-    """DESIGN.md §6: the clip coefficient computed with ‖g‖⁴ instead of ‖g‖."""
+def _clip_with_norm_power(params, max_norm, power):
+    """Global-norm clipping whose coefficient uses ‖g‖^power where ‖g‖ belongs."""
     norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
-    coef = min(1.0, max_norm / (norm ** 4 + 1e-6))
+    coef = min(1.0, max_norm / (norm ** power + 1e-6))
     for p in params:
         p.grad.mul_(coef)
     return norm
+
+
+def clip_gradients_quartic(params, max_norm):
+    """DESIGN.md §6: the clip coefficient computed with ‖g‖⁴ instead of ‖g‖."""
+    return _clip_with_norm_power(params, max_norm, 4)
 
 
 def clip_gradients_squared(params, max_norm):
     """The clip coefficient computed with ‖g‖² (a squared norm passed where the norm belongs)."""
-    norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
-    coef = min(1.0, max_norm / (norm ** 2 + 1e-6))
-    for p in params:
-        p.grad.mul_(coef)
-    return norm
+    return _clip_with_norm_power(params, max_norm, 2)
 
 
 def clip_gradients_only_if_set(params, max_norm):
