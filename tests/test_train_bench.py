@@ -1,0 +1,66 @@
+"""`falsify bench train`: both sides run, the numbers are consistent, and the speed comparison is
+refused when the two models do not compute the same loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+
+def test_default_shapes_are_the_presets_context_length():
+    from falsify.bench_train import default_shape
+
+    # the step measured is the step `falsify train` runs: blocks of the preset's max_seq_len
+    assert default_shape("tiny") == (16, 128)
+    assert default_shape("50m") == (1, 1024)
+    assert default_shape("350m") == (1, 1024)
+
+
+def test_bench_train_runs_both_sides(tmp_path):
+    from falsify.bench_train import TARGET_SPEEDUP, flops_per_token, main
+    from falsify.impl.model import param_count, preset
+
+    out = tmp_path / "r.json"
+    assert main(["--presets", "tiny", "--batch", "2", "--seq", "32", "--steps", "2",
+                 "--warmup", "1", "--rounds", "1", "--threads", "1", "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    cfg = preset("tiny", max_seq_len=32)
+    assert r["params"] == param_count(cfg) and (r["batch"], r["seq"]) == (2, 32)
+    lc = r["loss_check"]
+    assert lc["ok"] and lc["diff"] <= lc["tol"]
+    assert r["flops_per_token"] == flops_per_token(cfg, 32)
+    for kind in ("ours", "hf"):
+        k = r[kind]
+        assert k["step_s"] > 0 and k["tok_s"] == pytest.approx(2 * 32 / k["step_s"])
+        assert k["gflop_s"] == pytest.approx(r["flops_per_token"] * k["tok_s"] / 1e9)
+        assert k["step_mem_mb"] > 0
+    assert r["speedup"] == pytest.approx(r["ours"]["tok_s"] / r["hf"]["tok_s"])
+    assert r["target_met"] == (r["speedup"] >= TARGET_SPEEDUP)
+
+
+def test_different_computations_are_not_compared(tmp_path, monkeypatch):
+    """A model that computes another loss (one perturbed weight) fails the same-loss check."""
+    import falsify.impl.hf as hf
+    from falsify.bench_train import check_same_loss
+    from falsify.impl.model import build_model, preset
+
+    cfg = preset("tiny", max_seq_len=16)
+    hf_dir = hf.export_hf(build_model(cfg, "torch", seed=0), tmp_path / "hf")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, cfg.vocab_size, (2, 16), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (2, 16), generator=g)
+    assert check_same_loss(hf_dir, x, y, "torch")["ok"]
+
+    real = hf.import_hf
+
+    def perturbed(path, backend="auto"):
+        m = real(path, backend)
+        with torch.no_grad():
+            m.layers[0].mlp.down_proj.weight.mul_(3.0)
+        return m
+
+    monkeypatch.setattr(hf, "import_hf", perturbed)
+    r = check_same_loss(hf_dir, x, y, "torch")
+    assert not r["ok"] and r["diff"] > r["tol"]
