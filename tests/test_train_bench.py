@@ -24,7 +24,7 @@ def test_bench_train_runs_both_sides(tmp_path):
 
     out = tmp_path / "r.json"
     assert main(["--presets", "tiny", "--batch", "2", "--seq", "32", "--steps", "2",
-                 "--warmup", "1", "--rounds", "1", "--threads", "1", "--json", str(out)]) == 0
+                 "--warmup", "1", "--threads", "1", "--json", str(out)]) == 0
     (r,) = json.loads(out.read_text())
     cfg = preset("tiny", max_seq_len=32)
     assert r["params"] == param_count(cfg) and (r["batch"], r["seq"]) == (2, 32)
@@ -35,8 +35,13 @@ def test_bench_train_runs_both_sides(tmp_path):
         k = r[kind]
         assert k["step_s"] > 0 and k["tok_s"] == pytest.approx(2 * 32 / k["step_s"])
         assert k["gflop_s"] == pytest.approx(r["flops_per_token"] * k["tok_s"] / 1e9)
-        assert k["step_mem_mb"] > 0
-    assert r["speedup"] == pytest.approx(r["ours"]["tok_s"] / r["hf"]["tok_s"])
+        assert k["step_mem_mb"] > 0 and len(k["times_s"]) == 2
+    # the speedup is the median of the paired step ratios t_HF / t_ours
+    pairs = [h / o for h, o in zip(r["hf"]["times_s"], r["ours"]["times_s"])]
+    assert r["paired_ratios"] == pytest.approx(pairs)
+    assert r["speedup"] == pytest.approx(sum(pairs) / 2)
+    lo, hi = r["speedup_quartiles"]
+    assert min(pairs) <= lo <= r["speedup"] <= hi <= max(pairs)
     assert r["target_met"] == (r["speedup"] >= TARGET_SPEEDUP)
 
 
