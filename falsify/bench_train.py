@@ -131,20 +131,28 @@ def run_paired(hf_dir: str, batch_path: str, steps: int, warmup: int, threads: i
         proc = ctx.Process(target=_child, args=(kind, hf_dir, batch_path, threads, backend,
                                                 theirs))
         proc.start()
+        theirs.close()  # only the child holds its end now: a child that dies reads as EOF here
         sides[kind] = (proc, mine)
 
-    def ask(kind, msg):
+    def answer(kind, what):
         proc, conn = sides[kind]
-        conn.send(msg)
-        if not conn.poll(3600):
-            raise TimeoutError(f"bench child {kind!r} did not answer {msg!r} within an hour")
-        return conn.recv()
+        try:
+            if not conn.poll(3600):
+                raise TimeoutError(f"bench child {kind!r} did not answer {what} within an hour")
+            return conn.recv()
+        except EOFError:
+            proc.join(timeout=60)
+            raise RuntimeError(f"bench child {kind!r} died before answering {what} (exit code "
+                               f"{proc.exitcode}; its traceback is above)") from None
+
+    def ask(kind, msg):
+        sides[kind][1].send(msg)
+        return answer(kind, repr(msg))
 
     try:
-        for kind, (proc, conn) in sides.items():
-            if not conn.poll(3600) or conn.recv() != "ready":
-                raise RuntimeError(f"bench child {kind!r} failed to start (exit code "
-                                   f"{proc.exitcode})")
+        for kind in sides:
+            if (msg := answer(kind, "'ready'")) != "ready":
+                raise RuntimeError(f"bench child {kind!r} sent {msg!r} instead of 'ready'")
         times = {"ours": [], "hf": []}
         for i in range(warmup + steps):
             order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
@@ -248,8 +256,8 @@ def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, threa
 # Per preset: (batch, sequence length). The sequence length is the preset's own context length
 # (ModelConfig.max_seq_len: tiny 128, 50m and 350m 1024), the blocks `falsify train` packs, so the
 # step measured is the step training runs. The batch is the training default (16) for tiny and 1
-# for the larger presets, to keep a round of the benchmark within a minute or two on 2 cores
-# (tokens/s at 1024 tokens a step hardly depends on the batch). `--seq` measures shorter
+# for the larger presets, to keep the benchmark to a few minutes on 2 cores (tokens/s at 1024
+# tokens a step hardly depends on the batch). `--seq` measures shorter
 # blocks, where attention is a smaller share of the step and the ratio is lower.
 DEFAULT_BATCH = {"tiny": 16}
 TARGET_SPEEDUP = 1.3  # issue 6: >= 1.3x transformers tokens/s at tiny and 50m on CPU

@@ -69,3 +69,12 @@ def test_different_computations_are_not_compared(tmp_path, monkeypatch):
     monkeypatch.setattr(hf, "import_hf", perturbed)
     r = check_same_loss(hf_dir, x, y, "torch")
     assert not r["ok"] and r["diff"] > r["tol"]
+
+
+def test_a_child_that_dies_is_an_error_not_a_hang(tmp_path):
+    """A side that cannot start (here: no checkpoint to load) is reported at once, by name."""
+    from falsify.bench_train import run_paired
+
+    with pytest.raises(RuntimeError, match=r"bench child 'ours' died before answering 'ready'"):
+        run_paired(str(tmp_path / "missing"), str(tmp_path / "missing.pt"), steps=1, warmup=0,
+                   threads=1, backend="torch")
