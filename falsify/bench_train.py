@@ -22,6 +22,15 @@ value GEMMs (counted over the full S×S, as PaLM does, though causal work is hal
 reported against a measured fp32 GEMM peak of this machine (a 1024³ matmul with the same thread
 count, best of measurements at the start, in every child and at the end, since other load on
 the machine depresses any single one), not a datasheet number.
+
+Where the time goes: after the timed pairs each child runs `PROFILE_STEPS` more steps under
+torch.profiler and splits the ops' own (self) CPU time into GEMMs (mm/addmm/bmm/baddbmm, the
+dense products both sides share), fused attention kernels, and everything else. The shares are
+applied to the side's timed median step (a profiled step runs slower, and one disturbed by other
+load on the machine would otherwise show as a slow category). From ours' GEMM time comes the
+*ceiling*: t_HF / t_GEMM(ours), the speedup ours would reach if every op that is
+not a GEMM cost nothing. It tells a target that needs faster GEMMs from one that needs fewer or
+cheaper elementwise passes.
 """
 
 from __future__ import annotations
@@ -37,6 +46,12 @@ import time
 from pathlib import Path
 
 U32 = 2.0**-24
+PROFILE_STEPS = 3
+# aten ops that are dense matrix products (torch.profiler names); the attention kernels are
+# matched by ATTENTION_MARKERS instead, since their time is softmax as much as products.
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+                      "aten::addbmm", "aten::_addmm_activation"})
+ATTENTION_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 
 
 def flops_per_token(cfg, seq_len: int) -> float:
@@ -63,6 +78,24 @@ def _gemm_peak(threads: int) -> float:
         a @ b
         best = min(best, time.perf_counter() - t)
     return 2 * 1024**3 / best
+
+
+def breakdown(events, steps: int) -> dict:
+    """Self CPU ms per step of GEMMs, fused attention kernels and the rest, from torch.profiler's
+    key_averages(). Self times add up to the profiled wall time on the CPU: every op and the
+    autograd engine run on the calling thread, intra-op threads inside an op."""
+    ms = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for e in events:
+        if e.key in GEMM_OPS:
+            part = "gemm"
+        elif any(m in e.key for m in ATTENTION_MARKERS):
+            part = "attention"
+        else:
+            part = "other"
+        ms[part] += e.self_cpu_time_total / 1e3 / steps
+    total = sum(ms.values())
+    return {**{f"{k}_ms": v for k, v in ms.items()}, "total_ms": total,
+            **{f"{k}_share": v / total if total else 0.0 for k, v in ms.items()}}
 
 
 def _child(kind: str, hf_dir: str, batch_path: str, threads: int, backend: str, conn) -> None:
@@ -109,7 +142,15 @@ def _child(kind: str, hf_dir: str, batch_path: str, threads: int, backend: str, 
             return float(loss.detach())
     base = _rss_bytes()
     conn.send("ready")
-    while (cmd := conn.recv()) == "step":
+    while (cmd := conn.recv()) in ("step", "profile"):
+        if cmd == "profile":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(PROFILE_STEPS):
+                    step()
+            conn.send(breakdown(prof.key_averages(), PROFILE_STEPS))
+            continue
         t = time.perf_counter()
         step()
         conn.send(time.perf_counter() - t)
@@ -160,7 +201,8 @@ def run_paired(hf_dir: str, batch_path: str, steps: int, warmup: int, threads: i
             if i >= warmup:
                 for kind, t in pair.items():
                     times[kind].append(t)
-        out = {kind: {"times": times[kind], **ask(kind, "done")} for kind in sides}
+        out = {kind: {"times": times[kind], "breakdown": ask(kind, "profile"),
+                      **ask(kind, "done")} for kind in sides}
     finally:
         for proc, conn in sides.values():
             conn.close()
@@ -242,7 +284,8 @@ def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, threa
         out[kind] = {"step_s": med, "tok_s": tokens / med,
                      "gflop_s": fpt * tokens / med / 1e9,
                      "step_mem_mb": r["step_mem"] / 2**20,
-                     "peak_rss_mb": r["peak_rss"] / 2**20, "times_s": r["times"]}
+                     "peak_rss_mb": r["peak_rss"] / 2**20, "times_s": r["times"],
+                     "breakdown": r["breakdown"]}
     out["gemm_peak"] = max(runs[k]["gemm_peak"] for k in ("ours", "hf"))
     ratios = runs["ratios"]
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
@@ -250,6 +293,12 @@ def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, threa
     out["speedup_quartiles"] = [q[0], q[2]]
     out["paired_ratios"] = ratios
     out["mem_ratio"] = out["ours"]["step_mem_mb"] / out["hf"]["step_mem_mb"]
+    # ours' GEMM time at the timed (unprofiled) step time: its profiled share of the step
+    gemm_s = out["ours"]["step_s"] * out["ours"]["breakdown"]["gemm_share"]
+    out["ceiling"] = out["hf"]["step_s"] / gemm_s if gemm_s > 0 else math.inf
+    # what the target asks of ours' non-GEMM time, next to what it is now
+    out["non_gemm_budget_ms"] = (out["hf"]["step_s"] / TARGET_SPEEDUP - gemm_s) * 1e3
+    out["non_gemm_ms"] = (out["ours"]["step_s"] - gemm_s) * 1e3
     return out
 
 
@@ -330,6 +379,22 @@ def main(argv: list[str] | None = None) -> int:
     console.print("ratio: median over adjacent ours/HF step pairs of t_HF / t_ours. "
                   "* MFU against the measured GEMM peak above; FLOPs/token = 6P + 12·L·S·H. "
                   "Step memory = peak RSS (ru_maxrss) - RSS after loading, per subprocess.")
+    b = Table(title=f"where the step goes: ms of the timed median step, split by the shares of "
+                    f"self CPU time in {PROFILE_STEPS} profiled steps per side")
+    for c in ("preset", "impl", "GEMM", "attention", "other", "GEMM share"):
+        b.add_column(c, justify="right")
+    for r in results:
+        for kind, label in (("ours", "falsify"), ("hf", "transformers")):
+            k, step_ms = r[kind]["breakdown"], r[kind]["step_s"] * 1e3
+            b.add_row(r["preset"], label, *(f"{k[f'{part}_share'] * step_ms:.1f}"
+                                            for part in ("gemm", "attention", "other")),
+                      f"{k['gemm_share']:.0%}")
+    console.print(b)
+    for r in results:
+        console.print(f"{r['preset']}: ceiling t_HF / t_GEMM(ours) = {r['ceiling']:.2f}x (the "
+                      f"speedup if everything but ours' GEMMs cost nothing); {TARGET_SPEEDUP}x "
+                      f"needs ours' non-GEMM time <= {r['non_gemm_budget_ms']:.1f} ms per step, "
+                      f"it is {r['non_gemm_ms']:.1f} ms")
     for r in results:
         verdict = "[green]met[/]" if r["target_met"] else "[red]NOT met[/]"
         console.print(f"{r['preset']} ({r['batch']}x{r['seq']}): target >= {TARGET_SPEEDUP}x "

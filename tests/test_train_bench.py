@@ -43,6 +43,42 @@ def test_bench_train_runs_both_sides(tmp_path):
     lo, hi = r["speedup_quartiles"]
     assert min(pairs) <= lo <= r["speedup"] <= hi <= max(pairs)
     assert r["target_met"] == (r["speedup"] >= TARGET_SPEEDUP)
+    # the profiled breakdown: both sides run GEMMs; ours' share of them gives the ceiling
+    for kind in ("ours", "hf"):
+        bd = r[kind]["breakdown"]
+        assert bd["gemm_ms"] > 0 and bd["other_ms"] > 0 and 0 < bd["gemm_share"] < 1
+        parts = ("gemm", "attention", "other")
+        assert bd["total_ms"] == pytest.approx(sum(bd[f"{p}_ms"] for p in parts))
+        for p in parts:
+            assert bd[f"{p}_share"] == pytest.approx(bd[f"{p}_ms"] / bd["total_ms"])
+    assert r["ours"]["breakdown"]["attention_ms"] > 0  # ours: torch's fused SDPA kernel
+    gemm_s = r["ours"]["step_s"] * r["ours"]["breakdown"]["gemm_share"]
+    assert r["ceiling"] == pytest.approx(r["hf"]["step_s"] / gemm_s)
+    assert r["non_gemm_ms"] == pytest.approx((r["ours"]["step_s"] - gemm_s) * 1e3)
+    assert r["non_gemm_budget_ms"] == pytest.approx(
+        (r["hf"]["step_s"] / TARGET_SPEEDUP - gemm_s) * 1e3)
+
+
+def test_breakdown_sorts_profiled_ops():
+    """Real profiler events: a matmul lands in GEMM, SDPA in attention, an add in other."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from falsify.bench_train import breakdown
+
+    a, q = torch.randn(256, 256), torch.randn(1, 2, 64, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            a @ a
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            a + a
+    bd = breakdown(prof.key_averages(), steps=2)
+    keys = {e.key: e.self_cpu_time_total / 2e3 for e in prof.key_averages()}
+    assert bd["gemm_ms"] == pytest.approx(keys["aten::mm"])
+    assert bd["attention_ms"] == pytest.approx(sum(v for k, v in keys.items()
+                                                   if "scaled_dot_product" in k))
+    assert bd["other_ms"] >= keys["aten::add"] > 0
+    assert bd["total_ms"] == pytest.approx(sum(keys.values()))
+    assert bd["gemm_share"] == pytest.approx(bd["gemm_ms"] / bd["total_ms"])
 
 
 def test_different_computations_are_not_compared(tmp_path, monkeypatch):
