@@ -309,9 +309,13 @@ def config_algebra(n_sequences: int, batch_size: int, grad_accum: int, epochs: i
     total_tokens    = max_steps · batch_size · grad_accum · seq_len
     """
     spe = n_sequences // (batch_size * grad_accum)
+    try:
+        warmup_fraction = warmup_steps / max_steps
+    except OverflowError:  # a quotient beyond float range (CrossHair found it): IEEE's inf
+        warmup_fraction = math.inf
     return {"steps_per_epoch": spe, "achievable_steps": epochs * spe,
             "min_epochs": -(-max_steps // spe) if spe else None,
-            "warmup_fraction": warmup_steps / max_steps,
+            "warmup_fraction": warmup_fraction,
             "total_tokens": max_steps * batch_size * grad_accum * seq_len,
             "ok": spe >= 1 and epochs * spe >= max_steps and 10 * warmup_steps <= max_steps}
 

@@ -76,6 +76,18 @@ def test_albor_v2_config_passes_and_warmup_rule():
         T.check_config_algebra(3, 4, 1, 10, 1, 0)
 
 
+def test_a_warmup_beyond_float_range_is_a_preflight_error_not_a_crash():
+    """CrossHair's counterexample: warmup_steps / max_steps overflowed a float (OverflowError,
+    a traceback instead of an error naming the field) for warmup_steps ~ 1.8e308 and up, a
+    value the config's int field takes as written."""
+    huge = 10**400
+    assert T.config_algebra(10**9, 1, 1, 1, 10, huge)["warmup_fraction"] == math.inf
+    with pytest.raises(T.PreflightError, match=f"warmup_steps={huge}"):
+        T.check_config_algebra(10**9, 1, 1, 1, 10, huge)
+    cfg = T.config_from_dict({"warmup_steps": huge, "max_steps": 10})  # passes value checks
+    assert cfg.warmup_steps == huge
+
+
 def test_unreachable_max_steps_stops_before_step_one(tmp_path):
     cfg = T.tiny_config(tmp_path, max_steps=10_000, warmup_steps=10)
     with pytest.raises(T.PreflightError, match="unreachable"):
