@@ -390,11 +390,17 @@ def main(argv: list[str] | None = None) -> int:
                                             for part in ("gemm", "attention", "other")),
                       f"{k['gemm_share']:.0%}")
     console.print(b)
+    console.print("transformers' eager attention is bmm (counted as GEMM) and softmax (other); "
+                  "ours is torch's fused SDPA kernel (attention).")
     for r in results:
+        if r["non_gemm_budget_ms"] < 0:
+            need = "is out of reach even if nothing but ours' GEMMs cost anything"
+        else:
+            need = (f"needs ours' non-GEMM time <= {r['non_gemm_budget_ms']:.1f} ms per step, "
+                    f"it is {r['non_gemm_ms']:.1f} ms")
         console.print(f"{r['preset']}: ceiling t_HF / t_GEMM(ours) = {r['ceiling']:.2f}x (the "
                       f"speedup if everything but ours' GEMMs cost nothing); {TARGET_SPEEDUP}x "
-                      f"needs ours' non-GEMM time <= {r['non_gemm_budget_ms']:.1f} ms per step, "
-                      f"it is {r['non_gemm_ms']:.1f} ms")
+                      f"{need}")
     for r in results:
         verdict = "[green]met[/]" if r["target_met"] else "[red]NOT met[/]"
         console.print(f"{r['preset']} ({r['batch']}x{r['seq']}): target >= {TARGET_SPEEDUP}x "
