@@ -154,6 +154,19 @@ def _is_optional(tp) -> tuple[bool, object]:
     return False, tp
 
 
+def _finite(name: str, x: int | float) -> float:
+    """Every float field must be finite: inf passes each `> 0` check yet means "off" or
+    "diverge" (grad_clip=inf silently skips clipping, ALB-071; lr=inf is NaN at step 1), and a
+    NaN fails every comparison, so no range check can be trusted to catch it."""
+    try:
+        f = float(x)  # an int beyond float range (YAML `lr: 1000…0`) raises OverflowError
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise ConfigError(f"config field {name!r} must be a finite number, got {x!r}")
+    return f
+
+
 def _coerce(name: str, tp, value, from_text: bool):
     optional, base = _is_optional(tp)
     if value is None or (from_text and str(value).lower() in ("null", "none", "~")):
@@ -176,11 +189,13 @@ def _coerce(name: str, tp, value, from_text: bool):
             if base is int:
                 return int(text.replace("_", ""))
             if base is float:
-                return float(text)
-            return text
+                parsed = float(text)
+            else:
+                return text
         except ValueError:
             raise ConfigError(f"config field {name!r}: cannot parse {text!r} as "
                               f"{base.__name__}") from None
+        return _finite(name, parsed)
     if base is bool and not isinstance(value, bool):
         raise ConfigError(f"config field {name!r} must be true/false, got {value!r}")
     if base is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -189,12 +204,12 @@ def _coerce(name: str, tp, value, from_text: bool):
         if isinstance(value, str):
             # YAML 1.1 reads "3e-4" (no dot) as a string; accept it as the number it clearly is.
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config field {name!r} must be a number, got {value!r}")
-        return float(value)
+        return _finite(name, value)
     if base is str and not isinstance(value, str):
         raise ConfigError(f"config field {name!r} must be a string, got {value!r}")
     return value

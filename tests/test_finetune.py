@@ -220,6 +220,8 @@ def test_reward_weights_clip_and_scale():
     (["early_stopping_patience=2", "val_split=0"], "early_stopping_patience"),
     (["overlong=wrap"], "overlong"),
     (["lr_min=1"], "lr_min"),
+    (["grad_clip=inf"], "'grad_clip' must be a finite number"),  # clipping silently off
+    (["lora_alpha=nan"], "'lora_alpha' must be a finite number"),
 ])
 def test_bad_config_is_an_error_naming_the_field(over, msg):
     with pytest.raises(FT.FinetuneConfigError, match=msg):

@@ -40,6 +40,21 @@ def test_values_are_checked(over, field):
         T.load_config(None, over)
 
 
+FLOAT_FIELDS = [f for f, tp in T._hints().items() if T._is_optional(tp)[1] is float]
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_every_float_field_must_be_finite(field):
+    """inf passes every `> 0` check yet means "off": grad_clip=inf was accepted and silently
+    skipped clipping (the seeds' ALB-071), lr=inf trained into NaN at step 1."""
+    for text in ("inf", "-inf", "nan", "1e400"):
+        with pytest.raises(T.ConfigError, match=f"'{field}' must be a finite number"):
+            T.load_config(None, [f"{field}={text}"])
+    for value in (math.inf, math.nan, 10**400):  # YAML: .inf, .nan, an int beyond float range
+        with pytest.raises(T.ConfigError, match=f"'{field}' must be a finite number"):
+            T.config_from_dict({field: value})
+
+
 def test_yaml_then_cli_overrides(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("lr: 3e-4\nbeta2: 0.95\nmax_steps: 5_000\nhidden_size: null\n"
