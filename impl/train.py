@@ -273,6 +273,13 @@ def validate_config(cfg: TrainConfig) -> None:
     for name in ("batch_size", "grad_accum", "epochs", "max_steps", "eval_batches",
                  "log_interval", "eval_interval", "save_interval", "keep_last"):
         need(getattr(cfg, name) >= 1, name, "must be >= 1")
+    for name in ("max_files", "max_bytes", "threads"):  # null: no limit / automatic
+        need(getattr(cfg, name) is None or getattr(cfg, name) >= 1, name, "must be >= 1 or null")
+    for name in ("andon_loss_max", "memory_budget_gb"):  # null: off / the machine's memory
+        need(getattr(cfg, name) is None or getattr(cfg, name) > 0, name, "must be > 0 or null")
+    need(cfg.synthetic_tokens >= 1, "synthetic_tokens", "must be >= 1")
+    need(0 <= cfg.val_fraction < 1, "val_fraction", "must be in [0, 1)")
+    need(cfg.sample_tokens >= 0, "sample_tokens", "must be >= 0")
     need(cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0")
     need(cfg.lr > 0, "lr", "must be > 0")
     need(0 <= cfg.lr_min <= cfg.lr, "lr_min", "must be in [0, lr]")

@@ -34,6 +34,12 @@ def test_types_are_checked(d, field):
     (["batch_size=0"], "batch_size"), (["lr_min=1"], "lr_min"), (["beta2=1.0"], "beta2"),
     (["grad_clip=0"], "grad_clip"), (["backend=cuda"], "backend"), (["hidden_size=130"],
                                                                      "num_heads"),
+    # accepted before and failing late or not at all: max_bytes=-5 kept one file, a negative
+    # andon_loss_max stopped at step 1, a negative budget refused every model
+    (["max_bytes=-5"], "max_bytes"), (["max_files=0"], "max_files"), (["threads=0"], "threads"),
+    (["andon_loss_max=-1"], "andon_loss_max"), (["memory_budget_gb=0"], "memory_budget_gb"),
+    (["val_fraction=1"], "val_fraction"), (["val_fraction=-0.1"], "val_fraction"),
+    (["synthetic_tokens=0"], "synthetic_tokens"), (["sample_tokens=-1"], "sample_tokens"),
 ])
 def test_values_are_checked(over, field):
     with pytest.raises(T.ConfigError, match=field):
