@@ -186,7 +186,7 @@ def validate_config(cfg: FinetuneConfig) -> None:
                  "base_steps"):
         need(getattr(cfg, name) >= 1, name, "must be >= 1")
     for name in ("max_steps", "eval_interval", "early_stopping_patience", "seq_len",
-                 "max_examples"):
+                 "max_examples", "threads"):
         v = getattr(cfg, name)
         need(v is None or v >= 1, name, "must be >= 1 (or null)")
     need(cfg.warmup_steps is None or cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0")
@@ -199,6 +199,8 @@ def validate_config(cfg: FinetuneConfig) -> None:
     need(cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
     need(cfg.grad_clip > 0, "grad_clip", "must be > 0 (clipping is always on)")
     need(cfg.andon_grad_norm > 0, "andon_grad_norm", "must be > 0")
+    need(cfg.andon_loss_max is None or cfg.andon_loss_max > 0, "andon_loss_max",
+         "must be > 0 (or null)")
     need(cfg.dpo_beta > 0, "dpo_beta", "must be > 0")
     need(0 <= cfg.val_split < 1, "val_split", "must be in [0, 1)")
     need(cfg.overlong in ("truncate", "drop", "error"), "overlong",

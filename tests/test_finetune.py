@@ -222,6 +222,7 @@ def test_reward_weights_clip_and_scale():
     (["lr_min=1"], "lr_min"),
     (["grad_clip=inf"], "'grad_clip' must be a finite number"),  # clipping silently off
     (["lora_alpha=nan"], "'lora_alpha' must be a finite number"),
+    (["threads=0"], "threads"), (["andon_loss_max=-1"], "andon_loss_max"),
 ])
 def test_bad_config_is_an_error_naming_the_field(over, msg):
     with pytest.raises(FT.FinetuneConfigError, match=msg):
