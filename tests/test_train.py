@@ -52,7 +52,7 @@ FLOAT_FIELDS = [f for f, tp in T._hints().items() if T._is_optional(tp)[1] is fl
 @pytest.mark.parametrize("field", FLOAT_FIELDS)
 def test_every_float_field_must_be_finite(field):
     """inf passes every `> 0` check yet means "off": grad_clip=inf was accepted and silently
-    skipped clipping (the seeds' ALB-071), lr=inf trained into NaN at step 1."""
+    skipped clipping (the seeds' ALB-071); lr=inf passed the config and failed at step 1."""
     for text in ("inf", "-inf", "nan", "1e400"):
         with pytest.raises(T.ConfigError, match=f"'{field}' must be a finite number"):
             T.load_config(None, [f"{field}={text}"])
