@@ -155,10 +155,10 @@ def _is_optional(tp) -> tuple[bool, object]:
 
 
 def _finite(name: str, x: int | float) -> float:
-    """Every float field must be finite: inf passes each `> 0` check yet means "off" (grad_clip
-    =inf silently skipped clipping, the seeds' ALB-071) or fails only once training starts
-    (lr=inf: the schedule's error at step 1, after the data is built), and a NaN fails every
-    comparison, so no range check can be trusted to catch it."""
+    """Every float field must be finite. inf passes each `> 0` check yet means "off"
+    (`grad_clip=inf` silently skipped clipping, the seeds' ALB-071) or fails only once training
+    starts (`lr=inf`: the schedule's error at step 1, after the data is built); a NaN fails every
+    comparison, so a field without a range check would let it through."""
     try:
         f = float(x)  # an int beyond float range (YAML `lr: 1000…0`) raises OverflowError
     except OverflowError:
