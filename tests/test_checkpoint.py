@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from falsify.impl import checkpoint as C
-from falsify.impl import train as T
+from falsify.impl.llm import checkpoint as C
+from falsify.impl.llm import train as T
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path):
@@ -47,7 +47,7 @@ def test_resume_without_data_position_would_differ(tmp_path):
 
 
 def _launch(out_dir: Path, extra: list[str]) -> subprocess.Popen:
-    args = [sys.executable, "-m", "falsify.train_cli", f"out_dir={out_dir}", "progress=false",
+    args = [sys.executable, "-m", "falsify.cli.train", f"out_dir={out_dir}", "progress=false",
             *[f"{k}={v}" for k, v in T.TINY_TEST.items() if k not in ("progress",)], *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

@@ -16,7 +16,7 @@ import pytest
 
 from falsify.harness.model import load_contract
 from falsify.harness.validate import validate
-from falsify.pv import main
+from falsify.cli.pv import main
 
 COMPAT = Path(__file__).parent / "fixtures" / "compat"
 SEEDS = Path("/work/shared/seeds")

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl import data as data_mod
-from falsify.impl import finetune as FT
-from falsify.impl import lora_model as LM
-from falsify.impl import sft_data as SD
-from falsify.impl.model import ModelConfig, build_model
+from falsify.impl.llm import data as data_mod
+from falsify.impl.llm import finetune as FT
+from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm import sft_data as SD
+from falsify.impl.llm.model import ModelConfig, build_model
 
 CFG = ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   intermediate_size=192, max_seq_len=96)
@@ -57,7 +57,7 @@ def tiny_model(seed: int = 0, scale: float = 0.08):
 
 
 def write_base(dirpath: Path, tokenizer_path: Path, seed: int = 0) -> Path:
-    from falsify.merge_cli import write_ours
+    from falsify.cli.merge import write_ours
 
     return write_ours(tiny_model(seed), dirpath, str(tokenizer_path), {"test": True})
 
@@ -252,7 +252,7 @@ def _metrics(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["prompt_response", "reward", "chat", "text", "preference"])
 def test_cli_trains_every_format(tmp_path, base_dir, kind):
-    from falsify.finetune_cli import main
+    from falsify.cli.finetune import main
 
     recs = shipped_records(24)
     rows = {
@@ -285,7 +285,7 @@ def test_cli_trains_every_format(tmp_path, base_dir, kind):
 
 
 def test_cli_data_error_exit_code_and_message(tmp_path, base_dir, capsys):
-    from falsify.finetune_cli import main
+    from falsify.cli.finetune import main
 
     data = write_jsonl(tmp_path / "bad.jsonl", ['{"prompt": "a", "response": "b"}',
                                                 '{"prompt": "a", "answer": "b"}'])
@@ -368,7 +368,7 @@ def test_max_steps_unreachable_is_a_preflight_error(tmp_path, tok, tok_path):
 
 def test_hf_base_directory(tmp_path, tok, tok_path):
     """An HF LLaMA directory (impl/hf.py export, with tokenizer.json) is a valid --model."""
-    from falsify.impl import hf
+    from falsify.impl.llm import hf
 
     hf.export_hf(tiny_model(), tmp_path / "hf", tok_path)
     b = FT.load_base(tmp_path / "hf", "torch")
@@ -433,7 +433,7 @@ def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
 
 
 def test_cli_several_data_files_and_flags(tmp_path, base_dir):
-    from falsify.finetune_cli import main
+    from falsify.cli.finetune import main
 
     recs = shipped_records(24)
     a = write_jsonl(tmp_path / "a.jsonl", recs[:12])

@@ -8,7 +8,7 @@ import pytest
 
 
 def test_bench_finetune_tiny_json(capsys):
-    from falsify.bench_finetune import main
+    from falsify.bench.finetune import main
 
     assert main(["--size", "tiny", "--steps", "1", "--no-memory", "--format", "json"]) == 0
     r = json.loads(capsys.readouterr().out)

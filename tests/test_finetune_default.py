@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from falsify.finetune_cli import main
-from falsify.impl import lora_model as LM
-from falsify.impl import sft_data as SD
+from falsify.cli.finetune import main
+from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm import sft_data as SD
 
 
 def test_shipped_dataset_is_small_and_valid():

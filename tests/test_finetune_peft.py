@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from falsify.impl import finetune as FT
-from falsify.impl import hf
-from falsify.impl import lora_model as LM
+from falsify.impl.llm import finetune as FT
+from falsify.impl.llm import hf
+from falsify.impl.llm import lora_model as LM
 from tests.test_finetune import (
     CFG,
     logit_tolerance,
@@ -38,7 +38,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Per method: a base dir, and an adapter trained on it through the CLI (B ≠ 0)."""
-    from falsify.finetune_cli import main
+    from falsify.cli.finetune import main
 
     root = tmp_path_factory.mktemp("peft")
     tok = root / "tokenizer.json"
@@ -131,7 +131,7 @@ def test_bitsandbytes_quantizes_our_base_to_the_same_nf4_state(trained):
 @pytest.mark.parametrize("method", ["qlora", "lora"])
 def test_merge_cli_writes_both_layouts_that_match_base_plus_adapter(trained, tmp_path, method,
                                                                    capsys):
-    from falsify.merge_cli import main
+    from falsify.cli.merge import main
 
     base, adapter, _ = trained[method]
     out = tmp_path / "merged"
@@ -154,7 +154,7 @@ def test_merge_cli_writes_both_layouts_that_match_base_plus_adapter(trained, tmp
 
 
 def test_merge_refuses_another_base(trained, tmp_path, capsys):
-    from falsify.merge_cli import main
+    from falsify.cli.merge import main
 
     _, adapter, tok = trained["qlora"]
     other = write_base(tmp_path / "other", tok, seed=9)
@@ -165,8 +165,8 @@ def test_merge_refuses_another_base(trained, tmp_path, capsys):
 
 
 def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
-    from falsify.generate_cli import main as generate
-    from falsify.merge_cli import main as merge
+    from falsify.cli.generate import main as generate
+    from falsify.cli.merge import main as merge
 
     base, adapter, _ = trained["qlora"]
     merge(["--adapter", str(adapter), "--out", str(tmp_path / "m"), "--layout", "ours"])
@@ -177,7 +177,7 @@ def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "base (" in text and "base + adapter" in text and "merged" in text
-    from falsify.generate_cli import build_parser, sample
+    from falsify.cli.generate import build_parser, sample
 
     args = build_parser().parse_args(["--prompt", prompt, "--max-new-tokens", "12"])
     model = _ours(base, adapter)

@@ -56,7 +56,7 @@ def falsify(ws, *args):
 
 
 def pv(ws, *args):
-    return run(ws, "falsify.pv", *args)
+    return run(ws, "falsify.cli.pv", *args)
 
 
 def edit(ws, fn):
@@ -158,7 +158,7 @@ def test_generate_check_detects_hand_edits(workspace, tmp_path):
 
 
 def test_generated_files_on_main_are_up_to_date():
-    r = subprocess.run([sys.executable, "-m", "falsify.pv", "generate", "--check"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "falsify.cli.pv", "generate", "--check"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from falsify.impl import ops as ops_mod
-from falsify.impl.model import (
+from falsify.impl.llm import ops as ops_mod
+from falsify.impl.llm.model import (
     PRESETS,
     ModelConfig,
     ModelConfigError,
@@ -163,7 +163,7 @@ def test_unknown_backend_is_an_error():
 
 def test_auto_without_gpu_picks_torch_and_logs(monkeypatch, caplog):
     monkeypatch.setattr(ops_mod, "gpu_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="falsify.impl.ops"):
+    with caplog.at_level(logging.INFO, logger="falsify.impl.llm.ops"):
         assert ops_mod.resolve_backend("auto") == "torch"
     assert "backend=auto -> torch" in caplog.text
 

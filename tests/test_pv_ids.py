@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from falsify.pv import main
+from falsify.cli.pv import main
 
 
 @pytest.mark.parametrize("verb", [["status"], ["validate"], ["audit"], ["equations"]])

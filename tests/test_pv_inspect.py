@@ -1,6 +1,6 @@
 """`pv status`, `pv graph`, `pv equations`, `pv diff` and the modules behind them
 (harness/latex.py, harness/graph.py, harness/diff.py). Verbs run in-process through
-falsify.pv.main; contracts are copies of tests/fixtures/valid/softmax-lite-v1.yaml."""
+falsify.cli.pv.main; contracts are copies of tests/fixtures/valid/softmax-lite-v1.yaml."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from falsify.harness import graph
 from falsify.harness.latex import to_latex
 from falsify.harness.model import CONTRACTS_DIR, load_contract
-from falsify.pv import main
+from falsify.cli.pv import main
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "valid" / "softmax-lite-v1.yaml"

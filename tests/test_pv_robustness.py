@@ -3,7 +3,7 @@ empty files, non-UTF-8 bytes, alias bombs, oversized files, deep nesting and lar
 directories with a one-line error and exit code 1 (a bad contract) or 2 (usage / I/O), in
 bounded time. A hypothesis test mutates valid contracts and checks the same of `pv validate`.
 
-Verbs run in-process (falsify.pv.main) for speed; an exception escaping main fails the test.
+Verbs run in-process (falsify.cli.pv.main) for speed; an exception escaping main fails the test.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from falsify.harness import yamlio
-from falsify.pv import main
+from falsify.cli.pv import main
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "valid" / "softmax-lite-v1.yaml"

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from falsify.impl import checkpoint as C
-from falsify.impl import train as T
-from falsify.impl.model import PRESETS, build_model, param_count
+from falsify.impl.llm import checkpoint as C
+from falsify.impl.llm import train as T
+from falsify.impl.llm.model import PRESETS, build_model, param_count
 
 
 # ----------------------------------------------------------------------------- config
@@ -298,7 +298,7 @@ def _cli_args(tmp_path, **over):
 
 
 def test_cli_trains_prints_perplexity_and_resumes(tmp_path, capsys):
-    from falsify.train_cli import main
+    from falsify.cli.train import main
 
     assert main(_cli_args(tmp_path)) == 0
     out = capsys.readouterr().out
@@ -310,7 +310,7 @@ def test_cli_trains_prints_perplexity_and_resumes(tmp_path, capsys):
 
 
 def test_cli_errors_are_exit_code_2(tmp_path, capsys):
-    from falsify.train_cli import main
+    from falsify.cli.train import main
 
     assert main(_cli_args(tmp_path, max_steps=100_000, warmup_steps=0)) == 2
     assert "unreachable" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import torch
 
 
 def test_default_shapes_are_the_presets_context_length():
-    from falsify.bench_train import default_shape
+    from falsify.bench.train import default_shape
 
     # the step measured is the step `falsify train` runs: blocks of the preset's max_seq_len
     assert default_shape("tiny") == (16, 128)
@@ -19,8 +19,8 @@ def test_default_shapes_are_the_presets_context_length():
 
 
 def test_bench_train_runs_both_sides(tmp_path):
-    from falsify.bench_train import TARGET_SPEEDUP, flops_per_token, main
-    from falsify.impl.model import param_count, preset
+    from falsify.bench.train import TARGET_SPEEDUP, flops_per_token, main
+    from falsify.impl.llm.model import param_count, preset
 
     out = tmp_path / "r.json"
     assert main(["--presets", "tiny", "--batch", "2", "--seq", "32", "--steps", "2",
@@ -63,7 +63,7 @@ def test_breakdown_sorts_profiled_ops():
     """Real profiler events: a matmul lands in GEMM, SDPA in attention, an add in other."""
     from torch.profiler import ProfilerActivity, profile
 
-    from falsify.bench_train import breakdown
+    from falsify.bench.train import breakdown
 
     a, q = torch.randn(256, 256), torch.randn(1, 2, 64, 16)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -83,9 +83,9 @@ def test_breakdown_sorts_profiled_ops():
 
 def test_different_computations_are_not_compared(tmp_path, monkeypatch):
     """A model that computes another loss (one perturbed weight) fails the same-loss check."""
-    import falsify.impl.hf as hf
-    from falsify.bench_train import check_same_loss
-    from falsify.impl.model import build_model, preset
+    import falsify.impl.llm.hf as hf
+    from falsify.bench.train import check_same_loss
+    from falsify.impl.llm.model import build_model, preset
 
     cfg = preset("tiny", max_seq_len=16)
     hf_dir = hf.export_hf(build_model(cfg, "torch", seed=0), tmp_path / "hf")
@@ -109,7 +109,7 @@ def test_different_computations_are_not_compared(tmp_path, monkeypatch):
 
 def test_a_child_that_dies_is_an_error_not_a_hang(tmp_path):
     """A side that cannot start (here: no checkpoint to load) is reported at once, by name."""
-    from falsify.bench_train import run_paired
+    from falsify.bench.train import run_paired
 
     with pytest.raises(RuntimeError, match=r"bench child 'ours' died before answering 'ready'"):
         run_paired(str(tmp_path / "missing"), str(tmp_path / "missing.pt"), steps=1, warmup=0,

@@ -9,9 +9,9 @@ import math
 
 import torch
 
-from falsify.impl import data as D
-from falsify.impl import train as T
-from falsify.impl.model import ModelConfig, param_count
+from falsify.impl.llm import data as D
+from falsify.impl.llm import train as T
+from falsify.impl.llm.model import ModelConfig, param_count
 
 
 # ---------------------------------------------------------------------------- optimizer

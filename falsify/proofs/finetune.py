@@ -70,7 +70,7 @@ def _bound(equation: str, backend: str):
 
 
 def _objectives(backend: str):
-    from falsify.impl.finetune import Objectives
+    from falsify.impl.llm.finetune import Objectives
 
     return Objectives(sft_loss=_bound("sft_loss", backend), dpo_loss=_bound("dpo_loss", backend),
                       reward_weights=_bound("reward_weights", backend),
@@ -82,7 +82,7 @@ def tiny_base(seed: int = 0, scale: float = 0.08):
     """The tiny Transformer with weights N(0, scale) and norm gains in [0.5, 1.5]."""
     import torch
 
-    from falsify.impl.model import ModelConfig, build_model
+    from falsify.impl.llm.model import ModelConfig, build_model
 
     m = build_model(ModelConfig(**TINY), "torch", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -99,7 +99,7 @@ def synthetic_sft(n: int = 48, seed: int = 0, rewards: bool = False):
     """Prompt/response examples over ids 4..511: the response is a fixed function of the first
     prompt token (learnable in a few steps), lengths vary so padding and token weighting
     matter. Token 0 is the EOS separator, as in impl/sft_data."""
-    from falsify.impl.sft_data import SFTExample
+    from falsify.impl.llm.sft_data import SFTExample
 
     rng = np.random.default_rng([seed, 17])
     out = []
@@ -114,7 +114,7 @@ def synthetic_sft(n: int = 48, seed: int = 0, rewards: bool = False):
 
 
 def synthetic_pairs(n: int = 16, seed: int = 0):
-    from falsify.impl.sft_data import PreferenceExample, SFTExample
+    from falsify.impl.llm.sft_data import PreferenceExample, SFTExample
 
     rng = np.random.default_rng([seed, 23])
     out = []
@@ -131,7 +131,7 @@ def synthetic_pairs(n: int = 16, seed: int = 0):
 
 
 def _cfg(**kw):
-    from falsify.impl import finetune as FT
+    from falsify.impl.llm import finetune as FT
 
     d = dict(method="qlora", lora_r=4, lora_alpha=8.0, batch_size=4, grad_accum=2, epochs=50,
              max_steps=4, warmup_steps=0, lr=1e-2, lr_min=1e-3, val_split=0.0, progress=False,
@@ -147,9 +147,9 @@ class Run:
     def __init__(self, backend: str, examples: list, kind: str = "sft", seed: int = 0, **kw):
         import torch
 
-        from falsify.impl import finetune as FT
-        from falsify.impl import lora_model as LM
-        from falsify.impl import sft_data as SD
+        from falsify.impl.llm import finetune as FT
+        from falsify.impl.llm import lora_model as LM
+        from falsify.impl.llm import sft_data as SD
 
         torch.manual_seed(seed)
         self.cfg = FT.resolve_steps(_cfg(seed=seed, **kw), len(examples))
@@ -172,7 +172,7 @@ class Run:
                                          self.cfg.grad_accum, self.cfg.epochs, seed, True)
 
     def micro(self, idx_lists):
-        from falsify.impl import finetune as FT
+        from falsify.impl.llm import finetune as FT
 
         return [FT.make_micro(self.examples, idx, self.kind, 0, self.weights)
                 for idx in idx_lists]
@@ -193,7 +193,7 @@ def frozen_base_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
     independent computation); no base tensor holds a gradient; every adapter did change."""
     import torch
 
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps)
@@ -231,7 +231,7 @@ def zero_init_run(backend, dtype="float32", method="qlora", seed=0):
     test_hf.py uses: 8·(2L+1)·√K·u·max|logits|, K = max(hidden, intermediate)."""
     import torch
 
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
     run = Run(backend, synthetic_sft(8, seed), seed=seed, method=method)
@@ -269,7 +269,7 @@ def sft_loss_mask_run(backend, dtype="float32", seed=0):
     The loop's loss is also compared with the float64 numpy loss of the same logits."""
     import torch
 
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=8, grad_accum=1)
     run.step()  # B != 0: gradients reach A as well
@@ -326,7 +326,7 @@ def loss_decreases_run(backend, dtype="float32", method="qlora", steps=40, seed=
 def gradient_flow_run(backend, dtype="float32", method="qlora", seed=0):
     """QFT-GRD-001. Step 1 (B = 0): ∂L/∂B ≠ 0 for every adapter and ∂L/∂A = 0 exactly (the
     LoRA backward dA = s·(g·B)ᵀ·x); after it ‖B‖ > 0; step 2: ∂L/∂A ≠ 0 for every adapter."""
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method)
     run.step()
@@ -349,7 +349,7 @@ def batch_loss_run(backend, dtype="float32", seed=0):
     (no padding, batch 1): token-weighted, not a mean of per-sample (or per-micro) means."""
     import torch
 
-    from falsify.impl import sft_data as SD
+    from falsify.impl.llm import sft_data as SD
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=3, grad_accum=2)
     run.step()
@@ -381,7 +381,7 @@ def checkpointing_run(backend, dtype="float32", method="qlora", seed=0):
     """QFT-CKP-001. Adapter gradients of one step with activation checkpointing (each block
     recomputed in backward) equal those without it: the recompute runs the same ops on the
     same inputs, so they are bit-identical on CPU; the tolerance allows a few ulps anyway."""
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
 
     runs = {}
     for ckpt in (False, True):
@@ -407,7 +407,7 @@ def reward_run(backend, dtype="float32", seed=0):
     equals the numpy Σ w_i·CE_i / Σ n_i for mixed weights."""
     import torch
 
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
 
     ex = synthetic_sft(16, seed, rewards=True)
     run = Run(backend, ex, seed=seed, batch_size=8, grad_accum=1)
@@ -533,8 +533,8 @@ def export_import_run(backend, dtype="float32", method="qlora", steps=3, seed=0)
     import torch
     from safetensors.torch import load_file
 
-    from falsify.impl import hf
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import hf
+    from falsify.impl.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps)
     for _ in range(steps):
@@ -594,7 +594,7 @@ def _peft_logits(hf_dir, adapter_dir, x, ours):
                                                attn_implementation="eager")
         pm = PeftModel.from_pretrained(hfm, str(adapter_dir)).eval()
     sd = {k.replace(".default", ""): v for k, v in pm.state_dict().items() if "lora_" in k}
-    from falsify.impl.lora_model import PEFT_PREFIX
+    from falsify.impl.llm.lora_model import PEFT_PREFIX
 
     loaded = len(sd)
     equal = loaded == len(ours) and all(
@@ -610,7 +610,7 @@ def merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
     more than that (so a merge that dropped or mis-scaled the adapter cannot pass)."""
     import torch
 
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps,
               lr=3e-2)
@@ -635,8 +635,8 @@ def memory_run(backend, dtype="float32", double_quant=True):
     + 4·n/64 absmax bytes (fp32), or with double quantization n/64 uint8 codes + 4·⌈n/64/256⌉
     second-level absmax + 4 offset bytes; per weight 4.5 (≈4.127) bits, i.e. ≈ 1/7.1 (≈ 1/7.75)
     of fp32."""
-    from falsify.impl import finetune as FT
-    from falsify.impl import lora_model as LM
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import lora_model as LM
 
     m = tiny_base(0)
     cfg = _cfg(double_quant=double_quant)
@@ -655,14 +655,14 @@ def memory_run(backend, dtype="float32", double_quant=True):
 # ------------------------------------------------------------------------------- mutants
 def sft_loss_on_prompt(logits, labels, mask, weights):
     """MUT: the response mask is ignored — loss on prompt tokens too."""
-    from falsify.impl.finetune import sft_loss
+    from falsify.impl.llm.finetune import sft_loss
 
     return sft_loss(logits, labels, labels != -100, weights)
 
 
 def sft_loss_reward_ignored(logits, labels, mask, weights):
     """MUT: every sample weighs 1 whatever its reward."""
-    from falsify.impl.finetune import sft_loss
+    from falsify.impl.llm.finetune import sft_loss
 
     return sft_loss(logits, labels, mask, weights.new_ones(weights.shape))
 
@@ -670,7 +670,7 @@ def sft_loss_reward_ignored(logits, labels, mask, weights):
 def sft_loss_mean_of_means(logits, labels, mask, weights):
     """MUT: each sample's mean CE, averaged, presented as a token sum: long samples are
     under-weighted (the gradient-accumulation normalisation bug, per sample)."""
-    from falsify.impl.finetune import sft_loss
+    from falsify.impl.llm.finetune import sft_loss
 
     sums = [sft_loss(logits[i:i + 1], labels[i:i + 1], mask[i:i + 1], weights[i:i + 1])
             for i in range(logits.shape[0])]
@@ -699,14 +699,14 @@ def freeze_nothing(model):
 
 def dpo_swapped(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
     """MUT: chosen and rejected swapped (a data-loader bug): the policy learns the rejected."""
-    from falsify.impl.finetune import dpo_loss
+    from falsify.impl.llm.finetune import dpo_loss
 
     return dpo_loss(policy_rejected, policy_chosen, ref_rejected, ref_chosen, beta)
 
 
 def merge_scale_alpha(w, a, b, scale):
     """MUT: merged with α instead of α/r (scale·r): the merged model over-applies the adapter."""
-    from falsify.impl.lora_model import merge_weights
+    from falsify.impl.llm.lora_model import merge_weights
 
     r = a.shape[0]
     return merge_weights(w, a, b, scale * r)
@@ -721,6 +721,6 @@ def reward_weights_unclipped(rewards):
 def peft_state_our_names(model):
     """MUT: adapter tensors saved under our names, without PEFT's base_model.model.model.
     prefix: PEFT loads nothing and silently keeps B = 0."""
-    from falsify.impl.lora_model import adapter_parameters
+    from falsify.impl.llm.lora_model import adapter_parameters
 
     return {k: v.detach().float().contiguous() for k, v in adapter_parameters(model).items()}

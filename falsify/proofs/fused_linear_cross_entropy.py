@@ -104,7 +104,7 @@ def bench_cases():
     """Cases for `falsify bench kernels` (register with EXTRA_CASES.append(bench_cases)): our
     torch FLCE vs F.cross_entropy(x @ W.T, y), forward + backward, fp32, at the spec's shape
     tokens=4096, hidden=1024, vocab=32768."""
-    from falsify.bench_kernels import Case
+    from falsify.bench.kernels import Case
     from falsify.impl.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
 
     T, H, V = 4096, 1024, 32768

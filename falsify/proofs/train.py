@@ -50,7 +50,7 @@ LOOP_EQUATIONS = {"optimizer": "build_optimizer", "clip": "clip_gradients",
 
 def parts():
     """impl/train.LoopParts with every piece taken from the contract's current bindings."""
-    from falsify.impl.train import LoopParts
+    from falsify.impl.llm.train import LoopParts
 
     return LoopParts(**{field: _bound(eq) for eq, field in LOOP_EQUATIONS.items()})
 
@@ -68,7 +68,7 @@ def _memo(key: tuple, fn):
 
 
 def _steps_run(steps: int, seed: int) -> dict:
-    from falsify.impl import train as T
+    from falsify.impl.llm import train as T
 
     return _memo(("run_steps", steps, seed),
                  lambda: T.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER))
@@ -93,8 +93,8 @@ def gradient_flow_run(backend, dtype="float32", steps=100, seed=0):
     """TL-GRD-001: after step 1 every parameter of the model (from the model, not from the
     optimizer) has a gradient with max |g| > 0, every one is in exactly one optimizer group,
     and every one changed over the run."""
-    from falsify.impl import train as T
-    from falsify.impl.model import param_tensor_count
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import param_tensor_count
 
     r = _steps_run(steps, seed)
     in_opt = [n for g in r["optimizer_groups"] for n in g["param_names"]]
@@ -111,7 +111,7 @@ def hyperparameter_run(backend, dtype="float32", steps=100, seed=0):
     """TL-HYP-001: every optimizer group holds the configured lr (the schedule's value of the
     last update), betas, eps; the decay group holds weight_decay and exactly the projection
     matrices, the no-decay group 0 and exactly the norm gains and the embedding."""
-    from falsify.impl import train as T
+    from falsify.impl.llm import train as T
 
     r = _steps_run(steps, seed)
     groups = r["optimizer_groups"]
@@ -151,8 +151,8 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
     exactly max_steps steps, crossing epoch boundaries; (2) the same data with one epoch too few
     is refused by preflight before step 1 (no metrics written), the message naming the
     achievable steps and the epochs needed; (3) the ALB-060 numbers are refused."""
-    from falsify.impl import data as D
-    from falsify.impl import train as T
+    from falsify.impl.llm import data as D
+    from falsify.impl.llm import train as T
 
     p = parts()
     out: dict = {}
@@ -196,8 +196,8 @@ def param_count_run(backend, dtype="float32"):
     """TL-MEM-001: the closed-form count (bound `param_count`) equals the number of elements of
     the real module instantiated on the meta device (no memory), for every preset and the tiny
     test config; 350m also equals Albor's published 398,509,056."""
-    from falsify.impl import train as T
-    from falsify.impl.model import PRESETS, meta_param_count
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import PRESETS, meta_param_count
 
     count = _bound("param_count")
     cfgs = dict(PRESETS)
@@ -221,8 +221,8 @@ def memory_run(backend, dtype="float32", steps=3):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from falsify.impl import train as T
-    from falsify.impl.model import build_model
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import build_model
 
     estimate = _bound("memory")
     threads = torch.get_num_threads()
@@ -272,7 +272,7 @@ def memory_run(backend, dtype="float32", steps=3):
 def resume_run(backend, dtype="float32", total=8, kill_at=3):
     """TL-RES-001: a run killed after `kill_at` steps and resumed from its checkpoint continues
     bit-identically: the loss of every step, the final weights."""
-    from falsify.impl import train as T
+    from falsify.impl.llm import train as T
 
     with tempfile.TemporaryDirectory() as tmp:
         r = T.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0)
@@ -290,8 +290,8 @@ def accumulation_run(backend, dtype="float32", seed=0):
     gradients compared are the accumulated ones."""
     import torch
 
-    from falsify.impl import train as T
-    from falsify.impl.model import build_model
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import build_model
 
     p = parts()
     g = torch.Generator().manual_seed(seed)
@@ -326,8 +326,8 @@ def determinism_run(backend, dtype="float32", steps=6):
     """TL-DET-001: two runs with the same seed write checkpoints whose tensors (weights, AdamW
     state, RNG states) hash identically; a run with another seed hashes differently (so the
     hash does see the weights)."""
-    from falsify.impl import checkpoint as C
-    from falsify.impl import train as T
+    from falsify.impl.llm import checkpoint as C
+    from falsify.impl.llm import train as T
 
     def digest(ckpt: Path) -> str:
         h = hashlib.sha256()
@@ -354,8 +354,8 @@ def clipping_run(backend, dtype="float32", seed=0):
     away from 1 so that clipping by any power of the norm gives another result."""
     import torch
 
-    from falsify.impl import train as T
-    from falsify.impl.model import build_model
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import build_model
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(4, 512, (4, 32), generator=g)
@@ -409,9 +409,9 @@ def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
     the numpy loop needs to replay the same steps (`reference()` runs it)."""
     import torch
 
-    from falsify.impl import data as D
-    from falsify.impl import train as T
-    from falsify.impl.model import build_model
+    from falsify.impl.llm import data as D
+    from falsify.impl.llm import train as T
+    from falsify.impl.llm.model import build_model
     from falsify.reference import model as RM
     from falsify.reference import train as RT
 

@@ -55,7 +55,7 @@ ATTENTION_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attenti
 
 
 def flops_per_token(cfg, seq_len: int) -> float:
-    from falsify.impl.model import param_count
+    from falsify.impl.llm.model import param_count
 
     return 6.0 * param_count(cfg) + 12.0 * cfg.num_layers * seq_len * cfg.hidden_size
 
@@ -108,8 +108,8 @@ def _child(kind: str, hf_dir: str, batch_path: str, threads: int, backend: str, 
     batch = torch.load(batch_path)
     x, y = batch["x"], batch["y"]
     if kind == "ours":
-        from falsify.impl.hf import import_hf
-        from falsify.impl.train import TrainConfig, Trainer
+        from falsify.impl.llm.hf import import_hf
+        from falsify.impl.llm.train import TrainConfig, Trainer
 
         model = import_hf(hf_dir, backend=backend)
         cfg = TrainConfig(max_steps=10**9, warmup_steps=0, lr=1e-4, lr_min=1e-4,
@@ -221,7 +221,7 @@ def check_same_loss(hf_dir: Path, x, y, backend: str) -> dict:
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
 
-    from falsify.impl.hf import import_hf
+    from falsify.impl.llm.hf import import_hf
 
     ours = import_hf(hf_dir, backend=backend).eval()
     hf = LlamaForCausalLM.from_pretrained(hf_dir, local_files_only=True,
@@ -247,8 +247,8 @@ def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, threa
                  backend: str, seed: int = 0) -> dict:
     import torch
 
-    from falsify.impl.hf import export_hf
-    from falsify.impl.model import build_model, param_count, preset
+    from falsify.impl.llm.hf import export_hf
+    from falsify.impl.llm.model import build_model, param_count, preset
 
     cfg = preset(name, max_seq_len=seq)
     model = build_model(cfg, backend, seed=seed)
@@ -313,7 +313,7 @@ TARGET_SPEEDUP = 1.3  # issue 6: >= 1.3x transformers tokens/s at tiny and 50m o
 
 
 def default_shape(name: str) -> tuple[int, int]:
-    from falsify.impl.model import preset
+    from falsify.impl.llm.model import preset
 
     return DEFAULT_BATCH.get(name, 1), preset(name).max_seq_len
 
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from falsify.impl.train import resolve_threads
+    from falsify.impl.llm.train import resolve_threads
 
     threads, why = resolve_threads(args.threads)
     console = Console()

@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from falsify.impl import checkpoint as ckpt_mod
-from falsify.impl.checkpoint import CheckpointError
-from falsify.impl.data import DataError
-from falsify.impl.model import param_count
-from falsify.impl.train import (
+from falsify.impl.llm import checkpoint as ckpt_mod
+from falsify.impl.llm.checkpoint import CheckpointError
+from falsify.impl.llm.data import DataError
+from falsify.impl.llm.model import param_count
+from falsify.impl.llm.train import (
     AndonStop,
     ConfigError,
     PreflightError,

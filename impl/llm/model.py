@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from falsify.impl.ops import Ops, get_ops
+from falsify.impl.llm.ops import Ops, get_ops
 
 
 class ModelConfigError(ValueError):

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Further verbs live in two modules so this file stays the entry point only:
     # pv_inspect (status, graph, equations, diff) reads contracts; pv_harness (generate,
     # coverage, audit) also reads the results ledger.
-    from falsify import pv_harness, pv_inspect
+    from falsify.cli import pv_harness, pv_inspect
 
     pv_inspect.register(sub, _add_common, _emit, UsageError)
     pv_harness.register(sub, _add_common, _emit, UsageError)

@@ -53,7 +53,7 @@ def _status(key: str) -> int:
 
 
 def _cfg(size: str):
-    from falsify.impl.model import ModelConfig
+    from falsify.impl.llm.model import ModelConfig
 
     s = dict(SIZES[size])
     s.pop("batch")
@@ -96,10 +96,10 @@ class Ours:
     name = "falsify QLoRA (NF4 + LoRA)"
 
     def __init__(self, size: str):
-        from falsify.impl import finetune as FT
-        from falsify.impl import lora_model as LM
-        from falsify.impl import sft_data as SD
-        from falsify.impl.model import build_model
+        from falsify.impl.llm import finetune as FT
+        from falsify.impl.llm import lora_model as LM
+        from falsify.impl.llm import sft_data as SD
+        from falsify.impl.llm.model import build_model
 
         self.model = build_model(_cfg(size), "torch", seed=0)
         LM.apply_lora(self.model, LM.LoraSpec(method="qlora", r=RANK, alpha=ALPHA,
@@ -123,8 +123,8 @@ class Theirs:
         import logging
         import tempfile
 
-        from falsify.impl import hf
-        from falsify.impl.model import build_model
+        from falsify.impl.llm import hf
+        from falsify.impl.llm.model import build_model
 
         logging.getLogger("transformers").setLevel(logging.ERROR)
         from peft import LoraConfig, get_peft_model
@@ -169,7 +169,7 @@ def _import_side(which: str) -> None:
     """Import every module a side uses before the baseline RSS is read, so that "model
     resident" counts the model, not the libraries' code and import-time tables."""
     if which == "ours":
-        import falsify.impl.finetune  # noqa: F401
+        import falsify.impl.llm.finetune  # noqa: F401
     else:
         import peft  # noqa: F401
         import transformers  # noqa: F401
@@ -178,7 +178,7 @@ def _import_side(which: str) -> None:
             import bitsandbytes  # noqa: F401
         except ImportError:
             pass
-    import falsify.impl.hf  # noqa: F401
+    import falsify.impl.llm.hf  # noqa: F401
     # torch.optim's first constructor lazily imports torch._dynamo, inductor, sympy and triton
     # (~145 MiB of library code). transformers imports them at import time; without this, only
     # our side would pay for that code inside the measured region.
@@ -201,7 +201,7 @@ def measure_memory(which: str, size: str, use_bnb: bool) -> dict:
 
 
 def memory_in_subprocess(which: str, size: str, use_bnb: bool) -> dict:
-    r = subprocess.run([sys.executable, "-m", "falsify.bench_finetune", "--measure", which,
+    r = subprocess.run([sys.executable, "-m", "falsify.bench.finetune", "--measure", which,
                         "--size", size] + (["--bnb"] if use_bnb else []),
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:

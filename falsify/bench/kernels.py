@@ -135,7 +135,7 @@ def measure_peak(kernel: str, label: str, which: str) -> int:
 
 
 def peak_in_subprocess(case: Case, which: str) -> int:
-    r = subprocess.run([sys.executable, "-m", "falsify.bench_kernels", "--measure", case.kernel,
+    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", case.kernel,
                         case.label, which], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"peak measurement failed for {case.kernel} {case.label} {which}:\n"

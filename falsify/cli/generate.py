@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from falsify.impl import data as data_mod
-from falsify.impl import finetune as FT
-from falsify.impl import lora_model as LM
-from falsify.impl.data import DataError
-from falsify.impl.model import generate
-from falsify.impl.train import ConfigError
+from falsify.impl.llm import data as data_mod
+from falsify.impl.llm import finetune as FT
+from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm.data import DataError
+from falsify.impl.llm.model import generate
+from falsify.impl.llm.train import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tok = None
         if args.adapter:
-            from falsify.merge_cli import load_adapted
+            from falsify.cli.merge import load_adapted
 
             model, base, _ = load_adapted(args.adapter, args.model, args.backend, console)
             tp = Path(args.adapter) / "tokenizer.json"

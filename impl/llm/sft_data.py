@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from falsify.impl.data import EOS, DataError, encode
+from falsify.impl.llm.data import EOS, DataError, encode
 
 IGNORE_INDEX = -100
 META_KEYS = frozenset({"id", "source", "meta", "metadata"})
@@ -473,7 +473,7 @@ def build_stdlib_dataset(out: str | Path, max_bytes: int = 900_000, max_body_lin
     import os
     import tempfile
 
-    from falsify.impl.data import stdlib_files, stdlib_root
+    from falsify.impl.llm.data import stdlib_files, stdlib_root
 
     root = stdlib_root()
     out = Path(out)

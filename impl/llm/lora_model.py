@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from falsify.impl.model import Transformer, build_model
+from falsify.impl.llm.model import Transformer, build_model
 from falsify.impl.torch import lora as lora_kernel
 from falsify.impl.torch import nf4 as nf4_kernel
 from falsify.impl.torch import qlora as qlora_kernel

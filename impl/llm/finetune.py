@@ -43,12 +43,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from falsify.impl import checkpoint as ckpt_mod
-from falsify.impl import data as data_mod
-from falsify.impl import lora_model as LM
-from falsify.impl import sft_data as SD
-from falsify.impl import train as T
-from falsify.impl.model import ModelConfig, Transformer, build_model, generate
+from falsify.impl.llm import checkpoint as ckpt_mod
+from falsify.impl.llm import data as data_mod
+from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm import sft_data as SD
+from falsify.impl.llm import train as T
+from falsify.impl.llm.model import ModelConfig, Transformer, build_model, generate
 
 log = logging.getLogger("falsify.finetune")
 
@@ -467,7 +467,7 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
     output) or an HF LLaMA directory (config.json + model.safetensors, impl/hf.py)."""
     from safetensors.torch import load_file
 
-    from falsify.impl import hf
+    from falsify.impl.llm import hf
 
     p = Path(path)
     if not p.exists():

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from falsify.impl.checkpoint import make_temp_dir
+from falsify.impl.llm.checkpoint import make_temp_dir
 
 EOS = "<|endoftext|>"
 FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"

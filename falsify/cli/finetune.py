@@ -21,11 +21,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from falsify.impl import checkpoint as ckpt_mod
-from falsify.impl import finetune as FT
-from falsify.impl.data import DataError
-from falsify.impl.lora_model import LoraConfigError
-from falsify.impl.train import AndonStop, ConfigError, PreflightError
+from falsify.impl.llm import checkpoint as ckpt_mod
+from falsify.impl.llm import finetune as FT
+from falsify.impl.llm.data import DataError
+from falsify.impl.llm.lora_model import LoraConfigError
+from falsify.impl.llm.train import AndonStop, ConfigError, PreflightError
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.

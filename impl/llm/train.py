@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import yaml
 
-from falsify.impl import checkpoint as ckpt_mod
-from falsify.impl import data as data_mod
-from falsify.impl.model import (
+from falsify.impl.llm import checkpoint as ckpt_mod
+from falsify.impl.llm import data as data_mod
+from falsify.impl.llm.model import (
     ModelConfig,
     ModelConfigError,
     Transformer,

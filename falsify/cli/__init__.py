@@ -339,10 +339,10 @@ def build_parser():
     return p
 
 
-DELEGATES = {"train": "falsify.train_cli", "finetune": "falsify.finetune_cli",
-             "merge": "falsify.merge_cli", "generate": "falsify.generate_cli"}
-BENCHES = {"kernels": "falsify.bench_kernels", "train": "falsify.bench_train",
-           "finetune": "falsify.bench_finetune"}
+DELEGATES = {"train": "falsify.cli.train", "finetune": "falsify.cli.finetune",
+             "merge": "falsify.cli.merge", "generate": "falsify.cli.generate"}
+BENCHES = {"kernels": "falsify.bench.kernels", "train": "falsify.bench.train",
+           "finetune": "falsify.bench.finetune"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from falsify.impl import finetune as FT
-from falsify.impl import hf
-from falsify.impl import lora_model as LM
-from falsify.impl.data import DataError
-from falsify.impl.train import ConfigError
+from falsify.impl.llm import finetune as FT
+from falsify.impl.llm import hf
+from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm.data import DataError
+from falsify.impl.llm.train import ConfigError
 
 U32 = 2.0**-24
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from falsify.impl.checkpoint import make_temp_dir
-from falsify.impl.model import ModelConfig, Transformer, build_model
+from falsify.impl.llm.checkpoint import make_temp_dir
+from falsify.impl.llm.model import ModelConfig, Transformer, build_model
 
 HF_PREFIX = "model."
 

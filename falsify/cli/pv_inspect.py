@@ -1,6 +1,6 @@
 """`pv` verbs that read contracts: status, graph, equations, diff.
 
-Exit codes as in falsify/pv.py: 0 fine, 1 violations (an unreadable contract, a dependency
+Exit codes as in falsify/cli/pv.py: 0 fine, 1 violations (an unreadable contract, a dependency
 cycle or a missing dependency, a version that does not carry the bump its changes need), 2 usage
 or I/O error (a path that does not exist or cannot be read).
 """
@@ -15,7 +15,7 @@ EXIT_OK, EXIT_VIOLATIONS = 0, 1
 
 
 class _Verb:
-    """What every verb needs from falsify/pv.py, bound once at registration."""
+    """What every verb needs from falsify/cli/pv.py, bound once at registration."""
 
     emit = None
     usage_error: type[Exception] = Exception

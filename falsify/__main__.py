@@ -1,0 +1,5 @@
+import sys
+
+from falsify.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The application wing: model, training loop, fine-tuning, data, checkpoints, HF import/export."""
