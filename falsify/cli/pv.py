@@ -10,18 +10,10 @@ import argparse
 import json
 import sys
 
+from falsify.cli.common import Parser, UsageError
 from falsify.harness.model import CONTRACTS_DIR
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse exits 2 on usage errors; keep that, one line
-        raise UsageError(f"{self.prog}: {message}")
 
 
 def _emit(args, payload: dict, text: str):
@@ -78,8 +70,8 @@ def verb(name, help_):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pv", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="verb", parser_class=_Parser)
+    p = Parser(prog="pv", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", parser_class=Parser)
     v = sub.add_parser("validate", help="schema + semantic rules (V001..)")
     _add_common(v)
     v.add_argument("--allow-import", action="store_true",
