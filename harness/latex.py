@@ -408,74 +408,67 @@ class _Renderer:
         return after
 
     def one(self, i: int) -> int:
+        """Translate the token at i; return the index of the next untranslated token."""
+        t = self.toks[i]
+        handler = {"ident": self._ident_tok, "num": self._num_tok, "hex": self._hex_tok,
+                   "sup": self._script_tok, "sub": self._script_tok,
+                   "op2": self._op2_tok}.get(t.kind, self._char)
+        return handler(i, t, t.ws_before)
+
+    def _ident_tok(self, i: int, t, ws: bool) -> int:
         toks = self.toks
-        t = toks[i]
-        ws = t.ws_before
-        add = self.out.append
-        if t.kind == "ident":
-            call = i + 1 < len(toks) and not toks[i + 1].ws_before and toks[i + 1].kind == "ch" \
-                and toks[i + 1].text == "("
-            if self.script_ctx and not call and re.fullmatch(r"[A-Za-z]{1,3}", t.text) \
-                    and t.text not in GREEK_WORDS and t.text not in TEX_OPS:
-                add(Piece(t.text, "var", ws))  # x_{ij}: two indices, not a word
-                return i + 1
-            if t.text == "sqrt":
-                return self.sqrt(i + 1, ws, spaced=not call)
-            p = _ident(t.text, call)
-            p.ws_before = ws
-            add(p)
+        call = i + 1 < len(toks) and not toks[i + 1].ws_before and toks[i + 1].kind == "ch" \
+            and toks[i + 1].text == "("
+        if self.script_ctx and not call and re.fullmatch(r"[A-Za-z]{1,3}", t.text) \
+                and t.text not in GREEK_WORDS and t.text not in TEX_OPS:
+            self.out.append(Piece(t.text, "var", ws))  # x_{ij}: two indices, not a word
             return i + 1
-        if t.kind == "num":
-            p = _number(t.text)
-            p.ws_before = ws
-            add(p)
-            return i + 1
-        if t.kind == "hex":
-            add(Piece(r"\mathtt{" + t.text + "}", "num", ws))
-            return i + 1
-        if t.kind in ("sup", "sub"):
-            table = SUPERSCRIPTS if t.kind == "sup" else SUBSCRIPTS
-            parts = [table[c] for c in t.text]
-            self.attach(t.kind, " ".join(parts) if any("\\" in x for x in parts)
-                        else "".join(parts), ws)  # ᵀⁱ -> {\top i}, not \topi
-            return i + 1
-        if t.kind == "op2":
-            if t.text == "**":
-                return self.script("sup", i, ws)
-            tex = TWO_CHAR[t.text]
-            if t.text == "||":
-                add(Piece(tex, "open", ws))
-            else:
-                add(Piece(tex, "op", ws))
-            return i + 1
+        if t.text == "sqrt":
+            return self.sqrt(i + 1, ws, spaced=not call)
+        p = _ident(t.text, call)
+        p.ws_before = ws
+        self.out.append(p)
+        return i + 1
+
+    def _num_tok(self, i: int, t, ws: bool) -> int:
+        p = _number(t.text)
+        p.ws_before = ws
+        self.out.append(p)
+        return i + 1
+
+    def _hex_tok(self, i: int, t, ws: bool) -> int:
+        self.out.append(Piece(r"\mathtt{" + t.text + "}", "num", ws))
+        return i + 1
+
+    def _script_tok(self, i: int, t, ws: bool) -> int:
+        table = SUPERSCRIPTS if t.kind == "sup" else SUBSCRIPTS
+        parts = [table[c] for c in t.text]
+        self.attach(t.kind, " ".join(parts) if any("\\" in x for x in parts)
+                    else "".join(parts), ws)  # ᵀⁱ -> {\top i}, not \topi
+        return i + 1
+
+    def _op2_tok(self, i: int, t, ws: bool) -> int:
+        if t.text == "**":
+            return self.script("sup", i, ws)
+        self.out.append(Piece(TWO_CHAR[t.text], "open" if t.text == "||" else "op", ws))
+        return i + 1
+
+    def _char(self, i: int, t, ws: bool) -> int:
+        """One character token: scripts, primes, braces, norms, accents, operators, Greek."""
         c = t.text
         if c == "_":
             return self.script("sub", i, ws)
         if c == "^":
             return self.script("sup", i, ws)
-        if c in ("√",):
+        if c == "√":
             return self.sqrt(i + 1, ws)
         if c in PRIMES:
-            primes = "'" * PRIMES[c]
-            last = self.out[-1] if self.out else None
-            if last is None or last.kind in ("op", "open") or ws:
-                add(Piece("{}" + primes, "var", ws, sup=True))
-            else:
-                if last.sup and not last.tex.endswith("'"):
-                    last.tex = "{" + last.tex + "}"
-                last.tex += primes
-                last.sup = True
-            return i + 1
+            return self._prime(i, c, ws)
         if c == "{":
-            j = self.pairs.get(i)
-            if j is not None:
-                add(Piece(r"\{" + self.group(i, j) + r"\}", "var", ws))
-                return j + 1
-            add(Piece(r"\{", "open", ws))
-            return i + 1
+            return self._brace(i, ws)
         if c == "‖":
-            add(Piece(r"\lVert" if self.norms % 2 == 0 else r"\rVert",
-                      "open" if self.norms % 2 == 0 else "close", ws))
+            self.out.append(Piece(r"\lVert" if self.norms % 2 == 0 else r"\rVert",
+                                  "open" if self.norms % 2 == 0 else "close", ws))
             self.norms += 1
             return i + 1
         if c in COMBINING:
@@ -485,46 +478,67 @@ class _Renderer:
                 last.sub = last.sup = False
             return i + 1
         if c in BIG_OPS:
-            if c in "ΣΠ" and _capital_not_operator(toks, i):
-                add(Piece(r"\Sigma" if c == "Σ" else r"\Pi", "var", ws))  # the matrix Σ
-                return i + 1
-            add(Piece(BIG_OPS[c], "big", ws))
+            if c in "ΣΠ" and _capital_not_operator(self.toks, i):
+                self.out.append(Piece(r"\Sigma" if c == "Σ" else r"\Pi", "var", ws))  # matrix Σ
+            else:
+                self.out.append(Piece(BIG_OPS[c], "big", ws))
             return i + 1
         if c in GREEK:
-            add(Piece(GREEK[c], "var", ws))
-            nxt = toks[i + 1] if i + 1 < len(toks) else None
-            if nxt and nxt.kind == "num" and not nxt.ws_before and re.fullmatch(r"[0-9]{1,2}",
-                                                                                 nxt.text):
-                self.attach("sub", nxt.text, False)  # β1 -> \beta_1
-                return i + 2
-            return i + 1
+            return self._greek(i, c, ws)
         if c in SYMBOLS:
-            tex = SYMBOLS[c]
             if c == "°" and self.out:
                 self.attach("sup", r"\circ", ws)
-                return i + 1
-            add(Piece(tex, "var" if c in SYMBOL_ATOMS else "op", ws))
+            else:
+                self.out.append(Piece(SYMBOLS[c], "var" if c in SYMBOL_ATOMS else "op", ws))
             return i + 1
+        self.out.append(self._plain_char(c, ws))
+        return i + 1
+
+    def _prime(self, i: int, c: str, ws: bool) -> int:
+        primes = "'" * PRIMES[c]
+        last = self.out[-1] if self.out else None
+        if last is None or last.kind in ("op", "open") or ws:
+            self.out.append(Piece("{}" + primes, "var", ws, sup=True))
+        else:
+            if last.sup and not last.tex.endswith("'"):
+                last.tex = "{" + last.tex + "}"
+            last.tex += primes
+            last.sup = True
+        return i + 1
+
+    def _brace(self, i: int, ws: bool) -> int:
+        j = self.pairs.get(i)
+        if j is not None:
+            self.out.append(Piece(r"\{" + self.group(i, j) + r"\}", "var", ws))
+            return j + 1
+        self.out.append(Piece(r"\{", "open", ws))
+        return i + 1
+
+    def _greek(self, i: int, c: str, ws: bool) -> int:
+        self.out.append(Piece(GREEK[c], "var", ws))
+        nxt = self.toks[i + 1] if i + 1 < len(self.toks) else None
+        if nxt and nxt.kind == "num" and not nxt.ws_before and re.fullmatch(r"[0-9]{1,2}",
+                                                                             nxt.text):
+            self.attach("sub", nxt.text, False)  # β1 -> \beta_1
+            return i + 2
+        return i + 1
+
+    @staticmethod
+    def _plain_char(c: str, ws: bool) -> Piece:
         if c in ASCII_ESCAPES:
-            add(Piece(ASCII_ESCAPES[c], "op", ws))
-            return i + 1
+            return Piece(ASCII_ESCAPES[c], "op", ws)
         if c in "([":
-            add(Piece(c, "open", ws))
-            return i + 1
+            return Piece(c, "open", ws)
         if c in ")]":
-            add(Piece(c, "close", ws))
-            return i + 1
+            return Piece(c, "close", ws)
         if c.isascii():
-            add(Piece(c, "op", ws))
-            return i + 1
+            return Piece(c, "op", ws)
         name = unicodedata.name(c, "")
         if name.startswith("MATHEMATICAL") or unicodedata.category(c).startswith("L"):
             decomposed = unicodedata.normalize("NFKD", c)
             if decomposed.isascii() and decomposed.isalnum():
-                add(Piece(decomposed, "var", ws))  # 𝑥 -> x, é in a formula -> e
-                return i + 1
-        add(Piece(r"\text{" + text_escape(c) + "}", "var", ws))
-        return i + 1
+                return Piece(decomposed, "var", ws)  # 𝑥 -> x, é in a formula -> e
+        return Piece(r"\text{" + text_escape(c) + "}", "var", ws)
 
     def script(self, kind: str, i: int, ws: bool) -> int:
         arg = self.script_arg(i + 1)
