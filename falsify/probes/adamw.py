@@ -14,12 +14,7 @@ import numpy as np
 import torch
 
 F32_EPS = float(np.finfo(np.float32).eps)
-
-
 HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
-
-
-# --------------------------------------------------------------------------- loop-level runs
 SHAPES = ((7, 13), (64,), (1,), (3, 1, 5))  # non-power-of-2, size-1 and 3-d parameters
 
 

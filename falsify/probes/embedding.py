@@ -1,7 +1,5 @@
 """Embedding contract: the out-of-range token id probe."""
 
-
-
 CONTRACT = "embedding-kernel-v1"
 
 

@@ -1,10 +1,6 @@
 """GELU contract: the tanh-vs-erf gap probe."""
 
-
-
 CONTRACT = "gelu-kernel-v1"
-
-
 ARGMAX = 2.69894  # |x| where |gelu_tanh − gelu_exact| peaks (both signs: the gap is even)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 CONTRACT = "gemm-kernel-v1"
 
 
-# ------------------------------------------------------------------ executable probe
 def _bound(backend):
     from falsify.harness import backends, runtime
 

@@ -13,8 +13,6 @@ import torch
 from falsify.reference.grad_accumulation import full_batch_grad, micro_batch_slices
 
 F32_EPS = float(np.finfo(np.float32).eps)
-
-
 IGNORE = -100
 
 

@@ -10,9 +10,6 @@ import numpy as np
 import torch
 
 F32_EPS = float(np.finfo(np.float32).eps)
-
-
-# --------------------------------------------------------------------------- loop-level run
 SHAPES = ((7, 13), (64,), (1,), (3, 1, 5), (33, 2))
 
 

@@ -1,7 +1,5 @@
 """SwiGLU contract: the aliasing probe."""
 
-
-
 CONTRACT = "swiglu-kernel-v1"
 
 
