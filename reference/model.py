@@ -67,12 +67,6 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_params(cfg, seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: (np.ones(s) if k.endswith("norm.weight") else rng.normal(0.0, std, s))
-            for k, s in param_shapes(cfg).items()}
-
-
 # ------------------------------------------------------------------------------ pieces
 def rmsnorm_fwd(x, g, eps):
     r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)

@@ -11,7 +11,7 @@ import torch
 
 from falsify.impl.torch import lora as T
 from falsify.impl.triton import lora as X
-from falsify.proofs.lora import init_step_probe
+from falsify.probes.lora import init_step_probe
 from falsify.reference import lora as R
 
 peft = pytest.importorskip("peft")

@@ -13,7 +13,7 @@ from falsify.impl.torch import nf4 as TN
 from falsify.impl.torch import qlora as T
 from falsify.impl.triton import qlora as X
 from falsify.mutants import qlora as M
-from falsify.proofs.qlora import frozen_base_probe, matches_lora_probe
+from falsify.probes.qlora import frozen_base_probe, matches_lora_probe
 from falsify.reference import qlora as R
 
 BACKENDS = {"torch": T, "triton": X}

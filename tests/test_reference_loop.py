@@ -1,11 +1,11 @@
-"""Reference-loop parity: the torch training loop (impl/train.py Trainer, fp32, the code the CLI
-runs) against the numpy float64 loop with a hand-written backward (reference/train.py), from the
-same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
+"""Reference-loop parity: the torch training loop (impl/llm/train.py Trainer, fp32, the code the
+CLI runs) against the numpy float64 loop with a hand-written backward (reference/train.py), from
+the same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
 targets (so micro-batches carry different token counts), warmup + cosine and active clipping.
 
-The run and the derived tolerances live in falsify/proofs/train.py (contracts/train-loop-v1.yaml,
+The run and the derived tolerances live in falsify/probes/train.py (contracts/train-loop-v1.yaml,
 FALSIFY-TL-012 runs the same comparison as a contract check); this file keeps the negative
-controls: each of the seeds' bugs (weight decay on norms/embeddings, clipping with ‖g‖², an
+controls: each of the known loop bugs (weight decay on norms/embeddings, clipping with ‖g‖², an
 off-by-one schedule, accumulation as a mean of per-micro-batch means), put into the reference
 loop, exceeds the tolerances by ≥ 40×, so the tolerances are tight enough to catch them.
 """
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from falsify.proofs import train as PT
+from falsify.probes import train as PT
 from falsify.reference import model as RM
 from falsify.reference import train as RT
 

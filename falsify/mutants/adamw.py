@@ -1,5 +1,6 @@
-"""AdamW mutants: the optimizer bugs the AdamW contract's checks must catch (DESIGN.md §6,
-seeds ALB-044 / ALB-059, pv adamw-kernel-v1's qa falsification line)."""
+"""AdamW mutants: the optimizer bugs the AdamW contract's checks must catch (coupled L2 decay, a
+dropped β2, no bias correction, uninitialised state, stride-blind Triton indexing; ALB-044 /
+ALB-059, pv adamw-kernel-v1's qa falsification line)."""
 
 from __future__ import annotations
 

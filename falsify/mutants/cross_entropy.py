@@ -1,5 +1,5 @@
-"""Cross-entropy mutants: the CE bugs public kernel libraries shipped (Liger #968/#1298,
-DESIGN.md §6) and the online-logsumexp rescale bug."""
+"""Cross-entropy mutants: the CE bugs public kernel libraries shipped (Liger #968/#1298)
+and the online-logsumexp rescale bug."""
 
 from __future__ import annotations
 

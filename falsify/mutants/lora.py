@@ -13,7 +13,7 @@ from falsify.reference.lora import lora_scale
 
 
 def scale_by_r(x, w, a, b, alpha, r, rslora=False, out=None):
-    """Adapter scaled by r instead of α/r (DESIGN.md §6)."""
+    """Adapter scaled by r instead of α/r (a known LoRA scaling bug)."""
     _t.check_args(x, w, a, b, r)
     y = _t._LoraLinear.apply(x, w, a, b, float(r))
     return y if out is None else out.copy_(y)

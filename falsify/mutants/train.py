@@ -1,6 +1,6 @@
 """Mutants of the pretraining loop (contracts/train-loop-v1.yaml): buggy variants of the loop's
-swappable pieces (impl/train.LoopParts), each one a bug the seeds or DESIGN.md §6 record. The
-contract's run functions (falsify/proofs/train.py) build the real loop with whatever the
+swappable pieces (impl/llm/train.LoopParts), each one a bug seen in real training code. The
+contract's run functions (falsify/probes/train.py) build the real loop with whatever the
 harness binds, so each variant runs inside the real Trainer / train()."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _clip_with_norm_power(params, max_norm, power):
 
 
 def clip_gradients_quartic(params, max_norm):
-    """DESIGN.md §6: the clip coefficient computed with ‖g‖⁴ instead of ‖g‖."""
+    """The clip coefficient computed with ‖g‖⁴ instead of ‖g‖ (a known clipping bug)."""
     return _clip_with_norm_power(params, max_norm, 4)
 
 

@@ -1,13 +1,9 @@
-"""Facts behind the gelu contract: z3 launch arithmetic and the tanh-vs-erf gap probe."""
+"""Symbolic facts behind the gelu contract: z3 launch arithmetic."""
 
 import z3
 
 from falsify.impl.triton.gelu import MAX_BLOCK, launch_config
 from falsify.proofs.bitvec import U
-
-CONTRACT = "gelu-kernel-v1"
-MAX_GAP = 4.7324e-4
-ARGMAX = 2.69894  # |x| where |gelu_tanh − gelu_exact| peaks (both signs: the gap is even)
 
 
 def launch_claims():
@@ -21,24 +17,3 @@ def launch_claims():
         cfg["grid"][0].e == rows, block & (block - 1) == 0, z3.ULE(block, MAX_BLOCK),
         z3.Implies(z3.ULE(n, MAX_BLOCK), z3.UGE(block, n)),
         z3.UGE(cols * block, n), z3.ULT((cols - 1) * block, n)))
-
-
-def gap_probe(backend, dtype="float32", lo=-6.0, hi=6.0, points=12001):
-    """max |gelu(x, 'tanh') − gelu(x, 'none')| over a grid (spacing 1e-3, plus ±ARGMAX), using
-    the contract's `gelu_gap` binding for `backend` (looked up through the harness, so mutants
-    are what runs). Returns the maximum and where it is attained."""
-    import numpy as np
-
-    from falsify.harness import backends, runtime
-
-    fn = backends.function(runtime.contract(CONTRACT), "gelu_gap", backend)
-    xs = np.concatenate([np.linspace(lo, hi, points), [-ARGMAX, ARGMAX]])
-    xs = xs.astype({"float32": np.float32, "float16": np.float16}[dtype]).reshape(1, -1)
-    if backend != "reference":
-        import torch
-
-        xs = torch.from_numpy(xs)
-    gap = backends.to_numpy(fn(xs)).reshape(-1)
-    i = int(np.argmax(np.abs(gap)))
-    return {"max_gap": float(np.abs(gap[i])), "argmax": float(np.asarray(xs).reshape(-1)[i]),
-            "points": int(gap.size)}

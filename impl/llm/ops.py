@@ -5,7 +5,7 @@ The model never calls a kernel directly: it asks `get_ops(backend)` for an `Ops`
 (one module per kernel, the function named like the module), so the contract that tests
 `impl/torch/rope.py` tests exactly the code the training loop runs.
 
-Rules (DESIGN.md §4): a backend that was asked for by name and cannot run is an error, never a
+Rules: a backend that was asked for by name and cannot run is an error, never a
 silent fallback. Only `backend="auto"` chooses, and it logs what it chose and why.
 """
 

@@ -25,7 +25,7 @@ The dlse term makes lse itself differentiable (∂lse_i/∂s_ij = P_ij), so flas
 second output can feed a loss.
 
 Peak extra memory is O(B·Hq·MAX_BLOCK²) for one score tile plus O(B·Hq·S·D) for the outputs
-and fp32 accumulators: linear in S (measured in falsify/proofs/attention.py).
+and fp32 accumulators: linear in S (measured in falsify/probes/attention.py).
 """
 
 from __future__ import annotations

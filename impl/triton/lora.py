@@ -85,11 +85,6 @@ def _lora_mm_kernel(a1_ptr, b1_ptr, a2_ptr, b2_ptr, c_ptr, M, N, K1, K2,
              acc.to(c_ptr.dtype.element_ty), mask=m_ok & n_ok)
 
 
-def _strides(t, transpose=False):
-    s0, s1 = t.stride()
-    return (s1, s0) if transpose else (s0, s1)
-
-
 def matmul2(a1, b1, c, alpha1=1.0, a2=None, b2=None, alpha2=0.0):
     """c ← α₁·a1 @ b1 (+ α₂·a2 @ b2). Operands are 2-D tensors or transposed views (.T); c is
     written in place (its dtype is the output dtype)."""

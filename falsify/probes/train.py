@@ -1,17 +1,17 @@
 """Run functions for contracts/train-loop-v1.yaml (`training`-kind checks of the pretraining loop
-impl/train.py), its CrossHair targets, and the reference-loop parity harness that
-tests/test_reference_loop.py also uses.
+impl/llm/train.py) and the reference-loop parity harness that tests/test_reference_loop.py also
+uses.
 
 Every run drives the real loop (Trainer, train(), run_steps, resume_equivalence) on the tiny
-synthetic config (2 layers, hidden 64, vocab 512, seq 32: ~30 ms a step on one thread) with the
-loop's swappable pieces (impl/train.LoopParts: optimizer builder, gradient clip, micro-batch
-divisors, batch sampler, config algebra, resume position) looked up through the harness at call
-time (`parts`), so when `falsify mutants` swaps a binding the loop under test runs the mutant.
-Each compares against something the loop did not compute: the config it was given, the model's
-own parameter list, the numpy float64 reference loop, one full batch, an uninterrupted run, a
-second run, the meta-device model, bytes counted by the torch profiler.
+synthetic config (2 layers, hidden 64, vocab 512, seq 32: small enough that a 100-step run fits
+in a check) with the loop's swappable pieces (impl/llm/train.LoopParts: optimizer builder,
+gradient clip, micro-batch divisors, batch sampler, config algebra, resume position) looked up
+through the harness at call time (`parts`), so when `falsify mutants` swaps a binding the loop
+under test runs the mutant. Each compares against something the loop did not compute: the
+config it was given, the model's own parameter list, the numpy float64 reference loop, one full
+batch, an uninterrupted run, a second run, the meta-device model, bytes counted by the torch
+profiler.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -49,7 +49,7 @@ LOOP_EQUATIONS = {"optimizer": "build_optimizer", "clip": "clip_gradients",
 
 
 def parts():
-    """impl/train.LoopParts with every piece taken from the contract's current bindings."""
+    """impl/llm/train.LoopParts with every piece taken from the contract's current bindings."""
     from falsify.impl.llm.train import LoopParts
 
     return LoopParts(**{field: _bound(eq) for eq, field in LOOP_EQUATIONS.items()})

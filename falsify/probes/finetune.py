@@ -1,19 +1,16 @@
-"""Run functions for contracts/qlora-finetune-v1.yaml (`training`-kind checks), the float64
-numpy oracles its parity checks compare against, and the contract's mutants.
+"""Run functions for contracts/qlora-finetune-v1.yaml (`training`-kind checks).
 
 Every run function builds a tiny model (2 layers, hidden 64, vocab 512, seq 32) with weights far
 from the near-zero init (so a convention error moves logits by O(1)), runs a few steps of the
-real loop (impl/finetune.py), and compares against something the loop did not compute: a
+real loop (impl/llm/finetune.py), and compares against something the loop did not compute: a
 snapshot of the base taken before training and the NF4 bytes recomputed by the numpy reference,
-the un-adapted Transformer, float64 numpy losses, per-sample forwards, the non-checkpointed
-gradients, ln 2, the PEFT library's own loading of the exported adapter.
+the un-adapted Transformer, float64 numpy losses (reference/finetune.py), per-sample forwards,
+the non-checkpointed gradients, ln 2, the PEFT library's own loading of the exported adapter.
 
 The swappable pieces (loss, DPO loss, reward weights, LoRA init, freezing, merge, PEFT names)
 are looked up through the harness at call time (`_bound`), so when `falsify mutants` swaps a
-binding, the loop under test runs the mutant. Mutants live at the end of this file (they belong
-in falsify/mutants/finetune.py, which is not one of this module's owner's files).
+binding, the loop under test runs the mutant (falsify/mutants/finetune.py).
 """
-
 from __future__ import annotations
 
 import math
@@ -22,44 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+from falsify.reference.finetune import (
+    dpo_loss_reference,
+    reward_weights_reference,
+    sft_loss_reference,
+)
+
 CONTRACT = "qlora-finetune-v1"
 U32 = 2.0**-24  # fp32 unit roundoff
 TINY = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             intermediate_size=192, max_seq_len=32)
-
-
-# ------------------------------------------------------------------------ numpy oracles
-def _log_softmax64(z):
-    z = np.asarray(z, np.float64)
-    m = z.max(-1, keepdims=True)
-    return z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
-
-
-def sft_loss_reference(logits, labels, mask, weights):
-    """float64: (Σ_i w_i Σ_t m_it·(−log softmax(z_it)[y_it]), Σ m_it), m also excluding -100."""
-    lp = _log_softmax64(logits)
-    labels = np.asarray(labels, np.int64)
-    m = np.asarray(mask).astype(bool) & (labels != -100)
-    tok = -np.take_along_axis(lp, np.where(m, labels, 0)[..., None], -1)[..., 0]
-    per = np.where(m, tok, 0.0).sum(-1)
-    return float((per * np.asarray(weights, np.float64)).sum()), float(m.sum())
-
-
-def reward_weights_reference(rewards):
-    r = np.clip(np.asarray(rewards, np.float64), -1.0, 1.0)
-    lo, hi = r.min(), r.max()
-    if not hi > lo:
-        raise ValueError("constant rewards: min-max undefined")
-    return (r - lo) / (hi - lo)
-
-
-def dpo_loss_reference(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
-    """float64, log σ(x) = −log1p(e^{−x}) evaluated stably on both signs."""
-    pc, pr, rc, rr = (np.asarray(v, np.float64) for v in (policy_chosen, policy_rejected,
-                                                          ref_chosen, ref_rejected))
-    c, r = beta * (pc - rc), beta * (pr - rr)
-    x = c - r
-    return np.logaddexp(0.0, -x), c, r
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -650,77 +619,3 @@ def memory_run(backend, dtype="float32", double_quant=True):
     mem = LM.memory_bytes(m)
     return {"stored": mem["projections_stored"], "formula": want,
             "ratio": mem["projections_ratio"], "fp32": mem["projections_fp32"]}
-
-
-# ------------------------------------------------------------------------------- mutants
-def sft_loss_on_prompt(logits, labels, mask, weights):
-    """MUT: the response mask is ignored — loss on prompt tokens too."""
-    from falsify.impl.llm.finetune import sft_loss
-
-    return sft_loss(logits, labels, labels != -100, weights)
-
-
-def sft_loss_reward_ignored(logits, labels, mask, weights):
-    """MUT: every sample weighs 1 whatever its reward."""
-    from falsify.impl.llm.finetune import sft_loss
-
-    return sft_loss(logits, labels, mask, weights.new_ones(weights.shape))
-
-
-def sft_loss_mean_of_means(logits, labels, mask, weights):
-    """MUT: each sample's mean CE, averaged, presented as a token sum: long samples are
-    under-weighted (the gradient-accumulation normalisation bug, per sample)."""
-    from falsify.impl.llm.finetune import sft_loss
-
-    sums = [sft_loss(logits[i:i + 1], labels[i:i + 1], mask[i:i + 1], weights[i:i + 1])
-            for i in range(logits.shape[0])]
-    n = sum(c for _, c in sums)
-    means = [s / c.clamp_min(1) for s, c in sums]
-    return sum(means) / len(means) * n, n
-
-
-def lora_init_nonzero_b(in_features, out_features, r, seed, dtype=None):
-    """MUT: B initialised like A (non-zero): the adapted model differs from the base at step 0."""
-    import torch
-
-    from falsify.impl.torch.lora import lora_init
-
-    a, _ = lora_init(in_features, out_features, r, seed)
-    g = torch.Generator().manual_seed(int(seed) + 1)
-    b = (torch.rand(out_features, r, generator=g) * 2 - 1) / math.sqrt(r)
-    return a, b
-
-
-def freeze_nothing(model):
-    """MUT: the base is not frozen: every parameter keeps requires_grad."""
-    for p in model.parameters():
-        p.requires_grad_(True)
-
-
-def dpo_swapped(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
-    """MUT: chosen and rejected swapped (a data-loader bug): the policy learns the rejected."""
-    from falsify.impl.llm.finetune import dpo_loss
-
-    return dpo_loss(policy_rejected, policy_chosen, ref_rejected, ref_chosen, beta)
-
-
-def merge_scale_alpha(w, a, b, scale):
-    """MUT: merged with α instead of α/r (scale·r): the merged model over-applies the adapter."""
-    from falsify.impl.llm.lora_model import merge_weights
-
-    r = a.shape[0]
-    return merge_weights(w, a, b, scale * r)
-
-
-def reward_weights_unclipped(rewards):
-    """MUT: min-max without clipping to [−1, 1]: one outlier squeezes every other weight."""
-    r = rewards.double()
-    return ((r - r.min()) / (r.max() - r.min())).to(rewards.dtype)
-
-
-def peft_state_our_names(model):
-    """MUT: adapter tensors saved under our names, without PEFT's base_model.model.model.
-    prefix: PEFT loads nothing and silently keeps B = 0."""
-    from falsify.impl.llm.lora_model import adapter_parameters
-
-    return {k: v.detach().float().contiguous() for k, v in adapter_parameters(model).items()}

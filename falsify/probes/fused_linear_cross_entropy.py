@@ -1,6 +1,6 @@
-"""Memory and speed evidence for the fused linear cross-entropy: the peak-memory run the
-contract asserts, the benchmark entry for `falsify bench kernels`, and a standalone benchmark
-(`python -m falsify.proofs.fused_linear_cross_entropy`).
+"""The peak-memory run of contracts/fused-linear-cross-entropy-kernel-v1.yaml: ours vs the naive
+F.cross_entropy(x @ W.T, y), against the analytic bound. (The side-by-side speed and memory
+benchmark is `falsify bench kernels`.)
 
 Measuring allocated bytes on CPU. torch has no CPU counterpart of
 torch.cuda.max_memory_allocated, and the process RSS mixes in allocator caching, page
@@ -11,13 +11,9 @@ memory the call needed, in exact bytes, independent of allocator caching and det
 for a given shape — the CPU analogue of max_memory_allocated. Inputs allocated before the
 profiler starts are not counted; gradients created by backward are.
 """
-
 from __future__ import annotations
 
 import json
-import statistics
-import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -98,61 +94,3 @@ def memory_vs_naive(backend, dtype, T, H, V, chunk_size):
                     + C * 2048 * 4 * 4 + 64 * T + (1 << 16))
     out["logits_bytes"] = T * V * 4
     return out
-
-
-def bench_cases():
-    """Cases for `falsify bench kernels` (register with EXTRA_CASES.append(bench_cases)): our
-    torch FLCE vs F.cross_entropy(x @ W.T, y), forward + backward, fp32, at the spec's shape
-    tokens=4096, hidden=1024, vocab=32768."""
-    from falsify.bench.kernels import Case
-    from falsify.impl.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
-
-    T, H, V = 4096, 1024, 32768
-
-    def setup():
-        x, w, y = _inputs(T, H, V, torch.float32)
-        return {"x": x, "w": w, "y": y}
-
-    return [Case("fused_linear_cross_entropy", f"{T}x{H}x{V}", setup,
-                 lambda a: fused_linear_cross_entropy(a["x"], a["w"], a["y"]),
-                 lambda a: naive(a["x"], a["w"], a["y"]),
-                 "F.cross_entropy(x @ W.T, y)", flops=3 * 2.0 * T * H * V, backward=True)]
-
-
-def benchmark(T=4096, H=1024, V=32768, repeats=3, backend="torch"):
-    """Median wall time of forward + backward (interleaved repeats after one warm-up each) and
-    peak extra allocated bytes, ours vs naive."""
-    import importlib
-
-    mod = importlib.import_module(f"falsify.impl.{backend}.fused_linear_cross_entropy")
-    x, w, y = _inputs(T, H, V, torch.float32)
-
-    def run(which):
-        x.grad = w.grad = None
-        loss = mod.fused_linear_cross_entropy(x, w, y) if which == "ours" else naive(x, w, y)
-        loss.backward()
-        return float(loss)
-
-    losses = {k: run(k) for k in ("ours", "naive")}  # warm-up, and the values to compare
-    times = {"ours": [], "naive": []}
-    for _ in range(repeats):
-        for which in ("ours", "naive"):
-            t0 = time.perf_counter()
-            run(which)
-            times[which].append(time.perf_counter() - t0)
-    peaks = {}
-    for which in ("ours", "naive"):
-        x.grad = w.grad = None
-        peaks[which] = peak_allocated_bytes(lambda which=which: run(which))
-    t_o, t_n = statistics.median(times["ours"]), statistics.median(times["naive"])
-    return {"shape": f"tokens={T}, hidden={H}, vocab={V}", "threads": torch.get_num_threads(),
-            "ours_s": t_o, "naive_s": t_n, "time_ratio": t_o / t_n,
-            "ours_peak_mib": peaks["ours"] / 2 ** 20, "naive_peak_mib": peaks["naive"] / 2 ** 20,
-            "mem_ratio": peaks["ours"] / peaks["naive"],
-            "loss_ours": losses["ours"], "loss_naive": losses["naive"]}
-
-
-if __name__ == "__main__":
-    args = dict(a.split("=") for a in sys.argv[1:])
-    print(json.dumps(benchmark(**{k: (v if k == "backend" else int(v)) for k, v in args.items()}),
-                     indent=1))

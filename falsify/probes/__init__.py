@@ -1,0 +1,1 @@
+"""Executable probes: the `run:` functions of training-kind checks, one module per kernel."""

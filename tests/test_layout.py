@@ -1,0 +1,74 @@
+"""Where bound code lives, so a reader finds it by its role: `run:` functions in
+falsify/probes/, symbolic targets in falsify/proofs/, mutants in falsify/mutants/, reference
+bindings in reference/; probes import no benchmark, and the benchmark's case list is complete
+in the memory subprocess that loads it as __main__."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from falsify.harness.model import ROOT, discover, load_contract
+
+# A CrossHair target may also be a reference function analysed in place (its PEP 316
+# conditions are in its own docstring); z3 targets build claims and live in proofs.
+PACKAGE = {"run": ("falsify.probes.",), "target": ("falsify.proofs.",),
+           "crosshair": ("falsify.proofs.", "falsify.reference."),
+           "with": ("falsify.mutants.",), "reference": ("falsify.reference.",)}
+
+
+def _bindings():
+    for path in discover([ROOT / "contracts"]):
+        c, _ = load_contract(path)
+        for eq in c.equations.values():
+            if "reference" in eq.bindings:
+                yield path.name, "reference", eq.bindings["reference"]
+        for t in c.checks:
+            if t.spec.get("run"):
+                yield path.name, "run", t.spec["run"]
+            if t.spec.get("target"):
+                key = "crosshair" if t.spec.get("engine") == "crosshair" else "target"
+                yield path.name, key, t.spec["target"]
+        for m in c.mutants:
+            yield path.name, "with", m.with_
+
+
+BINDINGS = list(_bindings())
+
+
+def test_every_binding_kind_is_present():
+    assert {k for _, k, _ in BINDINGS} == set(PACKAGE)
+
+
+@pytest.mark.parametrize("key", sorted(PACKAGE))
+def test_bindings_live_in_the_package_of_their_role(key):
+    wrong = [(f, ref) for f, k, ref in BINDINGS if k == key and not ref.startswith(PACKAGE[key])]
+    assert not wrong, f"`{key}` bindings outside {PACKAGE[key]}: {wrong}"
+
+
+def test_probes_import_no_benchmark():
+    hits = []
+    for path in sorted((ROOT / "falsify" / "probes").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            hits += [f"{path.name}: {n}" for n in names if n.startswith("falsify.bench")]
+    assert not hits
+
+
+def test_bench_memory_subprocess_finds_every_case():
+    """The peak-memory child runs `python -m falsify.bench.kernels --measure ...`: the module is
+    __main__ there, and must still know the case the parent asked for."""
+    from falsify.bench import kernels
+
+    case = next(c for c in kernels.cases(quick=True)
+                if c.kernel == "fused_linear_cross_entropy")
+    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", case.kernel,
+                        case.label, "ours", "--quick"], capture_output=True, text=True,
+                       timeout=600, cwd=Path(__file__).parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"peak_extra_bytes"' in r.stdout
