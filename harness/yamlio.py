@@ -186,10 +186,14 @@ _PLAIN_COLLECTIONS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 _FLOAT12 = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+$")
 
 
-def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
+def load(text: str, path: str = "<string>", repair: bool = False,
+         empty_ok: bool = False) -> Located:
     """Parse one YAML document. With `repair`, lines whose value starts with a stray block
-    indicator are re-read as strings and listed in `Located.repairs` (compat mode only)."""
+    indicator are re-read as strings and listed in `Located.repairs` (compat mode only). With
+    `empty_ok`, an empty document (or one of only comments) is `Located(data=None)`."""
     if not text.strip():
+        if empty_ok:
+            return Located(data=None)
         raise YamlError(path, 1, "empty file: a contract needs at least `metadata` and `equations`")
     repairs: list = []
     try:
@@ -199,6 +203,8 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
             raise
         node, repairs = _repair(text, path, e)
     if node is None:
+        if empty_ok:
+            return Located(data=None, repairs=repairs)
         raise YamlError(path, 1, "empty document (only comments)")
     loc = Located(data=None, repairs=repairs)
     budget = [MAX_NODES]
@@ -222,7 +228,7 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
         if budget[0] < 0:
             raise YamlError(path, n.start_mark.line + 1,
                             f"document expands to more than {MAX_NODES} nodes "
-                            "(alias bomb or oversized contract)")
+                            "(alias bomb or oversized file)")
         if isinstance(n, yaml.ScalarNode):
             loc.lines.setdefault(at, n.start_mark.line + 1)
             return scalar(n)

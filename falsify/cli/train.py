@@ -13,11 +13,13 @@ import logging
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm.checkpoint import CheckpointError
+from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.model import param_count
 from falsify.impl.llm.train import (
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="falsify train",
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
-    p.add_argument("--config", metavar="FILE", help="YAML file of TrainConfig fields")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML file of TrainConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
+                        "keys and YAML tags are errors)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint: a checkpoint or run directory; without "
                         "DIR, the latest checkpoint in out_dir")
@@ -79,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg, resume=args.resume)
         out_dir = result.out_dir
     except (ConfigError, PreflightError, DataError, CheckpointError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        return 2
+    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
+        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
+                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
         return 2
     except AndonStop as e:
         where = e.result.out_dir if e.result is not None else cfg.out_dir

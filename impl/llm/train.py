@@ -246,10 +246,9 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def read_yaml_config(path: str | Path) -> dict:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of config fields")
-    return raw
+    from falsify.impl.llm.config_file import read_config_file  # it imports this module
+
+    return read_config_file(path)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
