@@ -42,6 +42,7 @@ def test_resume_without_data_position_would_differ(tmp_path):
     import json
 
     state_file.write_text(json.dumps(state))
+    C._write_manifest(ck)  # a deliberate edit: re-seal it, or resume refuses it as damaged
     resumed = T.train(cfg, resume="auto")
     assert resumed.losses != straight.losses[4:]
 

@@ -58,7 +58,9 @@ def _resume_config(args) -> TrainConfig:
     that do not alter the arithmetic (train() enforces that)."""
     base = load_config(args.config, []) if args.config else TrainConfig()
     out_dir = parse_overrides(args.overrides).get("out_dir", base.out_dir)
-    saved = ckpt_mod.read_state(find_resume_checkpoint(args.resume, out_dir))["config"]["train"]
+    # resolved once (a damaged latest checkpoint is reported once, and train() uses this one)
+    args.resume = str(find_resume_checkpoint(args.resume, out_dir))
+    saved = ckpt_mod.read_state(args.resume)["config"]["train"]
     cfg = config_from_dict(saved, source="checkpoint config")
     if args.config:
         cfg = config_from_dict(read_yaml_config(args.config), source=args.config, base=cfg)
