@@ -300,7 +300,7 @@ def test_no_intact_checkpoint_left_says_so(tmp_path):
     ck = _save(tr, tmp_path, 1)
     (ck / "rng.safetensors").unlink()
     with pytest.raises(C.CheckpointDamaged, match="rng.safetensors: missing; no intact"):
-        C.find_checkpoint(tmp_path, fallback=True)
+        C.find_checkpoint(tmp_path, fallback=True, for_resume=True)
 
 
 # ---------------------------------------------------------------------------- orphans

@@ -90,7 +90,8 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
         out_dir = FT.T.parse_overrides(overrides).get("out_dir", base.out_dir)
         target = out_dir if args.resume == "auto" else args.resume
         # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
-        args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto"))
+        args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
+                                                   for_resume=True))
         saved = ckpt_mod.read_state(args.resume)["config"]
         cfg = FT.config_from_dict(saved["finetune_requested"], source="checkpoint config")
         return FT.load_config(args.config, overrides, base=cfg)

@@ -159,9 +159,8 @@ def read_state(ckpt: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointDamaged(ckpt, STATE, f"not valid JSON ({e}); torn or overwritten") \
             from None
-    if not isinstance(state, dict) or not all(k in state for k in STATE_KEYS):
-        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
-        raise CheckpointDamaged(ckpt, STATE, f"not a checkpoint state (lacks {missing})")
+    if not isinstance(state, dict):
+        raise CheckpointDamaged(ckpt, STATE, f"not a JSON object ({type(state).__name__})")
     return state
 
 
@@ -202,14 +201,16 @@ def _read_manifest(ckpt: Path) -> dict | None:
     return files
 
 
-def verify_checkpoint(ckpt: str | Path, hashes: bool = True) -> dict:
+def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = True) -> dict:
     """Raise CheckpointDamaged naming the first damaged file; return state.json. Checks: each
-    file present; state.json parses with every key a resume reads; each safetensors header
+    file present (for a resume all of them; else the weights, as for a fine-tuning base);
+    state.json parses (for a resume, with every key a resume reads); each safetensors header
     parses and covers its file exactly (safe_open); with a manifest, sizes and (with `hashes`)
     sha256 equal what was recorded at save time."""
     ckpt = Path(ckpt)
     files = _read_manifest(ckpt)
-    for name in (*TENSOR_FILES, STATE):
+    needed = (*TENSOR_FILES, STATE) if for_resume else ("model.safetensors", STATE)
+    for name in needed:
         if not (ckpt / name).is_file():
             raise CheckpointDamaged(ckpt, name, "missing")
         if files is not None and name not in files:
@@ -224,7 +225,10 @@ def verify_checkpoint(ckpt: str | Path, hashes: bool = True) -> dict:
             raise CheckpointDamaged(ckpt, name, f"{size} bytes, the manifest recorded "
                                                 f"{rec['bytes']} ({how})")
     state = read_state(ckpt)
-    for name in TENSOR_FILES:
+    missing = [k for k in STATE_KEYS if k not in state] if for_resume else []
+    if missing:
+        raise CheckpointDamaged(ckpt, STATE, f"not a resumable state (lacks {missing})")
+    for name in [n for n in TENSOR_FILES if n in needed or n in (files or {})]:
         try:
             with safe_open(str(ckpt / name), "pt"):
                 pass
@@ -238,11 +242,12 @@ def verify_checkpoint(ckpt: str | Path, hashes: bool = True) -> dict:
     return state
 
 
-def find_checkpoint(target: str | Path, fallback: bool = False) -> Path:
+def find_checkpoint(target: str | Path, fallback: bool = False,
+                    for_resume: bool = False) -> Path:
     """`target` is a checkpoint directory or a run directory (its latest checkpoint), verified
-    intact (verify_checkpoint). A damaged one raises CheckpointDamaged offering the newest intact
-    checkpoint of the run; with `fallback`, that one is returned instead and a warning names
-    the damaged one(s)."""
+    intact (verify_checkpoint; `for_resume`: everything a resume reads, else the weights). A
+    damaged one raises CheckpointDamaged offering the newest intact checkpoint of the run; with
+    `fallback`, that one is returned instead and a warning names the damaged one(s)."""
     p = Path(target)
     explicit = (p / STATE).is_file() or (p.is_dir() and p.name.startswith(PREFIX)
                                           and p.parent.name == "checkpoints")
@@ -252,11 +257,11 @@ def find_checkpoint(target: str | Path, fallback: bool = False) -> Path:
         raise CheckpointError(f"no complete checkpoint under {p} (looked for "
                               f"{checkpoints_dir(p)}/{PREFIX}*/{STATE})")
     try:
-        verify_checkpoint(candidates[0])
+        verify_checkpoint(candidates[0], for_resume)
         return candidates[0]
     except CheckpointDamaged as e:
         damaged = e
-    intact = _newest_intact(run, exclude=candidates[0])
+    intact = _newest_intact(run, candidates[0], for_resume)
     if not fallback or intact is None:
         raise damaged.offering(intact)
     log.warning("%s; resuming from %s (step %s), the newest intact checkpoint", damaged.args[0]
@@ -264,12 +269,12 @@ def find_checkpoint(target: str | Path, fallback: bool = False) -> Path:
     return intact
 
 
-def _newest_intact(run_dir: Path, exclude: Path) -> Path | None:
+def _newest_intact(run_dir: Path, exclude: Path, for_resume: bool) -> Path | None:
     for c in checkpoint_dirs(run_dir):
         if c.resolve() == exclude.resolve():
             continue
         try:
-            verify_checkpoint(c)
+            verify_checkpoint(c, for_resume)
             return c
         except CheckpointDamaged as e:
             log.warning("%s", e.args[0].split("; ", 1)[0])

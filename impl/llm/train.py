@@ -692,16 +692,16 @@ def find_resume_checkpoint(resume: str | Path, out_dir: str | None,
     (checkpoint.verify_checkpoint); "auto" falls back to the newest intact one with a warning,
     a named one that is damaged is an error offering it. Orphaned temp dirs are removed."""
     if str(resume) != "auto":  # a named checkpoint/run: a damaged one is refused, never swapped
-        found = ckpt_mod.find_checkpoint(resume)
+        found = ckpt_mod.find_checkpoint(resume, for_resume=True)
     elif out_dir is not None:
-        found = ckpt_mod.find_checkpoint(out_dir, fallback=True)
+        found = ckpt_mod.find_checkpoint(out_dir, fallback=True, for_resume=True)
     else:
         latest = [c for r in (root.iterdir() if root.is_dir() else [])
                   if (c := ckpt_mod.latest_checkpoint(r)) is not None]
         if not latest:
             raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
         run = max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime).parent.parent
-        found = ckpt_mod.find_checkpoint(run, fallback=True)
+        found = ckpt_mod.find_checkpoint(run, fallback=True, for_resume=True)
     ckpt_mod.remove_orphans(found.parent.parent)
     return found
 
