@@ -5,6 +5,12 @@ every value keeps its source line (for `file:line` messages), duplicate keys are
 instead of silently overwritten, and hostile input stays bounded: files over MAX_BYTES are
 refused before reading, nesting deeper than MAX_DEPTH is refused from the event stream (which
 is iterative) before any recursive composing, and alias bombs are stopped by a node budget.
+Aliases are followed when values are built, so the same bounds apply again there: an alias
+that refers to a node containing it (`self: &S [*S]`) is refused as recursive, and nesting
+built up through aliases is held to MAX_DEPTH like written nesting.
+
+Limits (contracts and `falsify train --config` files alike): MAX_BYTES of UTF-8 text,
+MAX_DEPTH levels of nesting, MAX_NODES values after alias expansion.
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def _one_line(msg: str) -> str:
     return " ".join(str(msg).split())
 
 
-def read_text(path: str | os.PathLike) -> str:
+def read_text(path: str | os.PathLike, what: str = "contracts") -> str:
+    """The file's text; `what` names the kind of file in the size-limit message."""
     p = Path(path)
     try:
         if not p.is_file():
@@ -78,7 +85,7 @@ def read_text(path: str | os.PathLike) -> str:
             size = f"{p.stat().st_size / 1e6:.1f} MB"
         except OSError:
             size = "too large"
-        raise YamlError(str(path), None, f"file is {size}; contracts are limited to "
+        raise YamlError(str(path), None, f"file is {size}; {what} are limited to "
                                          f"{MAX_BYTES // (1024 * 1024)} MiB")
     try:
         return raw.decode("utf-8-sig")  # a UTF-8 byte-order mark is harmless: drop it
@@ -179,10 +186,14 @@ _PLAIN_COLLECTIONS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 _FLOAT12 = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+$")
 
 
-def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
+def load(text: str, path: str = "<string>", repair: bool = False,
+         empty_ok: bool = False) -> Located:
     """Parse one YAML document. With `repair`, lines whose value starts with a stray block
-    indicator are re-read as strings and listed in `Located.repairs` (compat mode only)."""
+    indicator are re-read as strings and listed in `Located.repairs` (compat mode only). With
+    `empty_ok`, an empty document (or one of only comments) is `Located(data=None)`."""
     if not text.strip():
+        if empty_ok:
+            return Located(data=None)
         raise YamlError(path, 1, "empty file: a contract needs at least `metadata` and `equations`")
     repairs: list = []
     try:
@@ -192,6 +203,8 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
             raise
         node, repairs = _repair(text, path, e)
     if node is None:
+        if empty_ok:
+            return Located(data=None, repairs=repairs)
         raise YamlError(path, 1, "empty document (only comments)")
     loc = Located(data=None, repairs=repairs)
     budget = [MAX_NODES]
@@ -208,12 +221,31 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
             problem = getattr(e, "problem", None) or str(e)
             raise YamlError(path, n.start_mark.line + 1, f"cannot read value: {problem}") from None
 
+    open_nodes: set[int] = set()  # collections being built: meeting one again is a cycle
+
     def build(n: yaml.Node, at: tuple):
         budget[0] -= 1
         if budget[0] < 0:
             raise YamlError(path, n.start_mark.line + 1,
                             f"document expands to more than {MAX_NODES} nodes "
-                            "(alias bomb or oversized contract)")
+                            "(alias bomb or oversized file)")
+        if isinstance(n, yaml.ScalarNode):
+            loc.lines.setdefault(at, n.start_mark.line + 1)
+            return scalar(n)
+        if id(n) in open_nodes:
+            raise YamlError(path, n.start_mark.line + 1,
+                            "recursive alias: an alias refers to the anchored node that "
+                            f"contains it (at {_pointer(at)})")
+        if len(at) >= MAX_DEPTH:
+            raise YamlError(path, n.start_mark.line + 1,
+                            f"nested deeper than {MAX_DEPTH} levels (through aliases)")
+        open_nodes.add(id(n))
+        try:
+            return collection(n, at)
+        finally:
+            open_nodes.discard(id(n))
+
+    def collection(n: yaml.Node, at: tuple):
         loc.lines.setdefault(at, n.start_mark.line + 1)
         if not isinstance(n, yaml.ScalarNode) and n.tag not in _PLAIN_COLLECTIONS:
             # `!!python/object/apply:os.system [...]` must not read as a harmless list
@@ -236,12 +268,14 @@ def load(text: str, path: str = "<string>", repair: bool = False) -> Located:
                 loc.lines[at + (key,)] = k.start_mark.line + 1
                 out[key] = build(v, at + (key,))
             return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(v, at + (i,)) for i, v in enumerate(n.value)]
-        return scalar(n)
+        return [build(v, at + (i,)) for i, v in enumerate(n.value)]
 
     loc.data = build(node, ())
     return loc
+
+
+def _pointer(at: tuple) -> str:
+    return "/" + "/".join(str(k) for k in at)
 
 
 def load_file(path: str | os.PathLike, repair: bool = False) -> Located:

@@ -1,6 +1,7 @@
 """Checkpoints: kill-and-resume continues bit-identically (in-process stop and a real SIGKILL of
 a separate process), atomic directory writes, retention of last-N + best, RNG round trip."""
 
+import json
 import os
 import random
 import signal
@@ -39,9 +40,9 @@ def test_resume_without_data_position_would_differ(tmp_path):
     state_file = ck / C.STATE
     state = C.read_state(ck)
     state["data"]["step_in_epoch"] = 0
-    import json
 
     state_file.write_text(json.dumps(state))
+    C._write_manifest(ck)  # a deliberate edit: re-seal it, or resume refuses it as damaged
     resumed = T.train(cfg, resume="auto")
     assert resumed.losses != straight.losses[4:]
 
@@ -164,3 +165,235 @@ def test_rng_state_round_trip():
     torch.manual_seed(9)
     C.set_rng_state(js, ts)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+# --------------------------------------------------------------------- damaged checkpoints
+def _damage(run: Path, case: str) -> str:
+    """Damage the newest checkpoint (step 8) or the metrics log as a crash or a bad copy
+    would; returns the file the message must name."""
+    ck = C.checkpoints_dir(run) / "step-00000008"
+    if case == "truncated_model":
+        f = ck / "model.safetensors"
+        os.truncate(f, f.stat().st_size // 2)
+        return "model.safetensors"
+    if case == "torn_state":
+        f = ck / C.STATE
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        return C.STATE
+    if case == "deleted_rng":
+        (ck / "rng.safetensors").unlink()
+        return "rng.safetensors"
+    if case == "bit_flip":  # same size: only the sha256 can see it
+        f = ck / "optimizer.safetensors"
+        b = bytearray(f.read_bytes())
+        b[-5] ^= 0x01
+        f.write_bytes(bytes(b))
+        return "optimizer.safetensors"
+    assert case == "torn_metrics"
+    with (run / "metrics.jsonl").open("ab") as fh:  # a kill mid-write of step 9's record
+        fh.write(b'{"step": 9, "loss": 6.1')
+    return "metrics.jsonl"
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run of 12 steps stopped after 8, checkpoints at 4 and 8 (copied per test)."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    T.train(T.tiny_config(run, max_steps=12, save_interval=4, keep_last=3, warmup_steps=0),
+            stop_after=8)
+    assert [p.name for p in C.list_checkpoints(run)] == ["step-00000004", "step-00000008"]
+    return run
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+DAMAGE = ["truncated_model", "torn_state", "deleted_rng", "bit_flip"]
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_named_damaged_checkpoint_is_refused_with_the_intact_one_offered(tmp_path, capsys,
+                                                                         stopped_run, case):
+    from falsify.cli.train import main
+
+    run = _copy(stopped_run, tmp_path / "run")
+    name = _damage(run, case)
+    for target in (run, C.checkpoints_dir(run) / "step-00000008"):
+        assert main(["--resume", str(target)]) == 2
+        out, err = capsys.readouterr()
+        errors = [ln for ln in (out + err).splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in out + err, out + err
+        msg = errors[0]
+        assert f"step-00000008 is damaged: {name}" in msg
+        assert f"--resume {C.checkpoints_dir(run) / 'step-00000004'}" in msg  # how to go on
+    # nothing was lost: both checkpoints are still there, the damaged one untouched
+    assert sorted(p.name for p in C.checkpoint_dirs(run)) == ["step-00000004", "step-00000008"]
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_resume_auto_takes_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys, caplog,
+                                                                    stopped_run, case):
+    from falsify.cli.train import main
+
+    run = _copy(stopped_run, tmp_path / "run")
+    name = _damage(run, case)
+    caplog.set_level("WARNING")
+    assert main([f"out_dir={run}", "--resume"]) == 0
+    out = capsys.readouterr().out
+    said = [r.getMessage() for r in caplog.records if r.name == C.__name__]
+    assert any(f"step-00000008 is damaged: {name}" in m and "step-00000004" in m
+               for m in said), said
+    assert f"resumed from {C.checkpoints_dir(run) / 'step-00000004'}" in out.replace("\n", "")
+    assert C.read_state(C.latest_checkpoint(run))["step"] == 12
+    C.verify_checkpoint(C.checkpoints_dir(run) / "step-00000008")  # re-written, intact again
+
+
+def test_torn_metrics_line_is_repaired_not_fatal(tmp_path, capsys, caplog, stopped_run):
+    from falsify.cli.train import main
+
+    run = _copy(stopped_run, tmp_path / "run")
+    _damage(run, "torn_metrics")
+    caplog.set_level("WARNING")
+    assert main([f"out_dir={run}", "--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out and \
+        any("torn last line" in r.getMessage() for r in caplog.records)
+    records = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, 13))  # the torn step-9 record gone, 9..12 written anew
+
+
+def test_damaged_line_before_the_last_is_an_error_naming_it(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(C.CheckpointError, match=r"metrics.jsonl:2: not a metrics record"):
+        C.truncate_metrics(p, 3)
+    assert p.read_text().count("\n") == 3  # left as it was
+
+
+def test_resume_subprocess_names_the_file_and_exits_2(tmp_path, stopped_run):
+    """As a user runs it: no traceback, one error line, exit 2."""
+    run = _copy(stopped_run, tmp_path / "run")
+    _damage(run, "torn_state")
+    p = subprocess.run([sys.executable, "-m", "falsify.cli.train", "--resume", str(run)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr
+    assert "step-00000008 is damaged: state.json" in p.stdout.replace("\n", "")
+
+
+def test_checkpoint_without_manifest_still_gets_structural_checks(tmp_path):
+    tr = _dummy(tmp_path)
+    ck = _save(tr, tmp_path, 1)
+    (ck / C.MANIFEST).unlink()  # as written before manifests existed
+    assert C.verify_checkpoint(ck)["step"] == 1
+    f = ck / "model.safetensors"
+    os.truncate(f, f.stat().st_size - 7)
+    with pytest.raises(C.CheckpointDamaged, match="model.safetensors: not a valid safetensors"):
+        C.verify_checkpoint(ck)
+
+
+def test_no_intact_checkpoint_left_says_so(tmp_path):
+    tr = _dummy(tmp_path)
+    ck = _save(tr, tmp_path, 1)
+    (ck / "rng.safetensors").unlink()
+    with pytest.raises(C.CheckpointDamaged, match="rng.safetensors: missing; no intact"):
+        C.find_checkpoint(tmp_path, fallback=True, for_resume=True)
+
+
+# ---------------------------------------------------------------------------- orphans
+_WRITER = """
+import sys, torch
+from falsify.impl.llm import checkpoint as C
+model = torch.nn.Linear(2048, 2048)  # 4.2M parameters: ~50 MB a checkpoint, a visible write
+opt = torch.optim.AdamW(model.parameters(), foreach=False)
+model(torch.ones(1, 2048)).sum().backward()
+opt.step()
+names = [n for n, _ in model.named_parameters()]
+print("ready", flush=True)
+for step in range(1, 10**6):
+    C.save_checkpoint(sys.argv[1], step, model, opt, names, data_state={}, config={},
+                      keep_last=1)
+"""
+
+
+def _temp_dirs(run: Path) -> list[Path]:
+    root = C.checkpoints_dir(run)
+    return [p for p in root.iterdir() if p.name.startswith(".tmp-") and p.is_dir()] \
+        if root.is_dir() else []
+
+
+def test_kill_9_during_a_save_leaves_an_orphan_the_next_start_removes(tmp_path, caplog):
+    run = tmp_path / "run"
+    for _ in range(5):  # the kill may land between two writes: try again
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(run)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.time() + 60
+        while not _temp_dirs(run) and time.time() < deadline:
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if _temp_dirs(run):
+            break
+    orphans = _temp_dirs(run)
+    assert orphans, "never caught the writer mid-save"
+    assert all(Path(f"{o}.lock").exists() for o in orphans)  # the writer's lock file stays
+    assert all(not p.name.startswith(".") for p in C.list_checkpoints(run))
+    caplog.set_level("WARNING")
+    removed = C.remove_orphans(run)
+    assert sorted(removed) == sorted(orphans)
+    assert not [p for p in C.checkpoints_dir(run).iterdir() if p.name.startswith(".")]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert all(str(o) in said for o in orphans) and "killed" in said
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from falsify.impl.llm import checkpoint as C
+root = Path(sys.argv[1])
+root.mkdir(parents=True, exist_ok=True)
+tmp, fd, lock = C._locked_temp_dir(root, ".tmp-step-00000099-")
+(tmp / "model.safetensors").write_bytes(b"half-written")
+print(tmp, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_writers_temp_dir_is_never_removed(tmp_path):
+    """A second process mid-write (holding its lock) keeps its temp dir through a cleanup and
+    a save next to it; once it is killed, the next cleanup removes it."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(C.checkpoints_dir(run))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        tmp = Path(proc.stdout.readline().strip())
+        assert tmp.is_dir()
+        assert C.remove_orphans(run) == []
+        tr = _dummy(tmp_path)
+        _save(tr, run, 1)  # a save cleans orphans first: this one is not an orphan
+        assert (tmp / "model.safetensors").read_bytes() == b"half-written"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert C.remove_orphans(run) == [tmp] and not tmp.exists()
+    assert not Path(f"{tmp}.lock").exists()
+
+
+def test_lockless_and_trash_leftovers(tmp_path):
+    """Temp dirs from writers that predate the lock are removed only once long untouched;
+    a cut-off prune's .trash- dir always."""
+    root = C.checkpoints_dir(tmp_path)
+    old, fresh, trash = (root / ".tmp-step-00000001-old", root / ".tmp-step-00000002-new",
+                         root / ".trash-step-00000003-1-2")
+    for d in (old, fresh, trash):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 100)
+    past = time.time() - C.ORPHAN_MIN_AGE_S - 60
+    for p in (old / "model.safetensors", old):
+        os.utime(p, (past, past))
+    assert sorted(C.remove_orphans(tmp_path)) == sorted([old, trash])
+    assert fresh.is_dir()

@@ -19,8 +19,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from falsify.harness import yamlio
 from falsify.cli.pv import main
+from falsify.harness import yamlio
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "valid" / "softmax-lite-v1.yaml"
@@ -72,6 +72,13 @@ CASES = {
     "two_documents": (b"metadata: {}\n---\nmetadata: {}\n", "single document"),
     "deep": (b"metadata: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested deeper"),
     "bad_float_tag": (b"metadata: !!float nope\n", "cannot read value"),
+    "recursive_alias": (b"self: &S [*S]\n", "recursive alias"),
+    "recursive_alias_in_map": (b"metadata: &M {version: 1.0.0, again: *M}\n", "recursive alias"),
+    "mutual_recursion": (b"a: &A [b, &B [*A]]\nmetadata: *B\n", "recursive alias"),
+    # 200 anchors each wrapping the previous: 200 levels deep only once aliases are followed
+    "deep_through_aliases": (b"a0: &a0 [x]\n" + b"".join(
+        f"a{i}: &a{i} [*a{i - 1}]\n".encode() for i in range(1, 200)) + b"metadata: *a199\n",
+        "nested deeper"),
 }
 
 
@@ -95,6 +102,24 @@ def test_alias_bomb_is_bounded(tmp_path, capsys):
     t = time.monotonic()
     assert_clean_failure(run_all(capsys, p), "alias bomb")
     assert time.monotonic() - t < 60
+
+
+def test_recursive_alias_does_not_break_its_neighbours(tmp_path, capsys):
+    """Neighbours are read to resolve depends_on: one recursive file is one finding, and every
+    clean contract beside it still validates."""
+    clean = sorted((Path(__file__).parent.parent / "contracts").glob("*.yaml"))
+    for c in clean:
+        (tmp_path / c.name).write_bytes(c.read_bytes())
+    (tmp_path / "zz-self-v1.yaml").write_text("self: &S [*S]\n")
+    for verb in ("validate", "status", "graph"):
+        rc, out, err = pv(capsys, verb, tmp_path)
+        assert rc == 1 and "Traceback" not in out + err, f"pv {verb}: {rc}\n{out}\n{err}"
+        bad = [ln for ln in (out + err).splitlines() if " error " in ln or "error:" in ln]
+        assert bad and all("zz-self-v1.yaml:1:" in ln and "recursive alias" in ln
+                           for ln in bad), f"pv {verb}:\n{bad}"
+    rc, out, _ = pv(capsys, "validate", tmp_path)
+    # the unreadable file is one finding and no contract; all the others are read and clean
+    assert f"1 error(s), 0 warning(s) in {len(clean)} contract(s)" in out
 
 
 def test_ten_megabyte_file_is_refused_before_parsing(tmp_path, capsys):
@@ -308,3 +333,48 @@ def test_mutated_contracts_never_crash_validate(capsys, ops, seed, data, base):
                 assert "error(s)" in out  # the summary line always comes
                 if rc == 1:
                     assert " error " in out
+
+
+# Anchors and aliases spliced into a valid contract: a plain anchor, an alias to it (fine or
+# ill-typed), a self-reference, a mutual reference, an alias bomb, deep alias chains.
+ALIAS_SNIPPETS = st.sampled_from([
+    "&a x", "&a [1, 2]", "&a {k: v}", "*a", "[*a, *a]", "&s [*s]", "&s {k: *s}",
+    "&m [&n [*m]]", "*undefined", "&b0 [x, x, x, x, x, x, x, x]", "&a &b x", "!!str *a",
+])
+
+
+def _alias_bomb(levels: int, fan: int) -> list[str]:
+    out = ["bomb0: &bomb0 [" + ", ".join(["x"] * fan) + "]"]
+    out += [f"bomb{i}: &bomb{i} [" + ", ".join([f"*bomb{i - 1}"] * fan) + "]"
+            for i in range(1, levels)]
+    return out
+
+
+@settings(max_examples=120, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), snippets=st.lists(ALIAS_SNIPPETS, min_size=1, max_size=4),
+       bomb=st.one_of(st.none(), st.tuples(st.integers(2, 12), st.integers(2, 12))),
+       chain=st.integers(0, 150))
+def test_aliases_and_recursion_never_crash_validate(capsys, seed, snippets, bomb, chain):
+    rnd = random.Random(seed)
+    lines = BASE.read_text(encoding="utf-8").splitlines()
+    for snip in snippets:  # replace the value of a random `key: value` line
+        cands = [i for i, ln in enumerate(lines) if ": " in ln and not ln.lstrip().startswith("#")]
+        i = rnd.choice(cands)
+        lines[i] = lines[i].split(": ", 1)[0] + ": " + snip
+    extra = _alias_bomb(*bomb) if bomb else []
+    if chain:
+        extra += ["c0: &c0 [x]"] + [f"c{i}: &c{i} [*c{i - 1}]" for i in range(1, chain)]
+        lines.append(f"chained: *c{chain - 1}")
+    text = "\n".join(extra + lines) + "\n"
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / BASE.name
+        p.write_text(text, encoding="utf-8")
+        t = time.monotonic()
+        for argv in (["validate", p], ["status", p], ["graph", p]):
+            rc, out, err = pv(capsys, *argv)
+            assert rc in (0, 1), f"pv {argv[0]} exited {rc}\n{out}\n{err}\n--- input:\n{text}"
+            assert "Traceback" not in out + err
+            if rc == 1 and argv[0] == "validate":
+                assert f"{p}:" in out  # the finding names the file (and a line)
+        assert time.monotonic() - t < 30

@@ -17,12 +17,14 @@ import logging
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm import finetune as FT
+from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.lora_model import LoraConfigError
 from falsify.impl.llm.train import AndonStop, ConfigError, PreflightError
@@ -60,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training data, repeatable (chat, prompt/response, text, +reward, or "
                         "preference pairs; detected per file); default: the shipped stdlib "
                         "dataset")
-    p.add_argument("--config", metavar="FILE", help="YAML file of FinetuneConfig fields")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML file of FinetuneConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
+                        "keys and YAML tags are errors)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint (default: the latest in out_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
@@ -85,7 +89,10 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
         base = FT.load_config(args.config, []) if args.config else FT.FinetuneConfig()
         out_dir = FT.T.parse_overrides(overrides).get("out_dir", base.out_dir)
         target = out_dir if args.resume == "auto" else args.resume
-        saved = ckpt_mod.read_state(ckpt_mod.find_checkpoint(target))["config"]
+        # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
+        args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
+                                                   for_resume=True))
+        saved = ckpt_mod.read_state(args.resume)["config"]
         cfg = FT.config_from_dict(saved["finetune_requested"], source="checkpoint config")
         return FT.load_config(args.config, overrides, base=cfg)
     cfg = FT.load_config(args.config, overrides)
@@ -169,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         result = FT.finetune(cfg, resume=args.resume, console=console)
     except (ConfigError, PreflightError, DataError, LoraConfigError,
             ckpt_mod.CheckpointError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        return 2
+    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
+        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
+                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
         return 2
     except AndonStop as e:
         console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "

@@ -13,11 +13,13 @@ import logging
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm.checkpoint import CheckpointError
+from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.model import param_count
 from falsify.impl.llm.train import (
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="falsify train",
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
-    p.add_argument("--config", metavar="FILE", help="YAML file of TrainConfig fields")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML file of TrainConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
+                        "keys and YAML tags are errors)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint: a checkpoint or run directory; without "
                         "DIR, the latest checkpoint in out_dir")
@@ -54,7 +58,9 @@ def _resume_config(args) -> TrainConfig:
     that do not alter the arithmetic (train() enforces that)."""
     base = load_config(args.config, []) if args.config else TrainConfig()
     out_dir = parse_overrides(args.overrides).get("out_dir", base.out_dir)
-    saved = ckpt_mod.read_state(find_resume_checkpoint(args.resume, out_dir))["config"]["train"]
+    # resolved once (a damaged latest checkpoint is reported once, and train() uses this one)
+    args.resume = str(find_resume_checkpoint(args.resume, out_dir))
+    saved = ckpt_mod.read_state(args.resume)["config"]["train"]
     cfg = config_from_dict(saved, source="checkpoint config")
     if args.config:
         cfg = config_from_dict(read_yaml_config(args.config), source=args.config, base=cfg)
@@ -79,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg, resume=args.resume)
         out_dir = result.out_dir
     except (ConfigError, PreflightError, DataError, CheckpointError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        return 2
+    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
+        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
+                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
         return 2
     except AndonStop as e:
         where = e.result.out_dir if e.result is not None else cfg.out_dir

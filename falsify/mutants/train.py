@@ -142,3 +142,15 @@ def memory_estimate_one_moment(mcfg, batch_size, seq_len, activation_checkpointi
     m["total"] -= m["optimizer"] - 4 * m["params"]
     m["optimizer"] = 4 * m["params"]
     return m
+
+
+# ------------------------------------------------------------------------- RNG on resume
+def load_checkpoint_without_rng(ckpt, model, optimizer, param_names):
+    """Resume restores weights and AdamW state and returns state.json, but every global RNG
+    stays where it was: bit-identical resume breaks at the first dropout or unseeded draw."""
+    from falsify.impl.llm import checkpoint as C
+
+    js, tensors = C.rng_state()
+    state = C.load_checkpoint(ckpt, model, optimizer, param_names)
+    C.set_rng_state(js, tensors)
+    return state

@@ -478,3 +478,94 @@ def reference_parity_run(backend, dtype="float32", steps=12, small=False):
                                                                            for n in norms),
             "ref_first": losses[0], "ref_last": losses[-1],
             "tol_loss": TOL_LOSS, "tol_param": TOL_PARAM, "tol_gnorm": TOL_GNORM}
+
+
+# ------------------------------------------------------------------------- RNG on resume
+def _rng_snapshot() -> dict:
+    """Every generator the loop can draw from, read directly (not via checkpoint.rng_state, the
+    code under test)."""
+    import random
+
+    import torch
+
+    snap = {"numpy": np.random.get_state(), "python": random.getstate(),
+            "torch_cpu": torch.get_rng_state().clone()}
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            snap[f"torch_cuda_{i}"] = torch.cuda.get_rng_state(i).clone()
+    return snap
+
+
+def _same_state(a, b) -> bool:
+    import torch
+
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _draws() -> dict:
+    import random
+
+    import torch
+
+    d = {"numpy": np.random.rand(4).tolist(), "python": [random.random() for _ in range(4)],
+         "torch_cpu": torch.rand(4).tolist(),
+         "dropout": torch.nn.functional.dropout(torch.ones(16), 0.5).tolist()}
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            d[f"torch_cuda_{i}"] = torch.rand(4, device=f"cuda:{i}").tolist()
+    return d
+
+
+def rng_resume_run(backend, dtype="float32"):
+    """TL-RES-002: save a checkpoint, advance every generator, load it with the bound
+    load_checkpoint: each generator's state equals the one at save time, and the next draws
+    (uniforms and a dropout mask) equal those taken right after the save. The process's own
+    generator states are put back afterwards."""
+    import random
+
+    import torch
+
+    from falsify.impl.llm import checkpoint as C
+    from falsify.impl.llm import train as T
+
+    load = _bound("checkpoint_rng")
+    outer = _rng_snapshot()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = T.tiny_config(Path(tmp), max_steps=4, warmup_steps=0)
+            tr = T.Trainer(T.build_model(T.model_config(cfg), "torch", seed=0), cfg,
+                           torch.device("cpu"))
+            x = torch.randint(4, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+            tr.train_step([(x, x.roll(-1, 1))])  # AdamW state to save and load
+            random.seed(11)
+            np.random.seed(12)
+            torch.manual_seed(13)  # seeds every CUDA device too
+            ck = C.save_checkpoint(tmp, 1, tr.model, tr.optimizer, tr.param_names,
+                                   data_state={}, config={})
+            saved = _rng_snapshot()
+            expected_draws = _draws()
+            for _ in range(3):  # the rest of a run moves every generator on
+                _draws()
+            moved = sorted(k for k, v in _rng_snapshot().items() if not _same_state(v, saved[k]))
+            load(ck, tr.model, tr.optimizer, tr.param_names)
+            after = _rng_snapshot()
+            draws = _draws()
+    finally:
+        random.setstate(outer["python"])
+        np.random.set_state(outer["numpy"])
+        torch.set_rng_state(outer["torch_cpu"])
+        for k, v in outer.items():
+            if k.startswith("torch_cuda_"):
+                torch.cuda.set_rng_state(v, int(k.rsplit("_", 1)[1]))
+    expected = sorted(["numpy", "python", "torch_cpu"]
+                      + [f"torch_cuda_{i}" for i in range(torch.cuda.device_count())
+                         if torch.cuda.is_available()])
+    return {"generators": sorted(saved), "expected": expected, "moved": moved,
+            "restored": sorted(k for k in saved if _same_state(after[k], saved[k])),
+            "draws_equal": draws == expected_draws}

@@ -6,17 +6,37 @@
         rng.safetensors        torch CPU (and CUDA) generator states
         state.json             step, data position, python + numpy RNG states, config,
                                optimizer hyperparameters, metrics (val_loss), timestamp
+        manifest.json          size and sha256 of each file above; written last
 
 Atomicity is directory-level: the checkpoint is written into `.tmp-...` in the same directory
 and renamed into place with os.replace, so a reader (or a resume after `kill -9`) sees either a
 complete checkpoint or none; names starting with '.' are never considered. Retention keeps the
 last N and the best (lowest val_loss); a pruned directory is renamed to `.trash-...` before it is
 deleted so a half-deleted checkpoint can never look complete.
+
+Damage after the fact (a truncated copy, a disk error, a file deleted by hand) is caught before
+resuming (`verify_checkpoint`): state.json must parse, every safetensors header must parse and
+cover its file, and every file must have the size and sha256 the manifest recorded. A resume
+names the damaged file; `find_checkpoint(..., fallback=True)` (`--resume` without a directory)
+takes the newest intact checkpoint instead and says so. Checkpoints written before manifests
+existed get the structural checks only.
+
+Orphans. A writer killed mid-save leaves its `.tmp-...` directory. Each writer first creates
+`.tmp-<name>-XXXX.lock` and holds an exclusive flock on it for the whole write, and only then
+creates the directory `.tmp-<name>-XXXX`; the lock file is removed after the directory is gone.
+`remove_orphans` (run before every save and on resume) deletes a temp directory only after
+taking that flock itself, so it never touches one whose writer is alive (the kernel drops a
+flock when its process dies, `kill -9` included). A temp directory without a lock file predates
+this rule and is removed only once nothing in it changed for ORPHAN_MIN_AGE_S. `.trash-...`
+directories (a prune cut off mid-delete) are always removed.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -26,14 +46,39 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 STATE = "state.json"
+MANIFEST = "manifest.json"
 PREFIX = "step-"
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+STATE_KEYS = ("step", "data", "rng", "config", "optimizer_groups", "param_names")
+ORPHAN_MIN_AGE_S = 600.0  # a lock-less temp dir untouched this long has no live writer
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint with a damaged or missing file; the message names the file and, when there
+    is one, the newest intact checkpoint to resume from instead (`fallback`)."""
+
+    def __init__(self, ckpt: Path, file: str, why: str, fallback: Path | None = None):
+        self.ckpt, self.file, self.why, self.fallback = Path(ckpt), file, why, fallback
+        msg = f"checkpoint {self.ckpt} is damaged: {file}: {why}"
+        if fallback is not None:
+            msg += (f"; the newest intact checkpoint is {fallback} (step "
+                    f"{_step_of(fallback)}): resume from it with `--resume {fallback}`")
+        else:
+            msg += f"; no intact checkpoint under {self.ckpt.parent}"
+        super().__init__(msg)
+
+    def offering(self, fallback: Path | None) -> CheckpointDamaged:
+        return CheckpointDamaged(self.ckpt, self.file, self.why, fallback)
 
 
 # ------------------------------------------------------------------------------------ RNG
@@ -87,8 +132,36 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
+def _step_of(ckpt: Path) -> int | str:
+    tail = Path(ckpt).name[len(PREFIX):]
+    return int(tail) if tail.isdigit() else "?"
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Every `step-*` directory, complete or not, newest first (what a resume chooses from)."""
+    d = checkpoints_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [p for p in d.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+
+
 def read_state(ckpt: str | Path) -> dict:
-    return json.loads((Path(ckpt) / STATE).read_text())
+    """state.json; a missing, torn or non-object file is a CheckpointDamaged naming it."""
+    ckpt = Path(ckpt)
+    try:
+        state = json.loads((ckpt / STATE).read_bytes())
+    except FileNotFoundError:
+        raise CheckpointDamaged(ckpt, STATE, "missing") from None
+    except OSError as e:
+        raise CheckpointDamaged(ckpt, STATE, f"cannot read: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointDamaged(ckpt, STATE, f"not valid JSON ({e}); torn or overwritten") \
+            from None
+    if not isinstance(state, dict):
+        raise CheckpointDamaged(ckpt, STATE, f"not a JSON object ({type(state).__name__})")
+    return state
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -97,21 +170,115 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    scored = [(s["metrics"]["val_loss"], int(s["step"]), p) for p in list_checkpoints(run_dir)
-              if (s := read_state(p)).get("metrics", {}).get("val_loss") is not None]
+    scored = []
+    for p in list_checkpoints(run_dir):
+        try:
+            s = read_state(p)
+        except CheckpointDamaged:
+            continue  # cannot be the best: it could not be resumed from
+        if s.get("metrics", {}).get("val_loss") is not None:
+            scored.append((s["metrics"]["val_loss"], int(s["step"]), p))
     return min(scored)[2] if scored else None
 
 
-def find_checkpoint(target: str | Path) -> Path:
-    """`target` is a checkpoint directory or a run directory (its latest checkpoint)."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _read_manifest(ckpt: Path) -> dict | None:
+    try:
+        m = json.loads((ckpt / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return None  # written before manifests: structural checks only
+    except (OSError, ValueError) as e:
+        raise CheckpointDamaged(ckpt, MANIFEST, f"unreadable ({e})") from None
+    files = m.get("files") if isinstance(m, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int)
+            and isinstance(v.get("sha256"), str) for v in files.values()):
+        raise CheckpointDamaged(ckpt, MANIFEST, "not a manifest (files: {name: {bytes, sha256}})")
+    return files
+
+
+def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = True) -> dict:
+    """Raise CheckpointDamaged naming the first damaged file; return state.json. Checks: each
+    file present (for a resume all of them; else the weights, as for a fine-tuning base);
+    state.json parses (for a resume, with every key a resume reads); each safetensors header
+    parses and covers its file exactly (safe_open); with a manifest, sizes and (with `hashes`)
+    sha256 equal what was recorded at save time."""
+    ckpt = Path(ckpt)
+    files = _read_manifest(ckpt)
+    needed = (*TENSOR_FILES, STATE) if for_resume else ("model.safetensors", STATE)
+    for name in needed:
+        if not (ckpt / name).is_file():
+            raise CheckpointDamaged(ckpt, name, "missing")
+        if files is not None and name not in files:
+            raise CheckpointDamaged(ckpt, MANIFEST, f"does not list {name}")
+    for name, rec in (files or {}).items():
+        f = ckpt / name
+        if not f.is_file():
+            raise CheckpointDamaged(ckpt, name, "missing (listed in the manifest)")
+        size = f.stat().st_size
+        if size != rec["bytes"]:
+            how = "truncated" if size < rec["bytes"] else "grown"
+            raise CheckpointDamaged(ckpt, name, f"{size} bytes, the manifest recorded "
+                                                f"{rec['bytes']} ({how})")
+    state = read_state(ckpt)
+    missing = [k for k in STATE_KEYS if k not in state] if for_resume else []
+    if missing:
+        raise CheckpointDamaged(ckpt, STATE, f"not a resumable state (lacks {missing})")
+    for name in [n for n in TENSOR_FILES if n in needed or n in (files or {})]:
+        try:
+            with safe_open(str(ckpt / name), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise CheckpointDamaged(ckpt, name, f"not a valid safetensors file ({e})") from None
+    if hashes:
+        for name, rec in (files or {}).items():
+            if _sha256(ckpt / name) != rec["sha256"]:
+                raise CheckpointDamaged(ckpt, name, "sha256 differs from the manifest's "
+                                                    "(contents changed after the save)")
+    return state
+
+
+def find_checkpoint(target: str | Path, fallback: bool = False,
+                    for_resume: bool = False) -> Path:
+    """`target` is a checkpoint directory or a run directory (its latest checkpoint), verified
+    intact (verify_checkpoint; `for_resume`: everything a resume reads, else the weights). A
+    damaged one raises CheckpointDamaged offering the newest intact checkpoint of the run; with
+    `fallback`, that one is returned instead and a warning names the damaged one(s)."""
     p = Path(target)
-    if (p / STATE).is_file():
-        return p
-    latest = latest_checkpoint(p)
-    if latest is None:
+    explicit = (p / STATE).is_file() or (p.is_dir() and p.name.startswith(PREFIX)
+                                          and p.parent.name == "checkpoints")
+    run = p.parent.parent if explicit else p
+    candidates = [p] if explicit else checkpoint_dirs(p)
+    if not candidates:
         raise CheckpointError(f"no complete checkpoint under {p} (looked for "
                               f"{checkpoints_dir(p)}/{PREFIX}*/{STATE})")
-    return latest
+    try:
+        verify_checkpoint(candidates[0], for_resume)
+        return candidates[0]
+    except CheckpointDamaged as e:
+        damaged = e
+    intact = _newest_intact(run, candidates[0], for_resume)
+    if not fallback or intact is None:
+        raise damaged.offering(intact)
+    log.warning("%s; resuming from %s (step %s), the newest intact checkpoint", damaged.args[0]
+                .split("; ", 1)[0], intact, _step_of(intact))
+    return intact
+
+
+def _newest_intact(run_dir: Path, exclude: Path, for_resume: bool) -> Path | None:
+    for c in checkpoint_dirs(run_dir):
+        if c.resolve() == exclude.resolve():
+            continue
+        try:
+            verify_checkpoint(c, for_resume)
+            return c
+        except CheckpointDamaged as e:
+            log.warning("%s", e.args[0].split("; ", 1)[0])
+    return None
 
 
 # --------------------------------------------------------------------------------- save
@@ -146,8 +313,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
         raise CheckpointError(f"keep_last={keep_last}: must keep at least one checkpoint")
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    remove_orphans(run_dir)
     final = root / f"{PREFIX}{step:08d}"
-    tmp = make_temp_dir(root, f".tmp-{final.name}-")
+    tmp, lock_fd, lock = _locked_temp_dir(root, f".tmp-{final.name}-")
     try:
         weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"))
@@ -162,6 +330,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        _write_manifest(tmp)
         if final.exists():
             # Re-saving a step (e.g. resumed at it): move the old one aside first; os.replace
             # cannot replace a non-empty directory.
@@ -171,8 +340,96 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        Path(lock).unlink(missing_ok=True)  # only after the temp dir is gone (remove_orphans)
+        os.close(lock_fd)
     prune(run_dir, keep_last)
     return final
+
+
+def _write_manifest(tmp: Path) -> None:
+    """Last file of a checkpoint: size + sha256 of every other file, atomically replaced in."""
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(tmp.iterdir()) if f.name != MANIFEST}
+    part = tmp / f".{MANIFEST}.part"
+    with open(part, "w") as fh:
+        json.dump({"format": 1, "files": files}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(part, tmp / MANIFEST)
+
+
+# ------------------------------------------------------------------------------ orphans
+def _locked_temp_dir(root: Path, prefix: str) -> tuple[Path, int, str]:
+    """(temp dir, fd holding its writer lock, lock path); the lock exists and is held before
+    the directory is created (see the module docstring)."""
+    while True:
+        fd, lock = tempfile.mkstemp(dir=root, prefix=prefix, suffix=".lock")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # a cleaner may have taken and removed the new lock before we locked it
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    tmp = Path(lock[: -len(".lock")])
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.mkdir(mode=0o777 & ~umask)
+    return tmp, fd, lock
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _newest_mtime(path: Path) -> float:
+    return max([path.stat().st_mtime] + [f.stat().st_mtime for f in path.rglob("*")])
+
+
+def remove_orphans(run_dir: str | Path) -> list[Path]:
+    """Delete temp directories of killed writers and cut-off prunes; returns what was removed.
+    A directory whose writer still holds its lock is never touched."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    removed = []
+    for entry in sorted(root.iterdir()):
+        try:
+            if entry.name.startswith(".tmp-") and entry.name.endswith(".lock"):
+                removed += _remove_locked_orphan(entry)
+            elif entry.name.startswith(".tmp-") and entry.is_dir():
+                if not Path(f"{entry}.lock").exists() and \
+                        time.time() - _newest_mtime(entry) > ORPHAN_MIN_AGE_S:
+                    removed.append(_remove(entry, "a checkpoint write without a writer lock, "
+                                                  f"untouched for over {ORPHAN_MIN_AGE_S:.0f} s"))
+            elif entry.name.startswith(".trash-") and entry.is_dir():
+                removed.append(_remove(entry, "a pruned checkpoint whose deletion was cut off"))
+        except FileNotFoundError:
+            continue  # another cleaner (or the writer itself) got there first
+    return removed
+
+
+def _remove_locked_orphan(lock: Path) -> list[Path]:
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []  # its writer is alive
+        tmp = Path(str(lock)[: -len(".lock")])
+        gone = [_remove(tmp, "a checkpoint write that was killed (its writer's lock is free)")] \
+            if tmp.is_dir() else []
+        lock.unlink(missing_ok=True)
+        return gone
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path, why: str) -> Path:
+    size = _dir_bytes(path)
+    shutil.rmtree(path, ignore_errors=True)
+    log.warning("removed %s (%.1f MB): %s", path, size / 1e6, why)
+    return path
 
 
 def _json_default(o):
@@ -211,7 +468,7 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
     states; return state.json (step, data position, config, ...)."""
     ckpt = Path(ckpt)
     state = read_state(ckpt)
-    weights = load_file(str(ckpt / "model.safetensors"))
+    weights = _load_tensors(ckpt, "model.safetensors")
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
     if missing or extra:
@@ -225,7 +482,7 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
     if optimizer is not None:
         if state["param_names"] != param_names:
             raise CheckpointError(f"{ckpt}: optimizer parameter order differs from the model's")
-        flat = load_file(str(ckpt / "optimizer.safetensors"))
+        flat = _load_tensors(ckpt, "optimizer.safetensors")
         sd = optimizer.state_dict()
         sd["state"] = {}
         for i, name in enumerate(param_names):
@@ -242,5 +499,59 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
                 if list(np.atleast_1d(g[k])) != list(np.atleast_1d(saved[k])):
                     raise CheckpointError(f"{ckpt}: optimizer {k}={g[k]} but the checkpoint was "
                                           f"written with {k}={saved[k]}")
-    set_rng_state(state["rng"], load_file(str(ckpt / "rng.safetensors")))
+    set_rng_state(state["rng"], _load_tensors(ckpt, "rng.safetensors"))
     return state
+
+
+def _load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(ckpt / name))
+    except FileNotFoundError:
+        raise CheckpointDamaged(ckpt, name, "missing") from None
+    except (SafetensorError, OSError) as e:
+        raise CheckpointDamaged(ckpt, name, f"not a valid safetensors file ({e})") from None
+
+
+
+# ------------------------------------------------------------------------------ metrics
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """After resuming at `step`, drop the metrics.jsonl records a killed run wrote for later
+    steps. A torn last line (the kill cut a write short) is dropped and said so; a damaged line
+    before it is not something a kill leaves, so it is an error naming path:line."""
+    path = Path(path)
+    if not path.exists():
+        return
+    lines = path.read_bytes().split(b"\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    keep = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if i == last and i == len(lines) - 1:  # no newline after it: a cut-off write
+                log.warning("%s:%d: torn last line (%d bytes, no newline: a write cut off by "
+                            "a kill) dropped; the file now ends at the last complete record",
+                            path, i + 1, len(ln))
+                continue
+            raise CheckpointError(f"{path}:{i + 1}: not a metrics record ({e}); fix or remove "
+                                  "the line, then resume again") from None
+        if not isinstance(rec.get("step", 0), int) or rec.get("step", 0) <= step:
+            keep.append(ln)
+    _atomic_write_bytes(path, b"".join(ln + b"\n" for ln in keep))
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

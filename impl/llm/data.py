@@ -11,6 +11,11 @@ The split into train/validation is by file (a hash of its name), so no file leak
 adding a file does not move any other. The trained tokenizer and the tokenized corpus are cached
 under `cache_dir/<key>/`, the key being a hash of the document names and contents, the vocab size
 and the split, so a second run skips tokenizer training and encoding.
+
+JSONL files (here and in fine-tuning data) are read by `iter_jsonl`, a line at a time with
+bounded memory: a line longer than its limit (MAX_JSONL_LINE_BYTES here, 4 MiB; fine-tuning
+records: sft_data.MAX_RECORD_BYTES) or JSON nested deeper than MAX_JSON_DEPTH (64) is refused
+before it is parsed, as is a line that is not UTF-8, each as a DataError naming file:line.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sysconfig
 import tempfile
@@ -39,6 +45,63 @@ TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".jsonl")
 
 class DataError(ValueError):
     """Bad data configuration or input; the message names the field or file."""
+
+
+MAX_JSONL_LINE_BYTES = 4 * 2**20  # a document line; pretraining files are source-file sized
+MAX_JSON_DEPTH = 64  # records are a few levels deep; json's parser recurses per level
+# a JSON string (escapes included), matched without backtracking, so brackets inside strings
+# are not counted as nesting
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _json_depth(line: bytes) -> int:
+    """Deepest [ / { nesting of one JSON text, without parsing (so without recursion)."""
+    if line.count(b"[") + line.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot be deeper than the limit: skip the scan
+    code = np.frombuffer(_JSON_STRING.sub(b"", line), dtype=np.uint8)
+    steps = (np.isin(code, (ord("["), ord("{"))).astype(np.int64)
+             - np.isin(code, (ord("]"), ord("}"))).astype(np.int64))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def iter_jsonl(path: str | Path, max_line_bytes: int = MAX_JSONL_LINE_BYTES,
+               what: str = "line"):
+    """(line number, parsed JSON value) for each non-blank line of a JSONL file, read a line at
+    a time (memory bounded by `max_line_bytes`). Every refusal is a DataError `path:line: …`."""
+    path = Path(path)
+    try:
+        fh = path.open("rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    with fh:
+        n = 0
+        while True:
+            raw = fh.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            n += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                raise DataError(f"{path}:{n}: {what} longer than {max_line_bytes:,} bytes "
+                                f"(the limit for one {what}); not read further")
+            try:
+                text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                f"{e.start + 1})") from None
+            if not text.strip():
+                continue
+            depth = _json_depth(raw)
+            if depth > MAX_JSON_DEPTH:
+                raise DataError(f"{path}:{n}: JSON nested {depth} levels deep (the limit is "
+                                f"{MAX_JSON_DEPTH})")
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") \
+                    from None
+            except RecursionError:  # the scan above should make this unreachable
+                raise DataError(f"{path}:{n}: JSON nested too deeply") from None
+            yield n, value
 
 
 @dataclass(frozen=True)
@@ -132,18 +195,11 @@ def _user_documents(paths: tuple[str, ...], jsonl_field: str) -> list[Document]:
         files = sorted(q for q in p.rglob("*") if q.suffix in TEXT_SUFFIXES) if p.is_dir() else [p]
         for f in files:
             if f.suffix == ".jsonl":
-                with f.open(encoding="utf-8") as fh:
-                    for n, line in enumerate(fh, 1):
-                        if not line.strip():
-                            continue
-                        try:
-                            rec = json.loads(line)
-                        except json.JSONDecodeError as e:
-                            raise DataError(f"{f}:{n}: invalid JSON ({e.msg})") from None
-                        if not isinstance(rec, dict) or not isinstance(rec.get(jsonl_field), str):
-                            raise DataError(f"{f}:{n}: no string field {jsonl_field!r} "
-                                            "(set jsonl_field)")
-                        docs.append(Document(f"{f}:{n}", rec[jsonl_field]))
+                for n, rec in iter_jsonl(f):
+                    if not isinstance(rec, dict) or not isinstance(rec.get(jsonl_field), str):
+                        raise DataError(f"{f}:{n}: no string field {jsonl_field!r} "
+                                        "(set jsonl_field)")
+                    docs.append(Document(f"{f}:{n}", rec[jsonl_field]))
             else:
                 text = _read_text(f)
                 if text is None:

@@ -12,6 +12,10 @@ mixes formats is an error naming the first line that differs):
 Unknown keys are an error naming the file, line and key: a misspelt "rewrad" must not silently
 turn reward-weighted SFT into plain SFT. Only the metadata keys in `META_KEYS` are ignored.
 
+Limits (each a DataError naming file:line): a record is one line of at most MAX_RECORD_BYTES
+(1 MiB) of UTF-8, nested at most data.MAX_JSON_DEPTH (64) levels; files are read a line at a
+time, so memory stays bounded whatever the file holds.
+
 Token layout of one example (the pretraining stream puts <|endoftext|> between documents, so the
 same token opens and closes a sample):
 
@@ -37,9 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from falsify.impl.llm.data import EOS, DataError, encode
+from falsify.impl.llm.data import EOS, DataError, encode, iter_jsonl
 
 IGNORE_INDEX = -100
+# One record (one JSONL line) at most: an example is cut to seq_len tokens anyway, and a record
+# is tokenized whole first, so a 50 MB line would cost gigabytes before being truncated.
+MAX_RECORD_BYTES = 2**20
 META_KEYS = frozenset({"id", "source", "meta", "metadata"})
 REWARD_KEYS = ("reward", "score")
 CHAT_ROLES = ("system", "user", "assistant")
@@ -174,30 +181,25 @@ def read_jsonl(path: str | Path) -> list[RawRecord]:
     """All records of one file; one format per file, and reward on all lines or none."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data file {str(path)!r} does not exist")
+        what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() \
+            else "does not exist"
+        raise DataError(f"data file {str(path)!r} {what}")
     out: list[RawRecord] = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            where = f"{path}:{n}"
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            r = parse_record(rec, where)
-            if out and r.kind != out[0].kind:
-                raise DataError(f"{where}: a {r.kind} record in a file whose first record "
-                                f"({out[0].source}) is {out[0].kind}; one format per file")
-            if out and (r.reward is None) != (out[0].reward is None):
-                if r.reward is None:
-                    raise DataError(f"{where}: no 'reward'/'score' although the file's first "
-                                    f"record ({out[0].source}) has one; a reward-weighted "
-                                    "file needs a reward on every line")
-                raise DataError(f"{where}: a 'reward'/'score' although the file's first record "
-                                f"({out[0].source}) has none; give a reward on every line "
-                                "or on none")
-            out.append(r)
+    for n, rec in iter_jsonl(path, MAX_RECORD_BYTES, what="record"):
+        where = f"{path}:{n}"
+        r = parse_record(rec, where)
+        if out and r.kind != out[0].kind:
+            raise DataError(f"{where}: a {r.kind} record in a file whose first record "
+                            f"({out[0].source}) is {out[0].kind}; one format per file")
+        if out and (r.reward is None) != (out[0].reward is None):
+            if r.reward is None:
+                raise DataError(f"{where}: no 'reward'/'score' although the file's first "
+                                f"record ({out[0].source}) has one; a reward-weighted "
+                                "file needs a reward on every line")
+            raise DataError(f"{where}: a 'reward'/'score' although the file's first record "
+                            f"({out[0].source}) has none; give a reward on every line "
+                            "or on none")
+        out.append(r)
     if not out:
         raise DataError(f"data file {str(path)!r} holds no records")
     return out

@@ -246,10 +246,9 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def read_yaml_config(path: str | Path) -> dict:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of config fields")
-    return raw
+    from falsify.impl.llm.config_file import read_config_file  # it imports this module
+
+    return read_config_file(path)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
@@ -689,16 +688,22 @@ def new_run_dir(model: str, root: Path = RUNS_ROOT) -> Path:
 def find_resume_checkpoint(resume: str | Path, out_dir: str | None,
                            root: Path = RUNS_ROOT) -> Path:
     """`resume`: a checkpoint or run directory, or "auto": the latest checkpoint of out_dir, or
-    with out_dir unset, of the most recently written run under runs/."""
-    if str(resume) != "auto":
-        return ckpt_mod.find_checkpoint(resume)
-    if out_dir is not None:
-        return ckpt_mod.find_checkpoint(out_dir)
-    latest = [c for r in (root.iterdir() if root.is_dir() else [])
-              if (c := ckpt_mod.latest_checkpoint(r)) is not None]
-    if not latest:
-        raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
-    return max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime)
+    with out_dir unset, of the most recently written run under runs/. The checkpoint is verified
+    (checkpoint.verify_checkpoint); "auto" falls back to the newest intact one with a warning,
+    a named one that is damaged is an error offering it. Orphaned temp dirs are removed."""
+    if str(resume) != "auto":  # a named checkpoint/run: a damaged one is refused, never swapped
+        found = ckpt_mod.find_checkpoint(resume, for_resume=True)
+    elif out_dir is not None:
+        found = ckpt_mod.find_checkpoint(out_dir, fallback=True, for_resume=True)
+    else:
+        latest = [c for r in (root.iterdir() if root.is_dir() else [])
+                  if (c := ckpt_mod.latest_checkpoint(r)) is not None]
+        if not latest:
+            raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
+        run = max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime).parent.parent
+        found = ckpt_mod.find_checkpoint(run, fallback=True, for_resume=True)
+    ckpt_mod.remove_orphans(found.parent.parent)
+    return found
 
 
 def _check_resume_config(saved: dict, cfg: TrainConfig, where: Path) -> None:
@@ -908,11 +913,7 @@ def _train(cfg: TrainConfig, resume, data, stop_after, keep_model,
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """After resuming at `step`, drop records a killed run wrote for later steps."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines()
-            if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    _atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+    ckpt_mod.truncate_metrics(path, step)
 
 
 def _sample(model: Transformer, cfg: TrainConfig, data: data_mod.PreparedData,
