@@ -144,7 +144,7 @@ def check_gaps(c: Contract, resolve: bool = True) -> list[str]:
 
 
 def _named(raw) -> set[str]:
-    """Every `module:attribute` string anywhere in the contract."""
+    """Every `module:attribute` string in a contract fragment."""
     if isinstance(raw, dict):
         return set().union(*(_named(v) for v in raw.values())) if raw else set()
     if isinstance(raw, list):
@@ -166,7 +166,10 @@ def export_findings(c: Contract) -> list[str]:
 
     if c.mode != "native":
         return []
-    named = _named(c.raw)
+    # bindings, and what checks name (a static check's kernel, a probe); a mutant's
+    # replacement is not a binding
+    named = set().union(*(set(eq.bindings.values()) for eq in c.equations.values()),
+                        *(_named(t.spec) for t in c.checks if t.spec))
     modules = sorted({ref.split(":", 1)[0] for eq in c.equations.values()
                       for b, ref in eq.bindings.items() if b in OPTIMIZED and ":" in ref})
     out = []
