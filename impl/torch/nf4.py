@@ -1,4 +1,6 @@
-"""NF4 quantize / dequantize in PyTorch, bit-compatible with bitsandbytes.
+"""NF4 quantize / dequantize in PyTorch, in bitsandbytes' format: packed data and absmax are
+bit-identical to bitsandbytes' quantize_4bit; double-quantization statistics agree only within
+one 8-bit code and two fp32 steps of the offset (see `falsify.reference.nf4`).
 
 The algorithm, the code tables and every rounding decision are documented in
 `falsify.reference.nf4`; this file is the vectorised torch version of the same steps. Element i
