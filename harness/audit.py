@@ -159,9 +159,9 @@ def _defined_in(obj) -> str | None:
 
 
 def export_findings(c: Contract) -> list[str]:
-    """Public callables defined in a module the contract binds on torch/triton that the
-    contract names nowhere (no binding, no static-check kernel): bind them or make them
-    private (a leading underscore)."""
+    """Public callables defined in the kernel's torch/triton module that the contract names
+    nowhere (no binding, no check's kernel or probe): bind them or make them private (a
+    leading underscore)."""
     import importlib
 
     if c.mode != "native":
@@ -170,8 +170,12 @@ def export_findings(c: Contract) -> list[str]:
     # replacement is not a binding
     named = set().union(*(set(eq.bindings.values()) for eq in c.equations.values()),
                         *(_named(t.spec) for t in c.checks if t.spec))
-    modules = sorted({ref.split(":", 1)[0] for eq in c.equations.values()
-                      for b, ref in eq.bindings.items() if b in OPTIMIZED and ":" in ref})
+    # the kernel's own implementation modules, `<package>.<backend>.<kernel>` (impl/torch/
+    # softmax.py): an application module that a loop contract binds exports far more
+    modules = sorted({mod for eq in c.equations.values() for b, ref in eq.bindings.items()
+                      if b in OPTIMIZED and ":" in ref
+                      for mod in [ref.split(":", 1)[0]]
+                      if mod.split(".")[-2:] == [b, c.kernel or ""]})
     out = []
     for mod in modules:
         try:

@@ -12,7 +12,7 @@ from falsify.cli.pv import main
 from falsify.harness import audit
 from falsify.harness.model import ROOT, load_contract
 
-FNS = "tests.fixtures.audit_fns"
+FNS = "tests.fixtures.kernels.torch.audit_fns"
 PARITY = """
   - id: FALSIFY-SQ-001
     rule: parity
@@ -44,7 +44,7 @@ def contract_text(torch_binding: str, checks: str, eq: str = "square") -> str:
   version: 1.0.0
   description: "audit fixture"
   references: ["none needed"]
-  kernel: square
+  kernel: audit_fns
   status: draft
 equations:
   {eq}:
