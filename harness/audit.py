@@ -12,8 +12,9 @@ nothing about a backward ("forward checked, backward not"). An equation has a ba
 gradient check differentiates it, when the contract has `<equation>_backward`, or when a
 torch/triton binding runs through a torch.autograd.Function.
 
-`export_findings` lists the public callables of the implementation modules a contract binds
-that no part of the contract names: code in the kernel's namespace that no check reaches.
+`export_findings` (warnings) lists the public callables of the kernel's own modules
+(`<package>.torch.<kernel>`, `<package>.triton.<kernel>`) that no binding and no check names:
+code in the kernel's namespace that no check calls directly — bind it, or make it private.
 """
 
 from __future__ import annotations
