@@ -4,15 +4,31 @@ reference → equation → obligation → checks → bindings → last results �
 A gap is anything that breaks the chain: no reference, an equation no obligation applies to or
 with no optimized binding, an obligation with no executable check, a required run with no
 passing current result, a contract with no mutants, a mutant not killed.
+
+`check_gaps` needs no ledger: it reads what the contract declares and what its bindings are.
+Each equation × backend it binds must be executed by some check, and an equation with a
+backward must have a gradient check on every backend it binds — a forward parity check says
+nothing about a backward ("forward checked, backward not"). An equation has a backward when a
+gradient check differentiates it, when the contract has `<equation>_backward`, or when a
+torch/triton binding runs through a torch.autograd.Function.
+
+`export_findings` (warnings) lists the public callables of the kernel's own modules
+(`<package>.torch.<kernel>`, `<package>.triton.<kernel>`) that no binding and no check names:
+code in the kernel's namespace that no check calls directly — bind it, or make it private.
 """
 
 from __future__ import annotations
 
+import dis
 from dataclasses import dataclass, field
 
 from falsify.harness.coverage import obligation_status
 from falsify.harness.model import Contract
-from falsify.harness.plan import equation_of
+from falsify.harness.plan import backends_of, equation_of
+
+# kinds that do not execute an equation on a backend: a proof, an offline compile
+_NOT_EXECUTING = {"symbolic", "static"}
+OPTIMIZED = ("torch", "triton")
 
 
 @dataclass
@@ -20,15 +36,160 @@ class Audit:
     contract: str
     chain: list[str] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def as_text(self) -> str:
         head = f"{self.contract}: {'OK' if not self.gaps else f'{len(self.gaps)} gap(s)'}"
+        if self.warnings:
+            head += f", {len(self.warnings)} warning(s)"
         body = [f"  {line}" for line in self.chain]
         gaps = [f"  GAP {g}" for g in self.gaps]
-        return "\n".join([head, *body, *gaps])
+        warns = [f"  WARN {w}" for w in self.warnings]
+        return "\n".join([head, *body, *gaps, *warns])
 
     def as_dict(self) -> dict:
-        return {"contract": self.contract, "chain": self.chain, "gaps": self.gaps}
+        return {"contract": self.contract, "chain": self.chain, "gaps": self.gaps,
+                "warnings": self.warnings}
+
+
+def _resolve(ref: str):
+    from falsify.harness.validate import resolve_binding
+
+    fn, _ = resolve_binding(ref)  # an unresolvable binding is V012's finding, not audit's
+    return fn
+
+
+def _autograd_class(fn, depth: int = 2) -> str | None:
+    """The torch.autograd.Function subclass a binding runs through: looked up among the
+    globals its code names, following plain functions of the same module `depth` calls deep
+    (a binding usually validates, then calls `SomeFunction.apply`)."""
+    code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or env is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if {"no_grad", "inference_mode"} & set(code.co_names):
+        return None  # runs without autograd: a forward-only view (e.g. a difference of two)
+    if "autograd" in code.co_names and {"grad", "backward"} & set(code.co_names):
+        return None  # calls autograd itself: its output is already a derivative
+    # global loads only: co_names also holds attribute names (F.silu is not the global silu)
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for name in sorted(names):
+        obj = env.get(name)
+        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+            return obj.__name__
+        if (depth > 0 and callable(obj) and getattr(obj, "__globals__", None) is env
+                and obj is not fn):
+            found = _autograd_class(obj, depth - 1)
+            if found:
+                return found
+    return None
+
+
+def _executed(c: Contract) -> dict[str, dict[str, set[str]]]:
+    """equation → backend → the check kinds that execute it there."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for t in c.checks:
+        if not t.spec or t.kind in _NOT_EXECUTING:
+            continue
+        eq = equation_of(c, t)
+        for b in backends_of(c, t):
+            out.setdefault(eq, {}).setdefault(b, set()).add(t.kind)
+        if t.kind == "gradient" and t.spec.get("backward"):
+            # the reference backward runs on every gradient check (as the oracle)
+            out.setdefault(t.spec["backward"], {}).setdefault("reference", set()).add("oracle")
+    return out
+
+
+def backward_reason(c: Contract, name: str, resolve: bool = True) -> str | None:
+    """Why equation `name` has a backward (None: it has none, or it is itself a backward)."""
+    grads = [t for t in c.checks if t.kind == "gradient"]
+    if any(t.spec.get("backward") == name for t in grads):
+        return None
+    diff = [t.id for t in grads if equation_of(c, t) == name]
+    if diff:
+        return f"{', '.join(diff)} differentiate{'s' if len(diff) == 1 else ''} it"
+    if f"{name}_backward" in c.equations:
+        return f"the contract declares {name}_backward"
+    if resolve:
+        for b in OPTIMIZED:
+            ref = c.equations[name].bindings.get(b)
+            cls = _autograd_class(_resolve(ref)) if ref else None
+            if cls:
+                return f"its {b} binding runs the autograd.Function {cls}"
+    return None
+
+
+def check_gaps(c: Contract, resolve: bool = True) -> list[str]:
+    """Equation × backend pairs without a check of a kind they need (no ledger needed)."""
+    if c.mode != "native":
+        return []
+    gaps = []
+    executed = _executed(c)
+    for name, eq in c.equations.items():
+        runs = executed.get(name, {})
+        for b in OPTIMIZED:
+            if b in eq.bindings and not runs.get(b):
+                gaps.append(f"equation {name} on {b}: bound, but no check executes it")
+        why = backward_reason(c, name, resolve)
+        if not why:
+            continue
+        for b in (b for b in ("reference", *OPTIMIZED) if b in eq.bindings):
+            if "gradient" not in runs.get(b, set()):
+                kinds = ", ".join(sorted(runs.get(b, set()))) or "none"
+                gaps.append(f"equation {name} on {b}: has a backward ({why}) but no gradient "
+                            f"check (checks there: {kinds}): forward checked, backward not")
+    return gaps
+
+
+def _named(raw) -> set[str]:
+    """Every `module:attribute` string in a contract fragment."""
+    if isinstance(raw, dict):
+        return set().union(*(_named(v) for v in raw.values())) if raw else set()
+    if isinstance(raw, list):
+        return set().union(*(_named(v) for v in raw)) if raw else set()
+    return {raw} if isinstance(raw, str) and ":" in raw and " " not in raw else set()
+
+
+def _defined_in(obj) -> str | None:
+    # a @triton.jit kernel wraps the Python function it was defined as
+    inner = getattr(obj, "fn", None)
+    return getattr(inner if callable(inner) else obj, "__module__", None)
+
+
+def export_findings(c: Contract) -> list[str]:
+    """Public callables defined in the kernel's torch/triton module that the contract names
+    nowhere (no binding, no check's kernel or probe): bind them or make them private (a
+    leading underscore)."""
+    import importlib
+
+    if c.mode != "native":
+        return []
+    # bindings, and what checks name (a static check's kernel, a probe); a mutant's
+    # replacement is not a binding
+    named = set().union(*(set(eq.bindings.values()) for eq in c.equations.values()),
+                        *(_named(t.spec) for t in c.checks if t.spec))
+    # the kernel's own implementation modules, `<package>.<backend>.<kernel>` (impl/torch/
+    # softmax.py): an application module that a loop contract binds exports far more
+    modules = sorted({mod for eq in c.equations.values() for b, ref in eq.bindings.items()
+                      if b in OPTIMIZED and ":" in ref
+                      for mod in [ref.split(":", 1)[0]]
+                      if mod.split(".")[-2:] == [b, c.kernel or ""]})
+    out = []
+    for mod in modules:
+        try:
+            m = importlib.import_module(mod)
+        except Exception:  # noqa: BLE001 — an unimportable binding is V012's finding
+            continue
+        for n, obj in vars(m).items():
+            if (n.startswith("_") or not callable(obj) or _defined_in(obj) != mod
+                    or f"{mod}:{n}" in named):
+                continue
+            out.append(f"{mod}:{n} is public but bound to no equation of {c.id}: bind it "
+                       f"or rename it _{n}")
+    return out
 
 
 def audit(c: Contract, ledger: dict) -> Audit:
@@ -65,4 +226,11 @@ def audit(c: Contract, ledger: dict) -> Audit:
         a.gaps += [f"{o.id}: {r}" for r in st.reasons if r != "no executable check"]
     if c.mode == "native" and not c.mutants:
         a.gaps.append("no mutants: nothing shows the checks can fail")
+    a.gaps += check_gaps(c)
+    a.warnings += export_findings(c)
     return a
+
+
+def audit_checks(c: Contract) -> Audit:
+    """The ledger-free part of the audit: check gaps (failing) and unbound exports (warnings)."""
+    return Audit(c.id, gaps=check_gaps(c), warnings=export_findings(c))

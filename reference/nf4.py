@@ -1,4 +1,12 @@
-"""NF4 4-bit blockwise quantization, bit-compatible with bitsandbytes (pure numpy reference).
+"""NF4 4-bit blockwise quantization in bitsandbytes' format (pure numpy reference).
+
+Compatibility with bitsandbytes (0.50.2, `functional.quantize_4bit(quant_type="nf4")`, CPU),
+as tests/test_nf4_impl.py measures it: the packed 4-bit data and the float32 per-block absmax
+are bit-identical, with or without double quantization. The double-quantization statistics are
+not: they follow bitsandbytes' recipe with nearest rounding, while bitsandbytes reduces the
+offset in float32 (at most 2 fp32 steps apart in the tests) and its native CPU blockwise
+quantizer does not always pick the nearest 8-bit code (its qabsmax is then the adjacent code;
+absmax2 moves with the offset). Half of the tested double-quantized states are bit-identical.
 
 What "compatible" means here, pinned by value (bitsandbytes `functional.get_4bit_type("nf4")`,
 `backends/default/ops.py::quantize_4bit`, `functional.quantize_4bit(compress_statistics=True)`):
@@ -17,14 +25,16 @@ What "compatible" means here, pinned by value (bitsandbytes `functional.get_4bit
 * dequantize: code[nibble] * absmax[i // blocksize].
 
 Double quantization (bitsandbytes `compress_statistics=True`): offset = mean(absmax) (we round the
-exact mean to float32; bitsandbytes reduces in float32, which can differ by an ulp on large
-tensors), then the float32 values absmax - offset are quantized with the 8-bit signed dynamic
+exact mean to float32; bitsandbytes reduces in float32, which can differ by a step or two),
+then the float32 values absmax - offset are quantized with the 8-bit signed dynamic
 code `DYNAMIC_CODE` (`functional.create_dynamic_map()`), blocksize 256, by the same absmax /
 nearest-midpoint rule. State: (qabsmax uint8 [nb], absmax2 float32 [cdiv(nb, 256)],
 offset float32 [1]); decoded absmax[b] = DYNAMIC_CODE[qabsmax[b]] * absmax2[b // 256] + offset.
 
 The reference decides nibbles in float32 on purpose (that is what makes the packed bytes
-bit-identical to bitsandbytes); dequantized values are computed exactly in float64.
+bit-identical to bitsandbytes); dequantized values are computed exactly in float64. The 8-bit
+codes of double quantization are the nearest ones (ties low), which bitsandbytes' CPU path does
+not always produce: see the compatibility note above.
 """
 
 import numpy as np

@@ -97,3 +97,34 @@ def test_optimizer_class_requires_every_hyperparameter():
     with pytest.raises(ValueError, match="backend"):
         ta.AdamW([w], lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
                  backend="auto")
+
+
+@pytest.mark.parametrize("k", [0, 10, 20])
+def test_eps_placement_is_visible_only_at_small_second_moments(k):
+    """Why FALSIFY-AW-001 draws g, m, v scaled by 2^-k, 4^-k: ε inside the square root
+    (falsify.mutants.adamw:eps_inside_sqrt) moves θ' by |u|·ε/(2v̂) for v̂ ≫ ε. Unscaled (k = 0)
+    that exceeds AW-001's fp32 tolerance 16·eps + 8·eps·|θ'| only near one corner of the input
+    box (t = 1000, β2 = 0.95, g ≈ 0, |m| = 0.125, v = 2^-13: v̂ = 1.2e-4, 2.2× the tolerance)
+    and is far below it at a typical draw, so random inputs rarely kill it. At k = 10, 20
+    (v̂ ≲ 1e-6, down to √v̂ ≲ ε) it is above 10× the tolerance at both points."""
+    from falsify.mutants.adamw import eps_inside_sqrt
+
+    eps32 = float(np.finfo(np.float32).eps)
+    ratios = []
+    for step, beta2, g0, m0, v0 in [(1000, 0.95, 0.0, 0.125, 2.0**-13),  # the corner
+                                    (10, 0.999, 0.5, 0.05, 0.004)]:       # a typical draw
+        hp = dict(lr=0.01, beta1=0.9, beta2=beta2, eps=1e-8, weight_decay=0.1)
+        p = torch.tensor([0.0, 0.5, -1.0])
+        g, m, v = (torch.full((3,), x) for x in (g0 * 2.0**-k, m0 * 2.0**-k, v0 * 4.0**-k))
+        want = ref.adamw_step(*(t.double().numpy() for t in (p, g, m, v)), step, **hp)[0]
+        tol = 16 * eps32 + 8 * eps32 * np.abs(want)
+        bug = eps_inside_sqrt(p, g, m, v, step, **hp)[0].double().numpy()
+        ratios.append(float((np.abs(bug - want) / tol).max()))
+        # the correct kernel passes in every regime
+        got = ta.adamw_step(p, g, m, v, step, **hp)[0].double().numpy()
+        assert np.all(np.abs(got - want) <= tol)
+    corner, typical = ratios
+    if k == 0:
+        assert 1 < corner < 3 and typical < 0.1, ratios
+    else:
+        assert min(ratios) > 10, ratios

@@ -94,14 +94,22 @@ def cmd_audit(args, emit, usage_error) -> int:
     from falsify.harness import audit, ledger
 
     rep = _load(args.paths, usage_error)
-    try:
-        data = ledger.load(Path(args.ledger) if args.ledger else None)
-    except ledger.LedgerError as e:
-        raise usage_error(str(e)) from None
-    results = [audit.audit(c, data) for c in rep.contracts]
+    if args.checks_only:
+        # what the contracts declare, no results: exit 1 on an equation × backend without a
+        # check of a kind it needs (unbound public functions are warnings)
+        results = [audit.audit_checks(c) for c in rep.contracts]
+    else:
+        try:
+            data = ledger.load(Path(args.ledger) if args.ledger else None)
+        except ledger.LedgerError as e:
+            raise usage_error(str(e)) from None
+        results = [audit.audit(c, data) for c in rep.contracts]
     gaps = sum(len(r.gaps) for r in results)
-    emit(args, {"contracts": [r.as_dict() for r in results], "gaps": gaps},
-         "\n\n".join(r.as_text() for r in results))
+    warnings = sum(len(r.warnings) for r in results)
+    text = "\n\n".join(r.as_text() for r in results)
+    emit(args, {"contracts": [r.as_dict() for r in results], "gaps": gaps,
+                "warnings": warnings},
+         f"{text}\n\n{gaps} gap(s), {warnings} warning(s) in {len(results)} contract(s)")
     return 1 if gaps else 0
 
 
@@ -125,4 +133,7 @@ def register(sub, add_common, emit, usage_error) -> None:
     a = sub.add_parser("audit", help="reference → equation → obligation → check → result chain")
     add_common(a)
     a.add_argument("--ledger", default=None)
+    a.add_argument("--checks-only", action="store_true",
+                   help="no ledger: only equation × backend pairs lacking a check of a kind "
+                        "they need (e.g. a backward with no gradient check); exit 1 on any")
     a.set_defaults(func=lambda a_: cmd_audit(a_, emit, usage_error))

@@ -160,3 +160,60 @@ def torch_materialized_scores(q, k, v, causal=True, scale=None, out=None):
     """Correct values, but the [B, Hq, S, S] scores and probabilities are materialized (the
     'separate' attention of seed 002 §11.6): peak memory grows as S²."""
     return _naive(q, k, v, causal, scale, out)
+
+
+def _backward_dk_unscaled(q, k, v, o, lse, do, dlse, causal, scale):
+    """ta.backward with one bug: the probabilities dK is built from are recomputed from the
+    unscaled scores Q·Kᵀ (exp(Q·Kᵀ − lse) instead of exp(scale·Q·Kᵀ − lse)); dQ and dV keep the
+    right P, so only dK is wrong (and only where scale ≠ 1, i.e. D > 1)."""
+    b, hq, s, d = q.shape
+    block = ta.block_size(s)
+    hkv = k.shape[1]
+    g = hq // hkv
+    dq, _, dv = ta.backward(q, k, v, o, lse, do, dlse, causal, scale)
+    qg, dog, lse_g = ta._grouped(q, hkv), ta._grouped(do, hkv), ta._grouped(lse, hkv)
+    delta = ta._grouped((do.float() * o.float()).sum(dim=-1), hkv)
+    if dlse is not None:
+        delta = delta - ta._grouped(dlse.float(), hkv)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    for ks in range(0, s, block):
+        ke = min(s, ks + block)
+        kc, vc = k[:, :, ks:ke].float(), v[:, :, ks:ke].float()
+        for qs in range((ks // block) * block if causal else 0, s, block):
+            qe = min(s, qs + block)
+            qc, doc = ta._rows(qg, qs, qe), ta._rows(dog, qs, qe)
+            p = torch.exp(qc @ kc.transpose(-1, -2) - ta._rows(lse_g[..., None], qs, qe))
+            if causal and ke - 1 > qs:
+                p = ta._mask_tile(p, g, qs, qe, ks, ke, 0.0)
+            ds = p * (doc @ vc.transpose(-1, -2) - ta._rows(delta[..., None], qs, qe))
+            dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qc) * scale
+    return dq, dk, dv
+
+
+class _FlashDkUnscaled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o32, lse = ta.forward(q, k, v, causal, scale)
+        o = o32.to(q.dtype)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cfg = (causal, scale)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = _backward_dk_unscaled(q, k, v, o, lse, do, dlse, *ctx.cfg)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def torch_flash_dk_unscaled_scores(q, k, v, causal=True, scale=None, out=None):
+    """The project's tiled flash_attention (torch) with dK built from unscaled scores: the
+    forward, lse, dQ and dV are right, so only a gradient check on flash_attention itself
+    (not on `attention`, which torch routes to SDPA) can see it."""
+    *_, scale = ta.check_args(q, k, v, causal, scale, out)
+    if out is not None:
+        return ta.flash_attention(q, k, v, causal, scale, out)
+    return _FlashDkUnscaled.apply(q, k, v, bool(causal), scale)

@@ -78,3 +78,26 @@ def triton_inplace_no_alias_check(gate, up, dy):
     """The real in-place kernel, launched without the aliasing rule: overlapping buffers are
     accepted and silently produce garbage."""
     return swg_triton.launch_backward(gate, up, dy, gate, up)
+
+
+class _SiLUBackwardSignFlipped(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xf = x.float()
+        return (xf * torch.sigmoid(xf)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        xf = x.float()
+        s = torch.sigmoid(xf)
+        return (dy.float() * s * (1.0 - xf * (1.0 - s))).to(x.dtype)
+
+
+def silu_backward_sign_flipped(x, out=None):
+    """Forward right; backward σ(x)·(1 − x·(1 − σ(x))): a sign error in silu′ that only a
+    gradient check on `silu` itself can see (swiglu's backward is a separate Function)."""
+    if out is not None:
+        return out.copy_(_SiLUBackwardSignFlipped.apply(x))
+    return _SiLUBackwardSignFlipped.apply(x)

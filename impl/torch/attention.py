@@ -189,7 +189,7 @@ def backward(q, k, v, o, lse, do, dlse, causal, scale, block=None):
     return dq.reshape(b, hq, s, d), dk, dv
 
 
-class FlashAttentionTorch(torch.autograd.Function):
+class _FlashAttentionTorch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         o32, lse = forward(q, k, v, causal, scale)
@@ -220,7 +220,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         o32, lse = forward(q, k, v, causal, scale)
         out.copy_(o32)
         return out, lse
-    return FlashAttentionTorch.apply(q, k, v, causal, scale)
+    return _FlashAttentionTorch.apply(q, k, v, causal, scale)
 
 
 # torch's own fused attention kernels that never build the [S, S] scores: the CPU flash kernel

@@ -31,7 +31,7 @@ def check_args(ids, table, out=None):
             raise RuntimeError("embedding: out= does not support autograd (table requires grad)")
 
 
-class EmbeddingFunction(torch.autograd.Function):
+class _EmbeddingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids, table):
         ctx.save_for_backward(ids)
@@ -49,5 +49,5 @@ class EmbeddingFunction(torch.autograd.Function):
 
 def embedding(ids: torch.Tensor, table: torch.Tensor, out=None) -> torch.Tensor:
     check_args(ids, table, out)
-    y = EmbeddingFunction.apply(ids, table)
+    y = _EmbeddingFunction.apply(ids, table)
     return out.copy_(y) if out is not None else y

@@ -49,7 +49,7 @@ def _derivative(xf, approximate):
     return s + xf * s * s_neg * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * COEF * xf * xf)
 
 
-class GELUFunction(torch.autograd.Function):
+class _GELUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate):
         ctx.save_for_backward(x)
@@ -64,7 +64,7 @@ class GELUFunction(torch.autograd.Function):
 
 def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
     check_args(x, approximate, out)
-    y = GELUFunction.apply(x, approximate)
+    y = _GELUFunction.apply(x, approximate)
     return out.copy_(y) if out is not None else y
 
 

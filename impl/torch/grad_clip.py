@@ -50,7 +50,7 @@ def total_norm(grads) -> torch.Tensor:
         return torch.where(has_nan, torch.full_like(norm, float("nan")), norm)
 
 
-def clip_coefficient(norm: torch.Tensor, max_norm, eps) -> torch.Tensor:
+def _clip_coefficient(norm: torch.Tensor, max_norm, eps) -> torch.Tensor:
     coef = torch.clamp(max_norm / (norm + eps), max=1.0)
     return torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
 
@@ -66,7 +66,7 @@ def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
     if error_if_nonfinite and not bool(torch.isfinite(norm)):
         raise NonFiniteGradNorm(f"total gradient norm is {norm.item()}; gradients left "
                                 "unchanged")
-    coef = clip_coefficient(norm, max_norm, eps)
+    coef = _clip_coefficient(norm, max_norm, eps)
     with torch.no_grad():
         for g in grads:
             # multiply in fp32 and round once: an fp16 coef would add a second rounding

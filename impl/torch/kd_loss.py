@@ -49,7 +49,7 @@ def kd_loss(student_logits, teacher_logits, labels, temperature, alpha, ignore_i
     return _finish(kl_rows, zs, labels, temperature, alpha, ignore_index, student_logits.dtype)
 
 
-def kd_loss_topk(student_logits, teacher_topk_values, teacher_topk_indices, labels,
+def _kd_loss_topk(student_logits, teacher_topk_values, teacher_topk_indices, labels,
                  temperature, alpha, ignore_index=-100):
     """KD against a cached top-k teacher: values [T, k] and vocabulary indices [T, k]."""
     check_kd_args(student_logits, labels, temperature, alpha)
@@ -66,7 +66,7 @@ def kd_loss_topk(student_logits, teacher_topk_values, teacher_topk_indices, labe
     return _finish(kl_rows, zs, labels, temperature, alpha, ignore_index, student_logits.dtype)
 
 
-def topk_stable(z, k):
+def _topk_stable(z, k):
     if not (isinstance(k, int) and 1 <= k <= z.shape[1]):
         raise ValueError(f"k={k!r}: must lie in [1, V={z.shape[1]}]")
     vals, idx = torch.sort(z, dim=1, descending=True, stable=True)
@@ -75,5 +75,5 @@ def topk_stable(z, k):
 
 def kd_loss_from_topk(student_logits, teacher_logits, labels, temperature, alpha, k,
                       ignore_index=-100):
-    vals, idx = topk_stable(teacher_logits.detach(), k)
-    return kd_loss_topk(student_logits, vals, idx, labels, temperature, alpha, ignore_index)
+    vals, idx = _topk_stable(teacher_logits.detach(), k)
+    return _kd_loss_topk(student_logits, vals, idx, labels, temperature, alpha, ignore_index)

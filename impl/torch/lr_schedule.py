@@ -51,7 +51,7 @@ def lr_at(step, warmup, total, lr_max, lr_min) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float64).reshape(step.shape)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, step: int, warmup: int, total: int,
+def _set_lr(optimizer: torch.optim.Optimizer, step: int, warmup: int, total: int,
            lr_max: float, lr_min: float) -> float:
     """Write the scheduled LR into every param group (the training loop's per-step call) and
     return it, so the loop can log and assert what the optimizer actually uses (ALB-079: a

@@ -1,4 +1,6 @@
-"""NF4 quantize / dequantize in PyTorch, bit-compatible with bitsandbytes.
+"""NF4 quantize / dequantize in PyTorch, in bitsandbytes' format: packed data and absmax are
+bit-identical to bitsandbytes' quantize_4bit; double-quantization statistics agree only within
+one 8-bit code and two fp32 steps of the offset (see `falsify.reference.nf4`).
 
 The algorithm, the code tables and every rounding decision are documented in
 `falsify.reference.nf4`; this file is the vectorised torch version of the same steps. Element i
@@ -37,7 +39,7 @@ def tables(device="cpu"):
                  for t in (NF4_CODE, NF4_MIDPOINTS, DYNAMIC_CODE, DYNAMIC_MIDPOINTS))
 
 
-def nf4_code():
+def _nf4_code():
     """The NF4 code table this backend uses (pinned by value in the contract)."""
     return tables()[0]
 
@@ -139,7 +141,7 @@ def decode_absmax(qabsmax, absmax2, offset) -> torch.Tensor:
 _BYTE_TABLES: dict[str, torch.Tensor] = {}
 
 
-def byte_table(device) -> torch.Tensor:
+def _byte_table(device) -> torch.Tensor:
     """float32 [256, 2]: the two code values a packed byte decodes to, high nibble first.
     Element 2i sits in the high nibble of byte i (nf4_shift_of(2i) = 4), so indexing this table
     by the bytes and flattening yields the elements in order: one gather per byte instead of
@@ -188,7 +190,7 @@ def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=Non
     # no dtype: the preallocated `out` decides, else float32
     dt = output_dtype(dtype if dtype is not None or out is None else out.dtype)
     scale = decode_absmax(absmax, absmax2, offset) if nested else absmax.reshape(-1).float()
-    codes = byte_table(packed.device)[packed.reshape(-1).long()].reshape(-1)  # 2·cdiv(n, 2)
+    codes = _byte_table(packed.device)[packed.reshape(-1).long()].reshape(-1)  # 2·cdiv(n, 2)
     # Blocks are whole rows of a [nblocks, blocksize] view. blocksize is even, so the padded
     # length nblocks·blocksize ≥ 2·cdiv(n, 2): the tail block is zero-padded, decoded with its
     # absmax like every other, and the padding dropped. Same fp32 product code·absmax per

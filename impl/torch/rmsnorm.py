@@ -34,7 +34,7 @@ def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None =
             raise RuntimeError("rmsnorm: out= does not support autograd (x or w requires grad)")
 
 
-class RMSNormFunction(torch.autograd.Function):
+class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, eps):
         xf = x.float()
@@ -67,7 +67,7 @@ class RMSNormFunction(torch.autograd.Function):
 def rmsnorm_forward(x: torch.Tensor, w: torch.Tensor, eps: float, out=None):
     """(y, inv_rms): y in x.dtype, inv_rms fp32 with shape x.shape[:-1]."""
     check_args(x, w, eps, out)
-    y, inv_rms = RMSNormFunction.apply(x, w, float(eps))
+    y, inv_rms = _RMSNormFunction.apply(x, w, float(eps))
     if out is not None:
         out.copy_(y)
         y = out

@@ -63,7 +63,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return y.to(x.dtype)
 
 
-class RoPEFunction(torch.autograd.Function):
+class _RoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin):
         ctx.save_for_backward(cos, sin)
@@ -78,7 +78,7 @@ class RoPEFunction(torch.autograd.Function):
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, out=None) -> torch.Tensor:
     check_args(x, pos, theta, out)
     cos, sin = rope_tables(pos, x.shape[-1], theta)
-    y = RoPEFunction.apply(x, cos, sin)
+    y = _RoPEFunction.apply(x, cos, sin)
     return out.copy_(y) if out is not None else y
 
 

@@ -65,7 +65,7 @@ def _lattice_hit(d: int, dims: list) -> bool:
     return False
 
 
-def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Could a and b share an element? Exact for two views with the same shape, strides and
     dtype in a non-self-overlapping layout (e.g. gate = buf[:, :n], up = buf[:, n:] of a fused
     projection); otherwise conservative: any intersection of their byte ranges counts."""
@@ -94,7 +94,7 @@ def check_inplace_args(gate, up, dy):
         raise ValueError(f"swiglu: dy must have shape {tuple(gate.shape)}, got {tuple(dy.shape)}")
     for a, b, names in ((gate, up, "gate and up"), (gate, dy, "gate and dy"),
                         (up, dy, "up and dy")):
-        if may_overlap(a, b):
+        if _may_overlap(a, b):
             raise ValueError(f"swiglu_backward_inplace: {names} share memory; the in-place "
                              "backward needs disjoint gate, up and dy")
     if gate.requires_grad or up.requires_grad:
@@ -111,7 +111,7 @@ def _grads(gate, up, dy):
     return d_gate, F.silu(g).mul_(d)
 
 
-class SwiGLUFunction(torch.autograd.Function):
+class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
@@ -127,7 +127,7 @@ class SwiGLUFunction(torch.autograd.Function):
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out=None) -> torch.Tensor:
     check_args(gate, up, out)
-    y = SwiGLUFunction.apply(gate, up)
+    y = _SwiGLUFunction.apply(gate, up)
     return out.copy_(y) if out is not None else y
 
 
@@ -140,7 +140,7 @@ def swiglu_backward_inplace(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tens
     return gate, up
 
 
-class SiLUFunction(torch.autograd.Function):
+class _SiLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
@@ -158,5 +158,5 @@ class SiLUFunction(torch.autograd.Function):
 def silu(x: torch.Tensor, out=None) -> torch.Tensor:
     _float_tensor("x", x)
     check_out(x, out, (x,))
-    y = SiLUFunction.apply(x)
+    y = _SiLUFunction.apply(x)
     return out.copy_(y) if out is not None else y

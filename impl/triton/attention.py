@@ -279,7 +279,7 @@ def launch_backward(q, k, v, o, lse, do, dlse, causal, scale, dkdv_kernel=None):
     return dq, dk, dv
 
 
-class FlashAttentionTriton(torch.autograd.Function):
+class _FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         o, lse = launch_forward(q, k, v, causal, scale)
@@ -308,7 +308,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             raise RuntimeError("attention: out= does not support autograd (inputs require grad)")
         return launch_forward(q, k, v, causal, scale, out)
     if needs_grad:
-        return FlashAttentionTriton.apply(q, k, v, causal, scale)
+        return _FlashAttentionTriton.apply(q, k, v, causal, scale)
     return launch_forward(q, k, v, causal, scale)
 
 

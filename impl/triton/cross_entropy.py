@@ -119,7 +119,7 @@ def backward_rows(logits, labels, lse, dy_vec, dy_stride, ignore_index, z_loss,
     return dz
 
 
-def device_upstream(dy, reduction, labels, ignore_index, T):
+def _device_upstream(dy, reduction, labels, ignore_index, T):
     """(dy vector or 1-element tensor, stride): per-row dy for "none", one scalar otherwise."""
     dy = dy.float()
     if reduction == "none":
@@ -144,7 +144,7 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx, dy):
         logits, labels, lse = ctx.saved_tensors
         ignore_index, reduction, z_loss, label_smoothing = ctx.cfg
-        dy_vec, stride = device_upstream(dy, reduction, labels, ignore_index, logits.shape[0])
+        dy_vec, stride = _device_upstream(dy, reduction, labels, ignore_index, logits.shape[0])
         dz = backward_rows(logits, labels, lse, dy_vec, stride, ignore_index, z_loss,
                            label_smoothing)
         return dz, None, None, None, None, None

@@ -84,7 +84,7 @@ def launch_backward(ids, dy, vocab, kernel=None):
     return acc
 
 
-class EmbeddingTriton(torch.autograd.Function):
+class _EmbeddingTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids, table):
         ctx.save_for_backward(ids)
@@ -101,4 +101,4 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, out=None) -> torch.Tensor:
     check_args(ids, table, out)  # range-checks every id before any launch
     if out is not None:
         return launch_forward(ids, table, out)
-    return EmbeddingTriton.apply(ids, table)
+    return _EmbeddingTriton.apply(ids, table)

@@ -79,7 +79,7 @@ def gelu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n, sx_r, sx_c, sd_r, sd_c, sdx_r, sdx
              mask=mask)
 
 
-def constants(approximate):
+def _constants(approximate):
     if approximate == "tanh":
         return 2.0 * SQRT_2_OVER_PI, COEF, 0.0
     return INV_SQRT_2, 0.0, INV_SQRT_2PI
@@ -106,7 +106,7 @@ def launch_forward(x, approximate, out=None, kernel=None, consts=None):
     y2, copy_back = _out_rows(y, x2.shape[0], n)
     if x2.numel():
         cfg = launch_config(x2.shape[0], n)
-        c0, c1, _ = consts or constants(approximate)
+        c0, c1, _ = consts or _constants(approximate)
         (kernel or gelu_fwd_kernel)[cfg["grid"]](
             x2, y2, n, *x2.stride(), *y2.stride(), c0, c1, APPROX=approximate == "tanh",
             BLOCK=cfg["BLOCK"])
@@ -115,19 +115,19 @@ def launch_forward(x, approximate, out=None, kernel=None, consts=None):
     return y
 
 
-def launch_backward(x, dy, approximate):
+def _launch_backward(x, dy, approximate):
     n = x.shape[-1]
     x2, dy2 = _rows(x, n), _rows(dy, n)
     dx = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.numel():
         cfg = launch_config(x2.shape[0], n)
         gelu_bwd_kernel[cfg["grid"]](x2, dy2, dx, n, *x2.stride(), *dy2.stride(), *dx.stride(),
-                                     *constants(approximate), APPROX=approximate == "tanh",
+                                     *_constants(approximate), APPROX=approximate == "tanh",
                                      BLOCK=cfg["BLOCK"])
     return dx.view(x.shape)
 
 
-class GELUTriton(torch.autograd.Function):
+class _GELUTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate):
         ctx.save_for_backward(x)
@@ -137,7 +137,7 @@ class GELUTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return launch_backward(x, dy, ctx.approximate), None
+        return _launch_backward(x, dy, ctx.approximate), None
 
 
 def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
@@ -146,7 +146,7 @@ def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
         raise ValueError("gelu (triton): x must have at least one dimension")
     if out is not None:
         return launch_forward(x, approximate, out)
-    return GELUTriton.apply(x, approximate)
+    return _GELUTriton.apply(x, approximate)
 
 
 def gelu_gap(x: torch.Tensor) -> torch.Tensor:

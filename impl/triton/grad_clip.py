@@ -126,7 +126,7 @@ def _check_int32(t2: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: too large for the kernel's int32 offsets")
 
 
-def total_norm_and_coef(grads, max_norm, eps) -> torch.Tensor:
+def _total_norm_and_coef(grads, max_norm, eps) -> torch.Tensor:
     """[‖g‖, coef] as a 2-element fp32 device tensor (launches kernels 1 and 2)."""
     views = [_as_2d(g, f"grads[{i}]") for i, g in enumerate(grads)]
     for i, v in enumerate(views):
@@ -154,12 +154,12 @@ def _scale(g: torch.Tensor, dst: torch.Tensor, norm_coef: torch.Tensor, name: st
                                      src.stride(1), out.stride(0), out.stride(1), BLOCK=block)
 
 
-def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
+def _clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
     """In-place global-norm clip of a list of tensors; returns the pre-clip norm (0-d fp32)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     grads = list(grads)
     check_grads(grads)
-    nc = total_norm_and_coef(grads, max_norm, eps)
+    nc = _total_norm_and_coef(grads, max_norm, eps)
     if error_if_nonfinite and not bool(torch.isfinite(nc[0])):
         raise NonFiniteGradNorm(f"total gradient norm is {nc[0].item()}; gradients left "
                                 "unchanged")
@@ -176,7 +176,7 @@ def clip_grad_norm(g0, g1, g2, max_norm, eps, error_if_nonfinite, out=None):
     if out is not None and (out.shape != g0.shape or out.dtype != g0.dtype):
         raise ValueError(f"out: expected shape {tuple(g0.shape)} and dtype {g0.dtype}, got "
                          f"{tuple(out.shape)}, {out.dtype}")
-    nc = total_norm_and_coef(grads, max_norm, eps)
+    nc = _total_norm_and_coef(grads, max_norm, eps)
     if error_if_nonfinite and not bool(torch.isfinite(nc[0])):
         raise NonFiniteGradNorm(f"total gradient norm is {nc[0].item()}; gradients left "
                                 "unchanged")

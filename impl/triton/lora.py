@@ -117,7 +117,7 @@ def _check_backend(*ts):
         raise NotImplementedError("bf16 is broken in the Triton interpreter; run it on a GPU")
 
 
-def lora_forward(x2, w, a, b, s, out2=None):
+def _lora_forward(x2, w, a, b, s, out2=None):
     """(y [M, out], t [M, r] fp32) for 2-D x2."""
     m = x2.shape[0]
     t = torch.empty(m, a.shape[0], dtype=torch.float32, device=x2.device)
@@ -150,7 +150,7 @@ class _LoraLinear(torch.autograd.Function):
     def forward(ctx, x, w, a, b, s):
         out_f, in_f = w.shape
         x2 = _as_rows(x, in_f)
-        y, t = lora_forward(x2, w, a, b, s)
+        y, t = _lora_forward(x2, w, a, b, s)
         ctx.save_for_backward(x2, w, a, b, t)
         ctx.s, ctx.x_shape = s, x.shape
         return y.reshape(*x.shape[:-1], out_f)
@@ -176,7 +176,7 @@ def lora_linear(x, w, a, b, alpha, r, rslora=False, out=None):
         return _LoraLinear.apply(x, w, a, b, s)
     x2 = _as_rows(x, in_f)
     out2 = out if out.dim() == 2 else out.view(-1, out_f)
-    lora_forward(x2, w, a, b, s, out2)
+    _lora_forward(x2, w, a, b, s, out2)
     return out
 
 

@@ -1,4 +1,6 @@
-"""NF4 quantize / dequantize as Triton kernels, bit-compatible with bitsandbytes.
+"""NF4 quantize / dequantize as Triton kernels, in bitsandbytes' format: packed data and absmax
+are bit-identical to bitsandbytes' quantize_4bit; double-quantization statistics agree only
+within one 8-bit code and two fp32 steps of the offset (see `falsify.reference.nf4`).
 
 The algorithm and its rounding rules are documented in `falsify.reference.nf4`. Kernels:
 
@@ -163,12 +165,12 @@ def _tables(device):
     return _t.tables(device)
 
 
-def nf4_code():
+def _nf4_code():
     """The NF4 code table the kernels gather from (pinned by value in the contract)."""
     return _tables("cpu")[0]
 
 
-def quantize_absmax(absmax: torch.Tensor):
+def _quantize_absmax(absmax: torch.Tensor):
     """Double quantization: (qabsmax uint8 [nb], absmax2 float32 [cdiv(nb, 256)], offset[1])."""
     nb = absmax.numel()
     _, _, _, dyn_mid = _tables(absmax.device)
@@ -215,7 +217,7 @@ def nf4_quantize(w, blocksize=64, double_quant=False, out=None):
         G=cfg["G"], HALF=cfg["HALF"])
     if not double_quant:
         return out, absmax
-    return (out, *quantize_absmax(absmax))
+    return (out, *_quantize_absmax(absmax))
 
 
 def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=None, dtype=None,

@@ -97,7 +97,7 @@ class NF4Weight:
         self.log2_bs = log2_exact(blocksize)
 
 
-def nf4_matmul2(a1, wq: NF4Weight, transpose_w, c, alpha1=1.0, a2=None, b2=None, alpha2=0.0):
+def _nf4_matmul2(a1, wq: NF4Weight, transpose_w, c, alpha1=1.0, a2=None, b2=None, alpha2=0.0):
     """c ← α₁·a1 @ op(W̃) (+ α₂·a2 @ b2); op(W̃) = W̃ᵀ [in, out] or W̃ [out, in]."""
     m, k1 = a1.shape
     sbk, sbn = (1, wq.in_f) if transpose_w else (wq.in_f, 1)
@@ -119,12 +119,12 @@ def nf4_matmul2(a1, wq: NF4Weight, transpose_w, c, alpha1=1.0, a2=None, b2=None,
     return c
 
 
-def qlora_forward(x2, wq, a, b, s, out2=None):
+def _qlora_forward(x2, wq, a, b, s, out2=None):
     t = torch.empty(x2.shape[0], a.shape[0], dtype=torch.float32, device=x2.device)
     _lora.matmul2(x2, a.T, t)
     y = out2 if out2 is not None else torch.empty(x2.shape[0], wq.out_f, dtype=x2.dtype,
                                                   device=x2.device)
-    return nf4_matmul2(x2, wq, True, y, 1.0, t, b.T, s), t
+    return _nf4_matmul2(x2, wq, True, y, 1.0, t, b.T, s), t
 
 
 def qlora_backward(g, x2, wq, a, b, t, s, need_x=True, need_a=True, need_b=True, base=True):
@@ -134,7 +134,7 @@ def qlora_backward(g, x2, wq, a, b, t, s, need_x=True, need_a=True, need_b=True,
     if need_x:
         dx = torch.empty_like(x2)
         if base:
-            nf4_matmul2(g, wq, False, dx, 1.0, u, a, s)
+            _nf4_matmul2(g, wq, False, dx, 1.0, u, a, s)
         else:  # only for the mutant suite
             _lora.matmul2(u, a, dx, s)
     if need_a:
@@ -148,7 +148,7 @@ class _QLoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, a, b, s, wq):
         x2 = _lora._as_rows(x, wq.in_f)
-        y, t = qlora_forward(x2, wq, a, b, s)
+        y, t = _qlora_forward(x2, wq, a, b, s)
         ctx.save_for_backward(x2, a, b, t)
         ctx.s, ctx.wq, ctx.x_shape = s, wq, x.shape
         return y.reshape(*x.shape[:-1], wq.out_f)
@@ -178,6 +178,6 @@ def qlora_linear(x, packed, absmax, shape, blocksize, a, b, alpha, r, rslora=Fal
                        None if offset is None else offset.detach())
     if out is None:
         return _QLoraLinear.apply(x, a, b, s, wq)
-    qlora_forward(_lora._as_rows(x, in_f), wq, a, b, s,
+    _qlora_forward(_lora._as_rows(x, in_f), wq, a, b, s,
                   out if out.dim() == 2 else out.view(-1, out_f))
     return out

@@ -132,7 +132,7 @@ def launch_backward(x, w, inv_rms, dy, kernel=None):
     return dx.view(x.shape), partial.sum(dim=0).to(w.dtype)
 
 
-class RMSNormTriton(torch.autograd.Function):
+class _RMSNormTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, eps):
         y, inv = launch_forward(x, w, eps)
@@ -153,7 +153,7 @@ def rmsnorm_forward(x: torch.Tensor, w: torch.Tensor, eps: float, out=None):
     check_args(x, w, eps, out)
     if out is not None:
         return launch_forward(x, w, float(eps), out)
-    return RMSNormTriton.apply(x, w, float(eps))
+    return _RMSNormTriton.apply(x, w, float(eps))
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out=None) -> torch.Tensor:

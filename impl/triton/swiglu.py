@@ -94,7 +94,7 @@ def _out_rows(out, like, n):
         return torch.empty((like.numel() // n, n), dtype=out.dtype, device=out.device), True
 
 
-def launch_forward(g, u, out=None):
+def _launch_forward(g, u, out=None):
     n = g.shape[-1]
     g2 = _rows(g, n)
     u2 = g2 if u is None else _rows(u, n)
@@ -131,11 +131,11 @@ def launch_backward(g, u, dy, d_g, d_u, kernel=None):
     return d_g, d_u
 
 
-class SwiGLUTriton(torch.autograd.Function):
+class _SwiGLUTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
-        return launch_forward(gate, up)
+        return _launch_forward(gate, up)
 
     @staticmethod
     def backward(ctx, dy):
@@ -143,11 +143,11 @@ class SwiGLUTriton(torch.autograd.Function):
         return launch_backward(gate, up, dy, torch.empty_like(gate), torch.empty_like(up))
 
 
-class SiLUTriton(torch.autograd.Function):
+class _SiLUTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return launch_forward(x, None)
+        return _launch_forward(x, None)
 
     @staticmethod
     def backward(ctx, dy):
@@ -158,16 +158,16 @@ class SiLUTriton(torch.autograd.Function):
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out=None) -> torch.Tensor:
     check_args(gate, up, out)
     if out is not None:
-        return launch_forward(gate, up, out)
-    return SwiGLUTriton.apply(gate, up)
+        return _launch_forward(gate, up, out)
+    return _SwiGLUTriton.apply(gate, up)
 
 
 def silu(x: torch.Tensor, out=None) -> torch.Tensor:
     _float_tensor("x", x)
     check_out(x, out, (x,))
     if out is not None:
-        return launch_forward(x, None, out)
-    return SiLUTriton.apply(x)
+        return _launch_forward(x, None, out)
+    return _SiLUTriton.apply(x)
 
 
 def swiglu_backward_inplace(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor):

@@ -1,0 +1,160 @@
+"""`pv audit --checks-only`: an equation with a backward needs a gradient check on every
+backend it binds (forward checked, backward not is a gap, exit 1), and a public function of a
+bound implementation module that the contract names nowhere is reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from falsify.cli.pv import main
+from falsify.harness import audit
+from falsify.harness.model import ROOT, load_contract
+
+FNS = "tests.fixtures.kernels.torch.audit_fns"
+PARITY = """
+  - id: FALSIFY-SQ-001
+    rule: parity
+    prediction: "x² matches the reference"
+    obligation: SQ-EQV-001
+    check:
+      kind: parity
+      input: xs
+      equation: {eq}
+      tolerance: {{why: "one rounding", float32: {{rtol: "eps"}}}}
+"""
+GRADIENT = """
+  - id: FALSIFY-SQ-002
+    rule: gradient
+    prediction: "autograd gives 2x·dy"
+    obligation: SQ-EQV-001
+    check:
+      kind: gradient
+      input: xs
+      equation: {eq}
+      wrt: [x]
+      backward: square_backward
+      tolerance: {{why: "two roundings", float32: {{rtol: "2 * eps"}}}}
+"""
+
+
+def contract_text(torch_binding: str, checks: str, eq: str = "square") -> str:
+    return f"""metadata:
+  version: 1.0.0
+  description: "audit fixture"
+  references: ["none needed"]
+  kernel: audit_fns
+  status: draft
+equations:
+  {eq}:
+    formula: "x²"
+    bindings:
+      reference: {FNS}:square_ref
+      torch: {FNS}:{torch_binding}
+  square_backward:
+    formula: "2x·dy"
+    bindings:
+      reference: {FNS}:square_backward
+inputs:
+  xs:
+    dtypes: [float32]
+    dims: {{n: [1, 8]}}
+    args:
+      x: {{shape: [n], values: [-2.0, 2.0]}}
+proof_obligations:
+  - {{id: SQ-EQV-001, type: equivalence, property: "x² and its derivative", applies_to: {eq}}}
+falsification_tests:{checks.format(eq=eq)}
+mutants:
+  - {{id: MUT-SQ-001, obligation: SQ-EQV-001, replaces: {eq}.torch, with: {FNS}:helper,
+     description: "identity"}}
+"""
+
+
+def load(tmp_path, text):
+    p = tmp_path / "square-kernel-v1.yaml"
+    p.write_text(text, encoding="utf-8")
+    c, findings = load_contract(p)
+    assert not [f for f in findings if f.severity == "error"], findings
+    return p, c
+
+
+def test_forward_checked_backward_not_is_a_gap(tmp_path):
+    # "cube" has no <eq>_backward equation, so the backward is found through the binding's
+    # autograd.Function, not declared by name
+    _, c = load(tmp_path, contract_text("square", PARITY, eq="cube"))
+    gaps = audit.check_gaps(c)
+    assert len(gaps) == 2, gaps  # reference and torch
+    assert all("forward checked, backward not" in g for g in gaps), gaps
+    assert any("equation cube on torch" in g and "_Square" in g for g in gaps), gaps
+
+
+def test_gradient_check_on_every_bound_backend_closes_the_gap(tmp_path):
+    _, c = load(tmp_path, contract_text("square", PARITY + GRADIENT))
+    assert audit.check_gaps(c) == []
+
+
+def test_a_gradient_check_missing_one_backend_is_a_gap(tmp_path):
+    one = GRADIENT.replace("      wrt: [x]", "      backends: [reference]\n      wrt: [x]")
+    _, c = load(tmp_path, contract_text("square", PARITY + one))
+    gaps = audit.check_gaps(c)
+    assert gaps == [g for g in gaps if "on torch" in g] and len(gaps) == 1, gaps
+    assert "checks there: parity" in gaps[0]
+
+
+def test_no_grad_binding_has_no_backward(tmp_path):
+    _, c = load(tmp_path, contract_text("square_nograd", PARITY, eq="cube"))
+    assert audit.backward_reason(c, "cube") is None
+    assert audit.check_gaps(c) == []
+
+
+def test_bound_but_never_executed_is_a_gap(tmp_path):
+    checks = PARITY.replace("      equation: {eq}\n", "      equation: {eq}\n      "
+                            "backends: [reference]\n").replace("kind: parity", "kind: property"
+                            ).replace("      tolerance:", "      predicate: \"y >= 0\"\n"
+                                      "      tolerance:")
+    _, c = load(tmp_path, contract_text("square_nograd", checks, eq="cube"))
+    assert audit.check_gaps(c) == ["equation cube on torch: bound, but no check executes it"]
+
+
+def test_unbound_public_export_is_reported(tmp_path):
+    _, c = load(tmp_path, contract_text("square", PARITY + GRADIENT))
+    found = audit.export_findings(c)
+    names = sorted(f.split(" ")[0] for f in found)
+    # bound functions are fine; helper is named only as a mutant's replacement, which is no
+    # binding; _Square and _private_helper are private
+    assert names == [f"{FNS}:helper", f"{FNS}:square_nograd"], found
+    assert not any("_private_helper" in f or "_Square" in f for f in found)
+
+
+def test_cli_exit_status(tmp_path, capsys):
+    bad, _ = load(tmp_path, contract_text("square", PARITY, eq="cube"))
+    assert main(["audit", "--checks-only", str(bad)]) == 1
+    assert "forward checked, backward not" in capsys.readouterr().out
+    good = tmp_path / "ok" / "square-kernel-v1.yaml"
+    good.parent.mkdir()
+    good.write_text(contract_text("square", PARITY + GRADIENT), encoding="utf-8")
+    assert main(["audit", "--checks-only", str(good)]) == 0
+
+
+@pytest.mark.parametrize("name", ["attention-kernel-v1", "swiglu-kernel-v1",
+                                  "rmsnorm-kernel-v1"])
+def test_repository_contracts_have_no_check_gaps(name):
+    c, _ = load_contract(ROOT / "contracts" / f"{name}.yaml")
+    assert audit.check_gaps(c) == []
+
+
+def test_attention_without_the_flash_gradient_checks_has_the_gap(tmp_path):
+    """The attention contract as it was before FALSIFY-ATT-018/019: flash_attention's own
+    backward (the torch tiled autograd.Function) was checked nowhere, because `attention`
+    routes to SDPA on torch."""
+    text = (ROOT / "contracts" / "attention-kernel-v1.yaml").read_text(encoding="utf-8")
+    start, end = text.index("  - id: FALSIFY-ATT-018\n"), text.index("\nmutants:\n")
+    p = Path(tmp_path) / "attention-kernel-v1.yaml"
+    p.write_text(text[:start] + text[end + 1:], encoding="utf-8")
+    c, _ = load_contract(p)
+    assert not [t for t in c.checks if t.id in ("FALSIFY-ATT-018", "FALSIFY-ATT-019")]
+    gaps = audit.check_gaps(c)
+    assert {g.split(":")[0] for g in gaps} == {
+        f"equation flash_attention on {b}" for b in ("reference", "torch", "triton")}, gaps
+    assert main(["audit", "--checks-only", str(p)]) == 1
