@@ -2,17 +2,19 @@
 # Install everything falsify needs on a fresh Debian machine into the project virtual
 # environment .venv (idempotent; a second run with nothing changed takes about a second).
 # - Python: the package in editable mode with the dev extras (docs, interop, third-party
-#   kernels, build); torch is pinned to the CPU build (2.13.0) in pyproject.toml, so no
-#   multi-GB CUDA wheel is pulled.
+#   kernels, build); torch is pinned (2.13.0) in pyproject.toml and installed from the CPU
+#   index first, so no multi-GB CUDA wheel is pulled.
 # - Never pip-installs into the system Python: Debian's is externally managed (PEP 668), and
 #   a package installed there would fight apt. Everything goes into .venv.
 # - Debian's chromium: the docs-site test renders pages headless.
-# PYTHON selects the interpreter that creates .venv (default: python3 on PATH).
+# PYTHON selects the interpreter that creates .venv (default: python3 on PATH); TORCH_INDEX the
+# index torch's CPU build comes from (default: PyTorch's; PyPI's Linux torch is the CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.falsify-installed"
+TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 as_root_or_explain() {  # $1: apt package, $2: why
   if [ "$(id -u)" = 0 ]; then
@@ -29,7 +31,10 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PY" >/dev/null 2>&1 || { echo "install.sh: no $PY on PATH" >&2; exit 2; }
+  if ! command -v "$PY" >/dev/null 2>&1; then
+    [ "$PY" = python3 ] || { echo "install.sh: PYTHON=$PY is not on PATH" >&2; exit 2; }
+    as_root_or_explain python3 "there is no python3 on PATH"
+  fi
   # Debian ships the venv module without ensurepip until python3-venv is installed.
   if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     as_root_or_explain python3-venv "'$PY -m venv' cannot create environments (no ensurepip)"
@@ -52,6 +57,12 @@ fi
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $("$VENV/bin/python" -c 'import sys; print(sys.version)')"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/falsify" ]; then
   exit 0
+fi
+if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  # the pinned version, from the CPU index first (its 2.13.0+cpu sorts above PyPI's 2.13.0)
+  torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --extra-index-url "$TORCH_INDEX" "$torch_pin"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 printf '%s' "$want" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
