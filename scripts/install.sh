@@ -59,10 +59,18 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/falsify
   exit 0
 fi
 if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
-  # the pinned version, from the CPU index first (its 2.13.0+cpu sorts above PyPI's 2.13.0)
+  # the pinned version, from the CPU index too (its 2.13.0+cpu sorts above PyPI's 2.13.0)
   torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    --extra-index-url "$TORCH_INDEX" "$torch_pin"
+  extra=(--extra-index-url "$TORCH_INDEX")
+  if ! "$VENV/bin/python" -c 'import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)' "$TORCH_INDEX" \
+      >/dev/null 2>&1; then
+    # offline mirrors and wheelhouses: pip's own configuration has to provide the CPU build
+    echo "install.sh: $TORCH_INDEX is unreachable: $torch_pin comes from pip's configured" \
+         "indexes (set TORCH_INDEX to a reachable CPU index to choose)" >&2
+    extra=()
+  fi
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${extra[@]}" "$torch_pin"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 printf '%s' "$want" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
