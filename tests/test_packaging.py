@@ -1,12 +1,14 @@
 """The built package works for a user: sdist and wheel build, the wheel carries the contract
 library and the `init` templates, and installed on its own (no checkout on sys.path, run from a
-directory outside the checkout) it scaffolds a project, validates, checks a user's softmax
-against the library contract (a correct one passes, a buggy one fails with the diagnosis) and
-reports coverage, without writing a file inside the installed package.
+directory outside the checkout) it scaffolds a project that validates, fails on its stubs with
+the diagnosis and goes green (run, mutants, `pv coverage --min 100`) once they are written;
+it checks a user's softmax against the library contract (a correct one passes, a buggy one
+fails with the diagnosis) and reports coverage, without writing a file inside the installed
+package.
 
 The wheel goes into a fresh venv with --no-deps; the dependencies (torch, triton, ...) are
 reused from the interpreter running this test through a .pth file, so nothing is downloaded
-but the build backend. About a minute and a half on two busy cores.
+but the build backend. About a minute on two busy cores.
 """
 
 from __future__ import annotations
@@ -119,6 +121,26 @@ def _check_isolation(steps: Steps, inst: dict) -> None:
     assert not inst["project"].resolve().is_relative_to(ROOT)
 
 
+def _check_own_contract(steps: Steps, project: Path, cli) -> None:
+    """The scaffolded contract: fails on the stubs with its diagnosis, then goes green."""
+    proc, out = cli("falsify", "run", "mykernel-kernel-v1")
+    steps.expect(proc.returncode == 1 and "obligation MYKERNEL-EQV-001" in out
+                 and "is the stub `falsify init` wrote" in out
+                 and "minimal falsifying input" in out
+                 and "diagnosis (if_fails): mykernel differs from the float64 reference" in out,
+                 f"`falsify run` on the stubs did not fail honestly (exit {proc.returncode})", out)
+    (project / "userpkg/mykernel_reference.py").write_text(
+        "import numpy as np\n\n\ndef mykernel(x):\n    return np.tanh(x)\n")
+    (project / "userpkg/mykernel.py").write_text(
+        "import torch\n\n\ndef mykernel(x):\n    return torch.tanh(x)\n")
+    for argv, what in ((("falsify", "run", "mykernel-kernel-v1"), "the written kernel passes"),
+                       (("falsify", "mutants", "mykernel-kernel-v1"), "its mutant is killed"),
+                       (("pv", "coverage", "--min", "100"), "the CI gate is green")):
+        proc, out = cli(*argv)
+        steps.expect(proc.returncode == 0, f"`{' '.join(argv)}`: {what} (exit {proc.returncode})",
+                     out)
+
+
 def test_the_wheel_works_for_a_user(tmp_path):
     steps = Steps()
     wheel, sdist = _build(tmp_path / "dist")
@@ -139,6 +161,8 @@ def test_the_wheel_works_for_a_user(tmp_path):
                  "`falsify init` did not scaffold the project", out)
     proc, out = cli("pv", "validate")
     steps.expect(proc.returncode == 0 and "0 error(s)" in out, "`pv validate` failed", out)
+
+    _check_own_contract(steps, inst["project"], cli)
 
     bind = ("falsify", "run", "softmax-kernel-v1", "--bind", "softmax.torch=userpkg:softmax",
             "--backend", "torch")
