@@ -1,0 +1,161 @@
+"""`falsify init [--kernel NAME] [--package PKG]`: set up falsify in the project in the current
+directory.
+
+Writes the `[tool.falsify]` config (appended to pyproject.toml, else falsify.toml), a minimal
+contract `contracts/NAME-kernel-v1.yaml` (one parity obligation, one check, one mutant) bound to
+a stub numpy reference and a stub torch implementation in the user's package, a GitHub Actions
+workflow and a pre-commit configuration. A file that is already there is never overwritten: it
+is listed as kept. Until the two stubs are written, `falsify run` fails on the parity check and
+says what to write; that is the intended first state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from falsify.cli.common import UsageError
+
+# Where this repository lives: the pre-commit hooks and the CI install come from there.
+HOOKS_REPO = "https://github.com/falsify/falsify"
+KERNEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a Python module name and a contract equation
+
+
+def _toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest depends on the backport there
+        import tomli as tomllib
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"{path}: cannot read it as TOML: {e}") from None
+
+
+def _template(name: str, **subs) -> str:
+    text = (resources.files("falsify") / "templates" / name).read_text(encoding="utf-8")
+    return string.Template(text).substitute(subs)
+
+
+def _package(root: Path, explicit: str | None) -> tuple[str, Path, str]:
+    """(import name, directory, how it was chosen)."""
+    if explicit:
+        name, how = explicit, "--package"
+    else:
+        project = _toml(root / "pyproject.toml").get("project", {}) \
+            if (root / "pyproject.toml").is_file() else {}
+        if project.get("name"):
+            name, how = project["name"], "pyproject.toml [project].name"
+        else:
+            name, how = root.name, "the directory name"
+        name = re.sub(r"[-.]+", "_", name).lower()
+    if not name.isidentifier():
+        raise UsageError(f"package name {name!r} (from {how}) is not a Python identifier: "
+                         "pass --package NAME")
+    for d in (root / "src" / name, root / name):  # src layout first, as packaging tools do
+        if d.is_dir():
+            return name, d, how
+    return name, root / name, how
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _config(root: Path) -> tuple[Path, str | None]:
+    """(file, new content) for the config; None: a config is there already, kept."""
+    table = _template("config.toml")
+    pyproject, standalone = root / "pyproject.toml", root / "falsify.toml"
+    if standalone.is_file():
+        return standalone, None
+    if pyproject.is_file():
+        if "falsify" in _toml(pyproject).get("tool", {}):
+            return pyproject, None
+        old = pyproject.read_text(encoding="utf-8")
+        sep = "" if old.endswith("\n\n") else ("\n" if old.endswith("\n") else "\n\n")
+        return pyproject, f"{old}{sep}[tool.falsify]\n{table}"
+    return standalone, table
+
+
+def plan(root: Path, kernel: str, package: str | None) -> tuple[list[tuple[Path, str]], str]:
+    """The files `init` would write, in order, and how the package name was chosen."""
+    pkg, pkg_dir, how = _package(root, package)
+    from importlib.metadata import version
+
+    # the workflow installs the falsify release and the torch build this one runs with
+    subs = dict(kernel=kernel, package=pkg, prefix=kernel.upper().replace("_", ""),
+                hooks_repo=HOOKS_REPO, version=version("falsify"),
+                torch=version("torch").split("+")[0])
+    files = [(root / "contracts" / f"{kernel}-kernel-v1.yaml", _template("contract.yaml", **subs)),
+             (pkg_dir / "__init__.py", _template("package_init.py", **subs)),
+             (pkg_dir / f"{kernel}_reference.py", _template("reference.py", **subs)),
+             (pkg_dir / f"{kernel}.py", _template("impl.py", **subs)),
+             (pkg_dir / f"{kernel}_mutants.py", _template("mutants.py", **subs)),
+             (root / ".github" / "workflows" / "falsify.yml", _template("workflow.yml", **subs)),
+             (root / ".pre-commit-config.yaml", _template("pre-commit-config.yaml", **subs))]
+    return files, f"package {pkg} ({how}) in {pkg_dir.relative_to(root) or '.'}/"
+
+
+def cmd_init(args) -> int:
+    kernel = args.kernel
+    if not KERNEL_RE.match(kernel):
+        raise UsageError(f"--kernel {kernel!r}: use a lowercase Python module name "
+                         "(letters, digits, underscores), e.g. rms_norm")
+    root = Path.cwd()
+    files, chosen = plan(root, kernel, args.package)
+    cfg, cfg_text = _config(root)
+    wrote, kept = [], []
+    if cfg_text is None:
+        kept.append(cfg)
+    else:
+        _atomic_write(cfg, cfg_text)
+        wrote.append(cfg)
+    for path, text in files:
+        if path.exists():
+            kept.append(path)
+        else:
+            _atomic_write(path, text)
+            wrote.append(path)
+    print(f"falsify init: kernel {kernel}, {chosen}")
+    for p in wrote:
+        print(f"  wrote {p.relative_to(root)}")
+    for p in kept:
+        print(f"  kept  {p.relative_to(root)} (already there, not overwritten)")
+    _next_steps(kernel, files)
+    return 0
+
+
+def _next_steps(kernel: str, files) -> None:
+    ref, impl = (p for p, _ in files if p.name in (f"{kernel}_reference.py", f"{kernel}.py"))
+    print(f"next:\n  write {ref.relative_to(Path.cwd())} (numpy float64) and "
+          f"{impl.relative_to(Path.cwd())} (torch)\n"
+          f"  pv validate\n"
+          f"  falsify run {kernel}-kernel-v1     # fails on the stubs until you write them\n"
+          f"  falsify mutants {kernel}-kernel-v1\n"
+          f"  pv coverage --min 100")
+    sys.stdout.flush()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("init", help="set up falsify in this project: config, a contract, "
+                                    "stubs, CI workflow, pre-commit")
+    p.add_argument("--kernel", default="mykernel",
+                   help="kernel name: contracts/NAME-kernel-v1.yaml, PACKAGE/NAME.py "
+                        "(default: mykernel)")
+    p.add_argument("--package", default=None,
+                   help="the Python package the stubs go in (default: pyproject.toml's "
+                        "[project].name, else the directory name)")
+    p.set_defaults(func=cmd_init)

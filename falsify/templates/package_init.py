@@ -1,0 +1,1 @@
+"""$package: written by `falsify init` because the package did not exist yet."""

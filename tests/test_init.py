@@ -1,0 +1,143 @@
+"""`falsify init` scaffolds a project that validates, fails honestly on its stubs, and goes green
+(check passed, mutant killed, 100 % coverage) once the two functions are written.
+
+Everything runs in a temporary directory outside the checkout, as a user's project would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from falsify.cli import main
+
+KERNEL = "mykernel"
+CONTRACT = f"contracts/{KERNEL}-kernel-v1.yaml"
+WRITTEN = [CONTRACT, "userpkg/__init__.py", f"userpkg/{KERNEL}_reference.py",
+           f"userpkg/{KERNEL}.py", f"userpkg/{KERNEL}_mutants.py",
+           ".github/workflows/falsify.yml", ".pre-commit-config.yaml"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "userpkg"\nversion = "0.1"\n')
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_init_writes_the_scaffold_and_appends_the_config(project, capsys):
+    assert main(["init"]) == 0
+    out = capsys.readouterr().out
+    for rel in WRITTEN:
+        assert (project / rel).is_file(), rel
+        assert f"wrote {rel}" in out
+    cfg = tomllib.loads((project / "pyproject.toml").read_text())
+    assert cfg["project"]["name"] == "userpkg"  # the user's table is untouched
+    assert cfg["tool"]["falsify"] == {
+        "contracts": ["contracts"], "generated": "tests/generated",
+        "ledger": ".falsify/ledger.json", "docs": "site/docs/contracts",
+        "backends": ["reference", "torch", "triton"], "profile": "fast", "overrides": []}
+    assert not (project / "falsify.toml").exists()
+    for rel in (".github/workflows/falsify.yml", ".pre-commit-config.yaml", CONTRACT):
+        assert isinstance(yaml.safe_load((project / rel).read_text()), dict), rel
+
+
+def test_rerun_keeps_every_user_file(project, capsys):
+    assert main(["init"]) == 0
+    capsys.readouterr()
+    mine = "# my own kernel\n"
+    (project / f"userpkg/{KERNEL}.py").write_text(mine)
+    before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    assert main(["init"]) == 0
+    out = capsys.readouterr().out
+    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == before
+    assert (project / f"userpkg/{KERNEL}.py").read_text() == mine
+    for rel in ["pyproject.toml", *WRITTEN]:
+        assert f"kept  {rel} (already there, not overwritten)" in out, rel
+    assert "wrote" not in out
+
+
+def test_without_pyproject_writes_falsify_toml(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "my-kernels"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    assert main(["init", "--kernel", "rms_norm"]) == 0
+    out = capsys.readouterr().out
+    assert "package my_kernels (the directory name)" in out
+    assert tomllib.loads((root / "falsify.toml").read_text())["profile"] == "fast"
+    assert (root / "contracts/rms_norm-kernel-v1.yaml").is_file()
+    assert (root / "my_kernels/rms_norm.py").is_file()
+    assert not (root / "pyproject.toml").exists()
+
+
+def test_src_layout_package_is_used(project, capsys):
+    (project / "src/userpkg").mkdir(parents=True)
+    assert main(["init"]) == 0
+    assert (project / f"src/userpkg/{KERNEL}.py").is_file()
+    assert not (project / "userpkg").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["init", "--kernel", "Rms-Norm"], "--kernel 'Rms-Norm'"),
+    (["init", "--package", "not-a-name"], "is not a Python identifier"),
+])
+def test_bad_names_are_usage_errors(project, capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not (project / "contracts").exists()
+
+
+def test_unreadable_pyproject_is_a_usage_error(project, capsys):
+    (project / "pyproject.toml").write_text("[project\nname = 1\n")
+    assert main(["init"]) == 2
+    err = capsys.readouterr().err
+    assert "pyproject.toml: cannot read it as TOML" in err
+    assert not (project / "contracts").exists()
+
+
+REFERENCE = "import numpy as np\n\n\ndef mykernel(x):\n    return np.tanh(x)\n"
+TORCH = "import torch\n\n\ndef mykernel(x):\n    return torch.tanh(x)\n"
+
+
+def _run(project: Path, *argv: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    # the project root importable (as an installed package would be), the checkout not
+    env = dict(os.environ, PYTHONPATH=str(project), FALSIFY_CONTRACTS=str(project / "contracts"),
+               FALSIFY_LEDGER=str(project / ".falsify/ledger.json"), FALSIFY_QUIET="1")
+    proc = subprocess.run([sys.executable, *argv], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stdout + proc.stderr
+    return proc
+
+
+def test_scaffold_fails_on_the_stubs_then_goes_green(project, capsys):
+    assert main(["init"]) == 0
+    pv = ["-m", "falsify.cli.pv"]
+    out = _run(project, *pv, "validate", "--allow-import", CONTRACT).stdout
+    assert "0 error(s), 0 warning(s) in 1 contract(s)" in out
+    _run(project, *pv, "generate", "--no-docs", "--out", "tests/generated", CONTRACT)
+    checks = ["-m", "pytest", "tests/generated", "-p", "no:cacheprovider", "-q"]
+
+    failed = _run(project, *checks, check_rc=1).stdout
+    assert "NotImplementedError" in failed and "is the stub `falsify init` wrote" in failed
+    assert "Falsifying explicit example" in failed
+
+    (project / f"userpkg/{KERNEL}_reference.py").write_text(REFERENCE)
+    (project / f"userpkg/{KERNEL}.py").write_text(TORCH)
+    _run(project, *checks)
+    _run(project, *checks, "--mutants")  # the float16 mutant is killed by the parity check
+    cov = _run(project, *pv, "coverage", "--min", "100", CONTRACT).stdout
+    assert "1/1 obligations covered (100.0%)" in cov

@@ -1,0 +1,178 @@
+"""The CI workflows, the pre-commit hooks and the `falsify init` templates: every file parses,
+and every `falsify`/`pv` command they run is accepted by our own parsers (a renamed verb or
+flag breaks this test, not a user's CI). Also the installer's guards, run for real but cheaply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from falsify.cli import build_parser as falsify_parser
+from falsify.cli.pv import build_parser as pv_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "falsify" / "templates"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+ACTIONS = {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
+           "actions/upload-pages-artifact", "actions/deploy-pages"}
+
+
+def _load(path: Path):
+    # the templates carry `$name` placeholders: render them as `falsify init` would
+    text = path.read_text()
+    if path.parent == TEMPLATES:
+        text = re.sub(r"\$\{?(\w+)\}?", r"x\1", text)
+    return yaml.safe_load(text)
+
+
+def _commands(script: str) -> list[list[str]]:
+    """Simple commands of a shell snippet: lines split on && / || / ; / |, comments dropped."""
+    out = []
+    for line in script.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = shlex.split(part)
+            if words:
+                out.append(words)
+    return out
+
+
+def _workflow_runs(path: Path) -> list[list[str]]:
+    doc = _load(path)
+    cmds = []
+    for job in doc["jobs"].values():
+        for step in job["steps"]:
+            if "run" in step:
+                cmds += _commands(step["run"])
+    return cmds
+
+
+def _accepted(words: list[str]) -> bool:
+    """Checks one command; True when it was one of ours."""
+    exe = Path(words[0]).name
+    if exe in ("falsify", "pv"):
+        parser = falsify_parser() if exe == "falsify" else pv_parser()
+        args = parser.parse_args(words[1:])  # Parser.error raises UsageError
+        assert getattr(args, "func", None), f"{words}: no verb"
+        return True
+    if words[:2] == ["bash", "scripts/install.sh"] or words[:2] == ["bash", ".ci/run"]:
+        assert (ROOT / words[1]).is_file(), words
+        return True
+    if exe == "mkdocs":
+        assert words[1] == "build" and "--strict" in words
+        assert (ROOT / words[words.index("-f") + 1]).is_file()
+        return True
+    if exe == "python" and words[1:3] == ["-m", "pytest"]:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", WORKFLOWS + [TEMPLATES / "workflow.yml"],
+                         ids=lambda p: p.name)
+def test_workflow_parses_and_its_commands_exist(path):
+    doc = _load(path)
+    assert doc["jobs"], path
+    ours = [w for w in _workflow_runs(path) if _accepted(w)]
+    assert ours, f"{path.name} runs none of our commands"
+    for job in doc["jobs"].values():
+        for step in job["steps"]:
+            if "uses" in step:
+                action, _, ref = step["uses"].partition("@")
+                assert action in ACTIONS and re.fullmatch(r"v\d+", ref), step["uses"]
+
+
+def test_the_workflows_do_what_they_say():
+    ci = _workflow_runs(ROOT / ".github/workflows/ci.yml")
+    assert ["bash", ".ci/run"] in ci
+    docs = _workflow_runs(ROOT / ".github/workflows/docs.yml")
+    assert [".venv/bin/pv", "generate"] in docs
+    assert docs.index([".venv/bin/pv", "generate"]) < next(
+        i for i, w in enumerate(docs) if Path(w[0]).name == "mkdocs")
+    uses = [s.get("uses", "") for j in _load(ROOT / ".github/workflows/docs.yml")["jobs"].values()
+            for s in j["steps"]]
+    assert any(u.startswith("actions/upload-pages-artifact@") for u in uses)
+    assert any(u.startswith("actions/deploy-pages@") for u in uses)
+    user = _workflow_runs(TEMPLATES / "workflow.yml")
+    assert any(w[:2] == ["falsify", "run"] and "junit" in w for w in user)
+    assert ["pv", "coverage", "--min", "100"] in user
+
+
+def test_ci_run_is_the_readme_test_command_then_the_gates():
+    cmds = _commands((ROOT / ".ci/run").read_text())
+    readme = (ROOT / "README.md").read_text()
+    test_cmd = "bash scripts/install.sh && .venv/bin/python -m pytest -n 2"
+    assert f"\n{test_cmd}\n" in (ROOT / ".ci/run").read_text()
+    assert f"```bash\n{test_cmd}\n```" in readme
+    assert "```bash\nbash scripts/install.sh && .venv/bin/falsify run\n```" in readme
+    gates = [w for w in cmds if Path(w[0]).name in ("pv", "falsify")]
+    assert len(gates) == 4 and all(w[0].startswith(".venv/bin/") for w in gates)
+    assert all(_accepted(w) for w in gates)
+    assert os.access(ROOT / ".ci/run", os.X_OK)
+
+
+def test_pre_commit_hooks():
+    hooks = {h["id"]: h for h in _load(ROOT / ".pre-commit-hooks.yaml")}
+    assert set(hooks) == {"pv-validate", "pv-generate-check"}
+    for h in hooks.values():
+        assert _accepted(shlex.split(h["entry"])), h
+        re.compile(h["files"])
+    user = _load(TEMPLATES / "pre-commit-config.yaml")
+    assert {h["id"] for r in user["repos"] for h in r["hooks"]} <= set(hooks)
+
+
+# ------------------------------------------------------------------ scripts/install.sh guards
+def _installer_copy(tmp_path: Path) -> Path:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts/install.sh", tmp_path / "scripts/install.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def _system_python() -> Path:
+    """An interpreter that is not a virtual environment (Debian's, where there is one)."""
+    for p in (Path("/usr/bin/python3"), Path(sys.base_prefix) / "bin" / "python3"):
+        if p.is_file():
+            return p
+    pytest.fail("no base interpreter found")
+
+
+def test_installer_refuses_a_python_that_is_not_a_venv(tmp_path):
+    root = _installer_copy(tmp_path)
+    (root / ".venv/bin").mkdir(parents=True)
+    (root / ".venv/bin/python").symlink_to(_system_python())
+    proc = subprocess.run(["bash", "scripts/install.sh"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "is not a virtual environment" in proc.stderr
+    assert "refusing to pip-install into it" in proc.stderr
+    if Path("/usr/lib/python3/dist-packages").is_dir() and "/usr/bin" in str(_system_python()):
+        assert "(externally managed: True)" in proc.stderr  # Debian's python is PEP 668
+
+
+def test_installer_is_a_no_op_when_installed(tmp_path):
+    root = _installer_copy(tmp_path)
+    venv.create(root / ".venv", system_site_packages=True, with_pip=False, symlinks=True)
+    py = root / ".venv/bin/python"
+    version = subprocess.run([py, "-c", "import sys; print(sys.version)"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    sha = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()
+    (root / ".venv/.falsify-installed").write_text(f"{sha} {version}")
+    (root / ".venv/bin/falsify").write_text("#!/bin/sh\n")
+    (root / ".venv/bin/falsify").chmod(0o755)
+    proc = subprocess.run(["bash", "-x", "scripts/install.sh"], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install" not in proc.stderr  # -x traces every command: pip never ran
