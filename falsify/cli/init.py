@@ -21,8 +21,6 @@ from pathlib import Path
 
 from falsify.cli.common import UsageError
 
-# Where this repository lives: the pre-commit hooks and the CI install come from there.
-HOOKS_REPO = "https://github.com/falsify/falsify"
 KERNEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a Python module name and a contract equation
 
 
@@ -97,7 +95,7 @@ def plan(root: Path, kernel: str, package: str | None) -> tuple[list[tuple[Path,
 
     # the workflow installs the falsify release and the torch build this one runs with
     subs = dict(kernel=kernel, package=pkg, prefix=kernel.upper().replace("_", ""),
-                hooks_repo=HOOKS_REPO, version=version("falsify"),
+                version=version("falsify"),
                 torch=version("torch").split("+")[0])
     files = [(root / "contracts" / f"{kernel}-kernel-v1.yaml", _template("contract.yaml", **subs)),
              (pkg_dir / "__init__.py", _template("package_init.py", **subs)),
