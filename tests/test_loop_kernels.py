@@ -172,3 +172,36 @@ def test_memory_budget_is_refused_before_any_data_is_prepared(tmp_path, monkeypa
     with pytest.raises(PF.PreflightError, match="exceeds the budget"):
         RUN.train(RUN.tiny_config(tmp_path / "run", memory_budget_gb=1e-6))
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ one core, two loops
+SHARED_BAD = [("lr", "0"), ("lr_min", "1"), ("beta1", "1.0"), ("beta2", "-0.1"),
+              ("adam_eps", "0"), ("weight_decay", "-1"), ("grad_clip", "0"),
+              ("andon_grad_norm", "0"), ("andon_loss_max", "-1"), ("threads", "0"),
+              ("warmup_steps", "-1"), ("batch_size", "0"), ("device", "tpu"),
+              ("precision", "fp8"), ("backend", "cuda"), ("sample_top_k", "0")]
+
+
+@pytest.mark.parametrize("field,value", SHARED_BAD)
+def test_both_loops_refuse_a_shared_field_with_the_same_rule(field, value):
+    """FinetuneConfig extends LoopConfig: a shared field is refused by the one rule, with the
+    same message, whichever loop is configured."""
+    from falsify.impl.llm import finetune as FT
+
+    msgs = []
+    for cls in (LC.TrainConfig, FT.FinetuneConfig):
+        assert issubclass(cls, LC.LoopConfig)
+        with pytest.raises(cls.error, match=f"config field {field}=") as e:
+            cls.load(None, [f"{field}={value}"])
+        msgs.append(str(e.value).split(": ", 1)[1])
+    assert msgs[0] == msgs[1]
+
+
+def test_fine_tuning_reuses_the_update_step():
+    """The fine-tuning trainer supplies only its micro-batch hook; the step is the shared one."""
+    from falsify.impl.llm import finetune as FT
+
+    for name in ("train_step", "forward_backward", "apply_update"):
+        assert getattr(FT.FinetuneTrainer, name) is getattr(TR.Trainer, name)
+    for name in ("micro_loss", "count"):
+        assert getattr(FT.FinetuneTrainer, name) is not getattr(TR.Trainer, name)

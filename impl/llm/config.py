@@ -213,7 +213,7 @@ class LoopConfig:
             try:
                 values[k] = coerce_value(k, hints[k], v, from_text)
             except ConfigError as e:
-                raise cls.error(str(e)) from None
+                raise cls.error(f"{source}: {e}") from None
         cfg = cls(**values)
         cfg.validate()
         return cfg
