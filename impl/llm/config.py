@@ -34,6 +34,10 @@ class ConfigError(ValueError):
     """A bad config field; the message names it."""
 
 
+class FinetuneConfigError(ConfigError):
+    """A bad fine-tuning config field (or base model); the message names it."""
+
+
 # ------------------------------------------------------------------------ value parsing
 def _is_optional(tp) -> tuple[bool, object]:
     args = typing.get_args(tp)
