@@ -205,3 +205,20 @@ def test_fine_tuning_reuses_the_update_step():
         assert getattr(FT.FinetuneTrainer, name) is getattr(TR.Trainer, name)
     for name in ("micro_loss", "count"):
         assert getattr(FT.FinetuneTrainer, name) is not getattr(TR.Trainer, name)
+
+
+# ------------------------------------------------------- the clip's one-pass norm, and its limits
+@pytest.mark.parametrize("scale", [1e-30, 1e-21, 1.0, 1e18, 1e35])
+def test_clip_norm_is_right_where_a_plain_fp32_sum_of_squares_is_not(scale):
+    """The loop's clip takes torch._foreach_norm's one pass when the fp32 Σg² is trustworthy
+    and the scaled norm when it would overflow (|g| ≳ 1.8e19) or leave the normal range
+    (|g| ≲ 1e-19). Every scale must match the float64 norm to a few fp32 ulps (N = 4,000
+    squares: the fp32 sum's bound (N/2 + 6)·eps is looser; this data cancels nothing)."""
+    g = torch.Generator().manual_seed(1)
+    gs = [torch.randn(40, 50, generator=g) * scale, torch.randn(2000, generator=g) * scale]
+    want = np.sqrt(sum(float((x.double() ** 2).sum()) for x in gs))
+    got = float(torch_clip.clip_grad_norm_([x.clone() for x in gs], 1.0, 1e-6, False))
+    assert abs(got - want) <= 2e3 * 2**-24 * want
+    plain = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs, 2))))
+    if scale in (1e-30, 1e35):  # what the fast path alone reports: 0 and inf
+        assert not abs(plain - want) <= 1e-3 * want

@@ -7,10 +7,11 @@ ALB-044: activation gradients of 1e35), and it loses precision once the squares 
 fp32's normal range (|g| ≲ 1e-19). So the norm is computed in one of two ways:
 
 - fast: torch._foreach_norm, one read of every gradient (what torch.nn.utils.clip_grad_norm_
-  costs). Its fp32 Σg² is used when it lands in [2^-40, inf): all squares then summed without
-  overflow (the partial sums only grow, so a finite total had finite partials), and any square
-  flushed below 2^-126 is < 2^-80 of the total. A NaN element makes it NaN, which is the
-  answer (reference rule: any NaN reports NaN).
+  costs). Its fp32 Σg² is used when the norm lands in [2^-40, inf): the squares were then
+  summed without overflow (the partial sums only grow, so a finite total had finite partials),
+  and a square below fp32's normal range (2^-126) is rounded by at most 2^-150, i.e. 2^-70 of
+  Σg² ≥ 2^-80 per element. A NaN element makes it NaN, which is the answer (reference rule:
+  any NaN reports NaN).
 - scaled, otherwise: with A = max |g| over all tensors, ‖g‖ = A·sqrt(Σ (g/A)²). Every scaled
   square is ≤ 1, so the sum cannot overflow; an inf element reports +inf.
 
