@@ -8,9 +8,9 @@ One optimizer step t = 1, 2, ...:
            = η_min + ½(η − η_min)(1 + cos(π (t−1−W)/(T−W)))    0-based; cosine to η_min at T)
     θ     ← AdamW(θ, g, t, η_t, β1, β2, ε, λ)             λ = 0 for norm gains and the embedding
 
-Independent of impl/train.py (it imports no torch) so that agreement between the two is evidence,
-not a tautology. AdamW, clipping and the schedule are reference/adamw.py, grad_clip.py and
-lr_schedule.py, the functions their kernel contracts check.
+Independent of the torch loop in impl/llm/trainer.py (it imports no torch) so that agreement
+between the two is evidence, not a tautology. AdamW, clipping and the schedule are
+reference/adamw.py, grad_clip.py and lr_schedule.py, the functions their kernel contracts check.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def lr_at(step: int, h: RefHyper) -> float:
 
 
 def decays(name: str) -> bool:
-    """Norm gains and the tied embedding get no weight decay (see impl/train.py:is_no_decay)."""
+    """Norm gains and the tied embedding get no weight decay (impl/llm/trainer.py:is_no_decay)."""
     return not (name.endswith("norm.weight") or name == "embed_tokens.weight")
 
 

@@ -16,13 +16,16 @@ import torch
 from safetensors.torch import load_file
 
 from falsify.impl.llm import checkpoint as C
-from falsify.impl.llm import train as T
+from falsify.impl.llm import config as LC
+from falsify.impl.llm import run as RUN
+from falsify.impl.llm import trainer as TR
+from falsify.impl.llm.model import build_model
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path):
     """Train 12 steps straight vs 5 steps, stop, resume, continue to 12 (grad_accum 2, so the
     data position inside accumulation matters; the schedule is mid-cosine at the cut)."""
-    r = T.resume_equivalence(12, 5, tmp_path, grad_accum=2)
+    r = RUN.resume_equivalence(12, 5, tmp_path, grad_accum=2)
     assert r["resumed_from"].endswith("step-00000005")
     assert r["losses_killed"] == r["losses_straight"][:5]
     assert r["losses_resumed"] == r["losses_straight"][5:]  # exact float equality
@@ -33,9 +36,9 @@ def test_stop_and_resume_is_bit_identical(tmp_path):
 def test_resume_without_data_position_would_differ(tmp_path):
     """The check can fail: resuming with the data position reset replays the first batches,
     and the continuation no longer matches."""
-    straight = T.train(T.tiny_config(tmp_path / "a", max_steps=8, warmup_steps=0))
-    cfg = T.tiny_config(tmp_path / "b", max_steps=8, warmup_steps=0)
-    T.train(cfg, stop_after=4)
+    straight = RUN.train(RUN.tiny_config(tmp_path / "a", max_steps=8, warmup_steps=0))
+    cfg = RUN.tiny_config(tmp_path / "b", max_steps=8, warmup_steps=0)
+    RUN.train(cfg, stop_after=4)
     ck = C.latest_checkpoint(tmp_path / "b")
     state_file = ck / C.STATE
     state = C.read_state(ck)
@@ -43,13 +46,13 @@ def test_resume_without_data_position_would_differ(tmp_path):
 
     state_file.write_text(json.dumps(state))
     C._write_manifest(ck)  # a deliberate edit: re-seal it, or resume refuses it as damaged
-    resumed = T.train(cfg, resume="auto")
+    resumed = RUN.train(cfg, resume="auto")
     assert resumed.losses != straight.losses[4:]
 
 
 def _launch(out_dir: Path, extra: list[str]) -> subprocess.Popen:
     args = [sys.executable, "-m", "falsify.cli.train", f"out_dir={out_dir}", "progress=false",
-            *[f"{k}={v}" for k, v in T.TINY_TEST.items() if k not in ("progress",)], *extra]
+            *[f"{k}={v}" for k, v in RUN.TINY_TEST.items() if k not in ("progress",)], *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
@@ -73,12 +76,12 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     proc.wait()
     at = C.read_state(C.latest_checkpoint(killed))["step"]
     assert 6 <= at < 40, "the run should have been killed mid-way"
-    cfg = T.load_config(None, [f"out_dir={killed}", *[f"{k}={v}" for k, v in
-                                                     T.TINY_TEST.items()], *steps])
+    cfg = LC.load_config(None, [f"out_dir={killed}", *[f"{k}={v}" for k, v in
+                                                     RUN.TINY_TEST.items()], *steps])
     threads = torch.get_num_threads()
     try:  # threads=1 as in the subprocess: the same reduction order, so bitwise comparable
-        resumed = T.train(cfg, resume="auto", keep_model=True)
-        straight = T.train(T.config_from_dict({"out_dir": str(tmp_path / "straight")},
+        resumed = RUN.train(cfg, resume="auto", keep_model=True)
+        straight = RUN.train(LC.config_from_dict({"out_dir": str(tmp_path / "straight")},
                                               base=cfg), keep_model=True)
     finally:
         torch.set_num_threads(threads)
@@ -91,9 +94,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
 
 
 def _dummy(tmp_path):
-    cfg = T.tiny_config(tmp_path, max_steps=4, warmup_steps=0)
-    model = T.build_model(T.model_config(cfg), "torch", seed=0)
-    tr = T.Trainer(model, cfg, torch.device("cpu"))
+    cfg = RUN.tiny_config(tmp_path, max_steps=4, warmup_steps=0)
+    model = build_model(LC.model_config(cfg), "torch", seed=0)
+    tr = TR.Trainer(model, cfg, torch.device("cpu"))
     x = torch.randint(4, 512, (2, 32))
     tr.train_step([(x, x.roll(-1, 1))])
     return tr
@@ -138,8 +141,8 @@ def test_contents_and_strict_load(tmp_path):
     state = C.read_state(ck)
     assert state["optimizer_groups"][0]["betas"] == [0.9, 0.95]
     # a model of another shape is refused with the tensor named
-    cfg = T.tiny_config(tmp_path, hidden_size=32, num_heads=4)
-    other = T.build_model(T.model_config(cfg), "torch", seed=0)
+    cfg = RUN.tiny_config(tmp_path, hidden_size=32, num_heads=4)
+    other = build_model(LC.model_config(cfg), "torch", seed=0)
     with pytest.raises(C.CheckpointError, match="shape"):
         C.load_checkpoint(ck, other, None, tr.param_names)
 
@@ -147,8 +150,8 @@ def test_contents_and_strict_load(tmp_path):
 def test_changed_beta2_on_resume_is_refused(tmp_path):
     tr = _dummy(tmp_path)
     ck = _save(tr, tmp_path, 1)
-    cfg = T.tiny_config(tmp_path / "x", beta2=0.999)
-    tr2 = T.Trainer(T.build_model(T.model_config(cfg), "torch", seed=0), cfg,
+    cfg = RUN.tiny_config(tmp_path / "x", beta2=0.999)
+    tr2 = TR.Trainer(build_model(LC.model_config(cfg), "torch", seed=0), cfg,
                     torch.device("cpu"))
     with pytest.raises(C.CheckpointError, match="betas"):
         C.load_checkpoint(ck, tr2.model, tr2.optimizer, tr2.param_names)
@@ -199,7 +202,7 @@ def _damage(run: Path, case: str) -> str:
 def stopped_run(tmp_path_factory):
     """A run of 12 steps stopped after 8, checkpoints at 4 and 8 (copied per test)."""
     run = tmp_path_factory.mktemp("stopped") / "run"
-    T.train(T.tiny_config(run, max_steps=12, save_interval=4, keep_last=3, warmup_steps=0),
+    RUN.train(RUN.tiny_config(run, max_steps=12, save_interval=4, keep_last=3, warmup_steps=0),
             stop_after=8)
     assert [p.name for p in C.list_checkpoints(run)] == ["step-00000004", "step-00000008"]
     return run

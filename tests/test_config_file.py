@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from falsify.cli import finetune as cli_finetune
 from falsify.cli import train as cli_train
 from falsify.harness import yamlio
+from falsify.impl.llm import config as T
 from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import train as T
+from falsify.impl.llm import run as RUN
 from falsify.impl.llm.config_file import ConfigFileError, read_config_file
 
 BAD = {  # name -> (file bytes, what the message must say, line it must name)
@@ -92,7 +93,7 @@ def test_uncreatable_out_dir_is_named(tmp_path, capsys, bad_dir):
     out_dir = tmp_path / bad_dir if not bad_dir.startswith("/") else Path(bad_dir)
     if bad_dir.startswith("/proc") and not Path("/proc").is_dir():
         pytest.skip("no /proc on this system (the file/sub case covers the same handler)")
-    args = [f"{k}={v}" for k, v in T.TINY_TEST.items()] + [f"out_dir={out_dir}", "max_steps=1"]
+    args = [f"{k}={v}" for k, v in RUN.TINY_TEST.items()] + [f"out_dir={out_dir}", "max_steps=1"]
     assert cli_train.main(args) == 2
     out, err = capsys.readouterr()
     lines = [ln for ln in (out + err).splitlines() if ln.startswith("error:")]

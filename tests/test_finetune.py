@@ -17,6 +17,7 @@ from falsify.impl.llm import finetune as FT
 from falsify.impl.llm import lora_model as LM
 from falsify.impl.llm import sft_data as SD
 from falsify.impl.llm.model import ModelConfig, build_model
+from falsify.impl.llm.preflight import PreflightError
 
 CFG = ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   intermediate_size=192, max_seq_len=96)
@@ -362,7 +363,7 @@ def test_only_adapters_train_and_checkpoint_holds_only_adapters(tmp_path, tok, t
 def test_max_steps_unreachable_is_a_preflight_error(tmp_path, tok, tok_path):
     cfg = FT.config_from_dict(dict(batch_size=4, epochs=1, max_steps=50, val_split=0.0,
                                    progress=False, backend="torch", out_dir=str(tmp_path)))
-    with pytest.raises(FT.T.PreflightError, match="max_steps=50 is unreachable"):
+    with pytest.raises(PreflightError, match="max_steps=50 is unreachable"):
         FT.finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
 
 

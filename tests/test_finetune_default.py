@@ -1,6 +1,6 @@
-"""`falsify finetune` with no data and no model: trains the built-in base with impl/train on the
-stdlib (into a fresh cache here, as on a new machine), then QLoRA-fine-tunes it on the shipped
-dataset. The run must complete, the training loss and the held-out loss must fall, and a
+"""`falsify finetune` with no data and no model: trains the built-in base with the pretraining
+loop on the stdlib (into a fresh cache here, as on a new machine), then QLoRA-fine-tunes it on
+the shipped dataset. The run must complete, the training loss and the held-out loss must fall, and a
 second run must reuse the cached base instead of training it again."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_default_finetune_completes_and_the_loss_falls(tmp_path, capsys):
     args = [f"cache_dir={tmp_path / 'cache'}", f"out_dir={out}", "progress=false"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "built-in demo" in text and "training impl/train's tiny preset" in text
+    assert "built-in demo" in text and "training the tiny preset" in text
     s = json.loads((out / "summary.json").read_text())
     assert s["final_step"] == 60 and s["stopped"] == "max_steps"
     losses = s["losses"]

@@ -195,7 +195,14 @@ def test_missing_torch_kernel_is_an_error_not_a_fallback(monkeypatch):
 
 def test_torch_backend_wires_the_kernel_modules():
     ops = ops_mod.get_ops("torch")
-    assert ops.provenance == {k: f"falsify.impl.torch.{k}:{k}" for k in ops_mod.KERNELS}
+    assert ops.provenance == {**{k: f"falsify.impl.torch.{k}:{k}" for k in ops_mod.KERNELS},
+                              "adamw": "falsify.impl.torch.adamw:adamw_multi",
+                              "grad_clip": "falsify.impl.torch.grad_clip:clip_grad_norm_",
+                              "lr_schedule": "falsify.impl.torch.lr_schedule:set_lr"}
+    from falsify.impl.torch import adamw, grad_clip, lr_schedule
+
+    assert (ops.adamw, ops.grad_clip, ops.lr_schedule) == (
+        adamw.adamw_multi, grad_clip.clip_grad_norm_, lr_schedule.set_lr)
 
 
 # Plain torch formulations of the model's math, written independently of impl/torch: the oracle
@@ -219,7 +226,10 @@ def _plain_attention(q, k, v, causal=True, scale=None):
         q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
+_TORCH = ops_mod.get_ops("torch")
 PLAIN = ops_mod.Ops(backend="plain", linear=ops_mod.linear, provenance={},
+                    adamw=_TORCH.adamw, grad_clip=_TORCH.grad_clip,
+                    lr_schedule=_TORCH.lr_schedule,
                     rmsnorm=_plain_rmsnorm, rope=_plain_rope, attention=_plain_attention,
                     swiglu=lambda g, u: torch.nn.functional.silu(g) * u,
                     embedding=torch.nn.functional.embedding,

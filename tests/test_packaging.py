@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("contracts/softmax-kernel-v1.yaml", "contracts/contract.schema.json",
            "contracts/FORMAT.md")
-TEMPLATES = ("templates/contract.yaml", "templates/workflow.yml", "templates/impl.py")
+TEMPLATES = ("templates/contract.yaml", "templates/workflow.yml", "templates/impl.py.tmpl")
 
 SOFTMAX = """import torch
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from falsify.cli.pv import main
 from falsify.harness import graph
 from falsify.harness.latex import to_latex
 from falsify.harness.model import CONTRACTS_DIR, load_contract
-from falsify.cli.pv import main
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "valid" / "softmax-lite-v1.yaml"

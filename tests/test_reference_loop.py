@@ -1,6 +1,6 @@
-"""Reference-loop parity: the torch training loop (impl/llm/train.py Trainer, fp32, the code the
-CLI runs) against the numpy float64 loop with a hand-written backward (reference/train.py), from
-the same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
+"""Reference-loop parity: the torch training loop (impl/llm/trainer.py, fp32, the code the CLI
+runs) against the numpy float64 loop with a hand-written backward (reference/train.py), from the
+same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
 targets (so micro-batches carry different token counts), warmup + cosine and active clipping.
 
 The run and the derived tolerances live in falsify/probes/train.py (contracts/train-loop-v1.yaml,

@@ -108,8 +108,9 @@ def _child(kind: str, hf_dir: str, batch_path: str, threads: int, backend: str, 
     batch = torch.load(batch_path)
     x, y = batch["x"], batch["y"]
     if kind == "ours":
+        from falsify.impl.llm.config import TrainConfig
         from falsify.impl.llm.hf import import_hf
-        from falsify.impl.llm.train import TrainConfig, Trainer
+        from falsify.impl.llm.trainer import Trainer
 
         model = import_hf(hf_dir, backend=backend)
         cfg = TrainConfig(max_steps=10**9, warmup_steps=0, lr=1e-4, lr_min=1e-4,
@@ -127,7 +128,7 @@ def _child(kind: str, hf_dir: str, batch_path: str, threads: int, backend: str, 
         model.train()
         # As a transformers user gets it: Trainer's default optimizer on torch >= 2.8 is
         # "adamw_torch_fused", and its clipping calls clip_grad_norm_ with torch's defaults.
-        # Ours uses the fused AdamW too (impl/train.py:build_optimizer), so the optimizer
+        # Ours uses the fused AdamW too (impl/llm/trainer.py:build_optimizer), so the optimizer
         # costs both sides the same and the ratio measures the model.
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                                 weight_decay=0.1, fused=True)
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads in each child (default: all cores, or 1 if the "
-                        "machine is already loaded; see impl/train.py:resolve_threads)")
+                        "machine is already loaded; see impl/llm/run.py:resolve_threads)")
     p.add_argument("--backend", default="torch", choices=["torch", "triton", "auto"])
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from falsify.impl.llm.train import resolve_threads
+    from falsify.impl.llm.run import resolve_threads
 
     threads, why = resolve_threads(args.threads)
     console = Console()

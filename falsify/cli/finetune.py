@@ -2,8 +2,8 @@
 [--resume [DIR]] [flags] [key=value ...]`
 
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
-impl/train on the standard library, then QLoRA-fine-tunes it on the shipped docstring -> body
-dataset (data/sft/stdlib-docstrings.jsonl) for 60 steps, printing the loss and the
+the pretraining loop on the standard library, then QLoRA-fine-tunes it on the shipped
+docstring -> body dataset (data/sft/stdlib-docstrings.jsonl) for 60 steps, printing the loss and the
 held-out loss before and after, and samples from the base and the adapted model (the demo's
 settings, `DEMO`, are printed and each can be overridden).
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
@@ -24,10 +24,12 @@ from rich.text import Text
 
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm import finetune as FT
+from falsify.impl.llm.config import ConfigError, parse_overrides, read_yaml_config
 from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.lora_model import LoraConfigError
-from falsify.impl.llm.train import AndonStop, ConfigError, PreflightError
+from falsify.impl.llm.preflight import PreflightError
+from falsify.impl.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
@@ -87,7 +89,7 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
     overrides = _flag_overrides(args) + list(args.overrides)
     if args.resume:
         base = FT.load_config(args.config, []) if args.config else FT.FinetuneConfig()
-        out_dir = FT.T.parse_overrides(overrides).get("out_dir", base.out_dir)
+        out_dir = parse_overrides(overrides).get("out_dir", base.out_dir)
         target = out_dir if args.resume == "auto" else args.resume
         # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
         args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
@@ -96,9 +98,9 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
         cfg = FT.config_from_dict(saved["finetune_requested"], source="checkpoint config")
         return FT.load_config(args.config, overrides, base=cfg)
     cfg = FT.load_config(args.config, overrides)
-    given = set(FT.T.parse_overrides(overrides))
+    given = set(parse_overrides(overrides))
     if args.config:
-        given |= set(FT.T.read_yaml_config(args.config))
+        given |= set(read_yaml_config(args.config))
     if not cfg.data and cfg.model is None:
         demo = {k: v for k, v in DEMO.items() if k not in given}
         if demo:

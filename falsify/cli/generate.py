@@ -21,9 +21,9 @@ from rich.text import Text
 from falsify.impl.llm import data as data_mod
 from falsify.impl.llm import finetune as FT
 from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm.config import ConfigError
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.model import generate
-from falsify.impl.llm.train import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,7 +36,10 @@ def _toml(path: Path) -> dict:
 
 
 def _template(name: str, **subs) -> str:
-    text = (resources.files("falsify") / "templates" / name).read_text(encoding="utf-8")
+    # Python templates are stored as NAME.py.tmpl: `$name` placeholders are not Python, and a
+    # .py file would be linted and byte-compiled as package code.
+    stored = f"{name}.tmpl" if name.endswith(".py") else name
+    text = (resources.files("falsify") / "templates" / stored).read_text(encoding="utf-8")
     return string.Template(text).substitute(subs)
 
 

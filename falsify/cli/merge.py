@@ -24,8 +24,8 @@ from rich.console import Console
 from falsify.impl.llm import finetune as FT
 from falsify.impl.llm import hf
 from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm.config import ConfigError
 from falsify.impl.llm.data import DataError
-from falsify.impl.llm.train import ConfigError
 
 U32 = 2.0**-24
 

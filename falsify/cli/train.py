@@ -19,22 +19,21 @@ from rich.text import Text
 
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm.checkpoint import CheckpointError
-from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
-from falsify.impl.llm.data import DataError
-from falsify.impl.llm.model import param_count
-from falsify.impl.llm.train import (
-    AndonStop,
+from falsify.impl.llm.config import (
     ConfigError,
-    PreflightError,
     TrainConfig,
     config_from_dict,
-    find_resume_checkpoint,
     load_config,
     model_config,
     parse_overrides,
     read_yaml_config,
-    train,
 )
+from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
+from falsify.impl.llm.data import DataError
+from falsify.impl.llm.model import param_count
+from falsify.impl.llm.preflight import PreflightError
+from falsify.impl.llm.run import find_resume_checkpoint, train
+from falsify.impl.llm.trainer import AndonStop
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """Mutants of the pretraining loop (contracts/train-loop-v1.yaml): buggy variants of the loop's
-swappable pieces (impl/llm/train.LoopParts), each one a bug seen in real training code. The
+swappable pieces (impl/llm/trainer.LoopParts), each one a bug seen in real training code. The
 contract's run functions (falsify/probes/train.py) build the real loop with whatever the
 harness binds, so each variant runs inside the real Trainer / train()."""
 
@@ -7,40 +7,46 @@ from __future__ import annotations
 
 import math
 
-import torch
-
+from falsify.impl.llm import config as LC
 from falsify.impl.llm import data as D
-from falsify.impl.llm import train as T
+from falsify.impl.llm import preflight as PF
+from falsify.impl.llm import trainer as TR
 from falsify.impl.llm.model import ModelConfig, param_count
+from falsify.impl.torch.adamw import AdamW
 
 
 # ---------------------------------------------------------------------------- optimizer
 def build_optimizer_beta2_default(model, cfg):
     """C-HYPERPARAMS-001's bug: β₂ not passed on, so AdamW's default 0.999 replaces the
     configured 0.95."""
-    opt, names = T.build_optimizer(model, cfg)
+    opt, names = TR.build_optimizer(model, cfg)
     for g in opt.param_groups:
         g["betas"] = (cfg.beta1, 0.999)
     return opt, names
 
 
+def _adamw(model, cfg, groups):
+    """The loop's own optimizer class and update, over the given groups."""
+    return AdamW(groups, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
+                 weight_decay=cfg.weight_decay, backend=model.ops.backend,
+                 update=model.ops.adamw)
+
+
 def build_optimizer_decay_everything(model, cfg):
     """One parameter group: weight decay also pulls the norm gains and the embedding to 0."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": params, "weight_decay": cfg.weight_decay,
-                              "name": "decay"}], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay, foreach=False)
+    opt = _adamw(model, cfg, [{"params": params, "weight_decay": cfg.weight_decay,
+                               "name": "decay"}])
     return opt, [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def build_optimizer_without_no_decay_group(model, cfg):
     """The no-decay group is never handed to the optimizer: norm gains and the embedding get
     gradients but are never updated."""
-    opt, names = T.build_optimizer(model, cfg)
+    opt, names = TR.build_optimizer(model, cfg)
     keep = opt.param_groups[0]
-    opt = torch.optim.AdamW([{k: v for k, v in keep.items() if k != "lr"}], lr=cfg.lr,
-                            betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, foreach=False)
+    opt = _adamw(model, cfg, [{k: v for k, v in keep.items() if k not in ("lr", "betas",
+                                                                           "eps")}])
     return opt, names[:len(keep["params"])]
 
 
@@ -54,22 +60,22 @@ def _clip_with_norm_power(params, max_norm, power):
     return norm
 
 
-def clip_gradients_quartic(params, max_norm):
+def clip_gradients_quartic(params, max_norm, ops=None):
     """The clip coefficient computed with ‖g‖⁴ instead of ‖g‖ (a known clipping bug)."""
     return _clip_with_norm_power(params, max_norm, 4)
 
 
-def clip_gradients_squared(params, max_norm):
+def clip_gradients_squared(params, max_norm, ops=None):
     """The clip coefficient computed with ‖g‖² (a squared norm passed where the norm belongs)."""
     return _clip_with_norm_power(params, max_norm, 2)
 
 
-def clip_gradients_only_if_set(params, max_norm):
+def clip_gradients_only_if_set(params, max_norm, ops=None):
     """ALB-071: the safety clip behind an optional setting (`if let Some(c) = grad_clip`): the
     config's default value stands for "not set", so a run with the default trains unclipped
     (the norm is still computed and reported)."""
     norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
-    if max_norm != T.TrainConfig.grad_clip:
+    if max_norm != LC.TrainConfig.grad_clip:
         coef = min(1.0, max_norm / (norm + 1e-6))
         for p in params:
             p.grad.mul_(coef)
@@ -108,10 +114,10 @@ class UnseededSampler(D.BatchSampler):
 def check_config_algebra_warmup_only(n_sequences, batch_size, grad_accum, epochs, max_steps,
                                      warmup_steps, seq_len=1):
     """Preflight checks the warmup fraction but not whether max_steps is reachable."""
-    a = T.config_algebra(n_sequences, batch_size, grad_accum, epochs, max_steps, warmup_steps,
+    a = PF.config_algebra(n_sequences, batch_size, grad_accum, epochs, max_steps, warmup_steps,
                          seq_len)
     if 10 * warmup_steps > max_steps:
-        raise T.PreflightError(f"warmup_steps={warmup_steps} > 10% of max_steps={max_steps}")
+        raise PF.PreflightError(f"warmup_steps={warmup_steps} > 10% of max_steps={max_steps}")
     return a
 
 
@@ -137,7 +143,7 @@ def param_count_untied(cfg: ModelConfig) -> int:
 def memory_estimate_one_moment(mcfg, batch_size, seq_len, activation_checkpointing=False,
                                act_bytes=4, grad_accum=1):
     """AdamW's state counted as one fp32 moment (4P) instead of two (8P)."""
-    m = T.memory_estimate(mcfg, batch_size, seq_len, activation_checkpointing, act_bytes,
+    m = PF.memory_estimate(mcfg, batch_size, seq_len, activation_checkpointing, act_bytes,
                           grad_accum)
     m["total"] -= m["optimizer"] - 4 * m["params"]
     m["optimizer"] = 4 * m["params"]

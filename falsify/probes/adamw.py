@@ -121,7 +121,7 @@ def hyperparameter_contract(backend, dtype):
     w = torch.nn.Parameter(torch.randn(4, dtype=torch.float32))
     opt = AdamW([w], lr=3e-4, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1,
                 backend=backend)
-    group = {k: opt.param_groups[0][k] for k in HYPERPARAMETERS}
+    group = opt.hyperparameters(0)
     class_defaults = [k for k, prm in inspect.signature(AdamW.__init__).parameters.items()
                       if k in HYPERPARAMETERS and prm.default is not inspect.Parameter.empty]
     return {"defaulted": defaulted + [f"AdamW.{k}" for k in class_defaults],

@@ -1,17 +1,17 @@
 """Run functions for contracts/train-loop-v1.yaml (`training`-kind checks of the pretraining loop
-impl/llm/train.py) and the reference-loop parity harness that tests/test_reference_loop.py also
-uses.
+impl/llm/run.py and impl/llm/trainer.py) and the reference-loop parity harness that
+tests/test_reference_loop.py also uses.
 
 Every run drives the real loop (Trainer, train(), run_steps, resume_equivalence) on the tiny
 synthetic config (2 layers, hidden 64, vocab 512, seq 32: small enough that a 100-step run fits
-in a check) with the loop's swappable pieces (impl/llm/train.LoopParts: optimizer builder,
+in a check) with the loop's swappable pieces (impl/llm/trainer.LoopParts: optimizer builder,
 gradient clip, micro-batch divisors, batch sampler, config algebra, resume position) looked up
 through the harness at call time (`parts`), so when `falsify mutants` swaps a binding the loop
-under test runs the mutant. Each compares against something the loop did not compute: the
-config it was given, the model's own parameter list, the numpy float64 reference loop, one full
-batch, an uninterrupted run, a second run, the meta-device model, bytes counted by the torch
-profiler.
+under test runs the mutant. Each compares against something the loop did not compute: the config
+it was given, the model's own parameter list, the numpy float64 reference loop, one full batch,
+an uninterrupted run, a second run, the meta-device model, bytes counted by the torch profiler.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +49,8 @@ LOOP_EQUATIONS = {"optimizer": "build_optimizer", "clip": "clip_gradients",
 
 
 def parts():
-    """impl/llm/train.LoopParts with every piece taken from the contract's current bindings."""
-    from falsify.impl.llm.train import LoopParts
+    """impl/llm/trainer.LoopParts with every piece taken from the contract's current bindings."""
+    from falsify.impl.llm.trainer import LoopParts
 
     return LoopParts(**{field: _bound(eq) for eq, field in LOOP_EQUATIONS.items()})
 
@@ -68,10 +68,10 @@ def _memo(key: tuple, fn):
 
 
 def _steps_run(steps: int, seed: int) -> dict:
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import run as RUN
 
     return _memo(("run_steps", steps, seed),
-                 lambda: T.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER))
+                 lambda: RUN.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER))
 
 
 def _finite(xs) -> bool:
@@ -93,12 +93,13 @@ def gradient_flow_run(backend, dtype="float32", steps=100, seed=0):
     """TL-GRD-001: after step 1 every parameter of the model (from the model, not from the
     optimizer) has a gradient with max |g| > 0, every one is in exactly one optimizer group,
     and every one changed over the run."""
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import run as RUN
     from falsify.impl.llm.model import param_tensor_count
 
     r = _steps_run(steps, seed)
     in_opt = [n for g in r["optimizer_groups"] for n in g["param_names"]]
-    mcfg = T.model_config(T.tiny_config("unused"))
+    mcfg = LC.model_config(RUN.tiny_config("unused"))
     return {"n_params": len(r["grad_flow"]), "n_expected": param_tensor_count(mcfg),
             "min_grad": min(r["grad_flow"].values()),
             "zero_grad": [n for n, v in r["grad_flow"].items() if not v > 0],
@@ -111,12 +112,12 @@ def hyperparameter_run(backend, dtype="float32", steps=100, seed=0):
     """TL-HYP-001: every optimizer group holds the configured lr (the schedule's value of the
     last update), betas, eps; the decay group holds weight_decay and exactly the projection
     matrices, the no-decay group 0 and exactly the norm gains and the embedding."""
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import trainer as TR
 
     r = _steps_run(steps, seed)
     groups = r["optimizer_groups"]
     cfg = r["config"]["train"]
-    lr_last = T.lr_at(steps - 1, cfg["lr"], cfg["lr_min"], cfg["warmup_steps"], steps)
+    lr_last = TR.lr_at(steps - 1, cfg["lr"], cfg["lr_min"], cfg["warmup_steps"], steps)
     bad = []
     for g in groups:
         for key, want in (("betas", [cfg["beta1"], cfg["beta2"]]), ("eps", cfg["adam_eps"]),
@@ -151,16 +152,18 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
     exactly max_steps steps, crossing epoch boundaries; (2) the same data with one epoch too few
     is refused by preflight before step 1 (no metrics written), the message naming the
     achievable steps and the epochs needed; (3) the ALB-060 numbers are refused."""
+    from falsify.impl.llm import config as LC
     from falsify.impl.llm import data as D
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import preflight as PF
+    from falsify.impl.llm import run as RUN
 
     p = parts()
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        probe = T.tiny_config(Path(tmp) / "probe", synthetic_tokens=6_000, val_fraction=0.0,
+        probe = RUN.tiny_config(Path(tmp) / "probe", synthetic_tokens=6_000, val_fraction=0.0,
                               max_steps=1, warmup_steps=0)
-        mcfg = T.model_config(probe)
-        data = D.prepare_data(T.data_spec(probe, mcfg.vocab_size), probe.cache_dir)
+        mcfg = LC.model_config(probe)
+        data = D.prepare_data(RUN.data_spec(probe, mcfg.vocab_size), probe.cache_dir)
         stream = D.token_stream(data.train, data.special_ids[D.EOS])
         spe = D.steps_per_epoch(D.num_blocks(len(stream), mcfg.max_seq_len), probe.batch_size,
                                 probe.grad_accum)
@@ -168,14 +171,14 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
         kw = dict(synthetic_tokens=6_000, val_fraction=0.0, max_steps=max_steps,
                   warmup_steps=max_steps // 10, save_interval=max_steps,
                   eval_interval=max_steps)
-        res = T.train(T.tiny_config(Path(tmp) / "ok", epochs=epochs, **kw), parts=p)
+        res = RUN.train(RUN.tiny_config(Path(tmp) / "ok", epochs=epochs, **kw), parts=p)
         out.update(steps_per_epoch=spe, max_steps=max_steps, final_step=res.final_step,
                    losses=len(res.losses), stopped=res.stopped)
         short = Path(tmp) / "short"
         try:
-            T.train(T.tiny_config(short, epochs=epochs - 1, **kw), parts=p)
+            RUN.train(RUN.tiny_config(short, epochs=epochs - 1, **kw), parts=p)
             out["refused"], out["message"] = False, ""
-        except T.PreflightError as e:
+        except PF.PreflightError as e:
             out["refused"], out["message"] = True, str(e)
         out["metrics_written"] = (short / "metrics.jsonl").exists()
         out["message_names_fix"] = f">= {epochs}" in out["message"] and \
@@ -183,7 +186,7 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
     try:
         p.check_config_algebra(22079, 4, 128, 1, 5000, 500)
         out["alb060_refused"] = False
-    except T.PreflightError:
+    except PF.PreflightError:
         out["alb060_refused"] = True
     return out
 
@@ -196,12 +199,13 @@ def param_count_run(backend, dtype="float32"):
     """TL-MEM-001: the closed-form count (bound `param_count`) equals the number of elements of
     the real module instantiated on the meta device (no memory), for every preset and the tiny
     test config; 350m also equals Albor's published 398,509,056."""
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import run as RUN
     from falsify.impl.llm.model import PRESETS, meta_param_count
 
     count = _bound("param_count")
     cfgs = dict(PRESETS)
-    cfgs["tiny_test"] = T.model_config(T.tiny_config("unused"))
+    cfgs["tiny_test"] = LC.model_config(RUN.tiny_config("unused"))
     counts = {k: (int(count(c)), meta_param_count(c)[0]) for k, c in cfgs.items()}
     return {"mismatch": {k: v for k, v in counts.items() if v[0] != v[1]},
             "presets": sorted(counts), "count_350m": counts["350m"][1],
@@ -221,17 +225,19 @@ def memory_run(backend, dtype="float32", steps=3):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import run as RUN
+    from falsify.impl.llm import trainer as TR
     from falsify.impl.llm.model import build_model
 
     estimate = _bound("memory")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = T.tiny_config("unused", max_steps=10, warmup_steps=1)
-        mcfg = T.model_config(cfg)
+        cfg = RUN.tiny_config("unused", max_steps=10, warmup_steps=1)
+        mcfg = LC.model_config(cfg)
         model = build_model(mcfg, "torch", seed=0)
-        tr = T.Trainer(model, cfg, torch.device("cpu"), parts=parts())
+        tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=parts())
         g = torch.Generator().manual_seed(0)
         shape = (cfg.batch_size, mcfg.max_seq_len)
         micro = [(torch.randint(4, mcfg.vocab_size, shape, generator=g),
@@ -272,10 +278,10 @@ def memory_run(backend, dtype="float32", steps=3):
 def resume_run(backend, dtype="float32", total=8, kill_at=3):
     """TL-RES-001: a run killed after `kill_at` steps and resumed from its checkpoint continues
     bit-identically: the loss of every step, the final weights."""
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import run as RUN
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = T.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0)
+        r = RUN.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0)
     return {"straight": r["losses_straight"], "spliced": r["losses_killed"] +
             r["losses_resumed"], "n_resumed": len(r["losses_resumed"]),
             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
@@ -290,24 +296,26 @@ def accumulation_run(backend, dtype="float32", seed=0):
     gradients compared are the accumulated ones."""
     import torch
 
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import run as RUN
+    from falsify.impl.llm import trainer as TR
     from falsify.impl.llm.model import build_model
 
     p = parts()
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(4, 512, (4, 32), generator=g)
     y = torch.randint(4, 512, (4, 32), generator=g)
-    y[:2, :25] = T.IGNORE_INDEX
+    y[:2, :25] = TR.IGNORE_INDEX
     over = dict(grad_clip=1e9, andon_grad_norm=1e9, warmup_steps=0, max_steps=10)
     out = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for name, micro in (("accum", [(x[:2], y[:2]), (x[2:], y[2:])]), ("full", [(x, y)])):
-            cfg = T.tiny_config("unused", **over)
-            model = build_model(T.model_config(cfg), "torch", seed=seed)
+            cfg = RUN.tiny_config("unused", **over)
+            model = build_model(LC.model_config(cfg), "torch", seed=seed)
             init = {n: q.detach().clone() for n, q in model.named_parameters()}
-            tr = T.Trainer(model, cfg, torch.device("cpu"), parts=p)
+            tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=p)
             st = tr.train_step(micro)
             out[name] = (st, {n: q.grad.detach().clone() for n, q in model.named_parameters()},
                          {n: (q.detach() - init[n]) for n, q in model.named_parameters()})
@@ -327,7 +335,7 @@ def determinism_run(backend, dtype="float32", steps=6):
     state, RNG states) hash identically; a run with another seed hashes differently (so the
     hash does see the weights)."""
     from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import run as RUN
 
     def digest(ckpt: Path) -> str:
         h = hashlib.sha256()
@@ -338,9 +346,9 @@ def determinism_run(backend, dtype="float32", steps=6):
     hashes = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, seed in (("a", 0), ("b", 0), ("other_seed", 1)):
-            cfg = T.tiny_config(Path(tmp) / name, max_steps=steps, warmup_steps=0, seed=seed,
+            cfg = RUN.tiny_config(Path(tmp) / name, max_steps=steps, warmup_steps=0, seed=seed,
                                 val_fraction=0.0, save_interval=steps)
-            T.train(cfg, parts=parts())
+            RUN.train(cfg, parts=parts())
             hashes[name] = digest(C.latest_checkpoint(Path(tmp) / name))
     return {"same_seed_equal": hashes["a"] == hashes["b"],
             "other_seed_differs": hashes["a"] != hashes["other_seed"], "hash": hashes["a"]}
@@ -354,17 +362,19 @@ def clipping_run(backend, dtype="float32", seed=0):
     away from 1 so that clipping by any power of the norm gives another result."""
     import torch
 
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import run as RUN
+    from falsify.impl.llm import trainer as TR
     from falsify.impl.llm.model import build_model
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(4, 512, (4, 32), generator=g)
     micro = [(x, x.roll(-1, 1))]
     out = {}
-    for name, clip in (("active", T.TrainConfig.grad_clip), ("inactive", 1e4)):
-        cfg = T.tiny_config("unused", grad_clip=clip, andon_grad_norm=1e9)
-        model = build_model(T.model_config(cfg), "torch", seed=seed)
-        tr = T.Trainer(model, cfg, torch.device("cpu"), parts=parts())
+    for name, clip in (("active", LC.TrainConfig.grad_clip), ("inactive", 1e4)):
+        cfg = RUN.tiny_config("unused", grad_clip=clip, andon_grad_norm=1e9)
+        model = build_model(LC.model_config(cfg), "torch", seed=seed)
+        tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=parts())
         st = tr.train_step(micro)
         after = math.sqrt(sum(float((q.grad.double() ** 2).sum()) for q in tr.params))
         out[name] = {"clip": clip, "pre": st.grad_norm, "post": after,
@@ -403,14 +413,16 @@ SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermed
 
 def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
                  loop_parts=None) -> dict:
-    """The torch loop (impl/train.Trainer, fp32, model kernels of `backend`) for `steps` steps
+    """The torch loop (impl/llm/trainer.Trainer, fp32, model kernels of `backend`) for `steps` steps
     with grad_accum 2, ignored targets (micro-batches carry different token counts), warmup +
     cosine and active clipping; returns its per-step stats, initial and final weights, and what
     the numpy loop needs to replay the same steps (`reference()` runs it)."""
     import torch
 
+    from falsify.impl.llm import config as LC
     from falsify.impl.llm import data as D
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm import run as RUN
+    from falsify.impl.llm import trainer as TR
     from falsify.impl.llm.model import build_model
     from falsify.reference import model as RM
     from falsify.reference import train as RT
@@ -419,10 +431,10 @@ def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = T.tiny_config(tmp, max_steps=steps, warmup_steps=1, grad_accum=2, lr=3e-3,
+            cfg = RUN.tiny_config(tmp, max_steps=steps, warmup_steps=1, grad_accum=2, lr=3e-3,
                                 lr_min=3e-4, backend=backend, **(SMALL if small else {}))
-        mcfg = T.model_config(cfg)
-        data = D.prepare_data(T.data_spec(cfg, mcfg.vocab_size))
+        mcfg = LC.model_config(cfg)
+        data = D.prepare_data(RUN.data_spec(cfg, mcfg.vocab_size))
         sampler = D.BatchSampler(D.token_stream(data.train, 0), mcfg.max_seq_len,
                                  cfg.batch_size, cfg.grad_accum, cfg.epochs, cfg.seed)
         seq = mcfg.max_seq_len
@@ -431,12 +443,12 @@ def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
             micro = sampler.next_step()
             x, y = micro[0]
             y = y.clone()
-            y[:, : (3 * t) % seq] = T.IGNORE_INDEX  # unequal token counts per micro-batch
+            y[:, : (3 * t) % seq] = TR.IGNORE_INDEX  # unequal token counts per micro-batch
             micro[0] = (x, y)
             batches.append(micro)
         model = build_model(mcfg, backend, seed=0)
         init = {k: v.detach().double().numpy().copy() for k, v in model.state_dict().items()}
-        tr = T.Trainer(model, cfg, torch.device("cpu"), parts=loop_parts)
+        tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=loop_parts)
         stats = [tr.train_step(m) for m in batches]
     finally:
         torch.set_num_threads(threads)
@@ -532,15 +544,17 @@ def rng_resume_run(backend, dtype="float32"):
     import torch
 
     from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm import train as T
+    from falsify.impl.llm.config import model_config
+    from falsify.impl.llm.model import build_model
+    from falsify.impl.llm.run import tiny_config
+    from falsify.impl.llm.trainer import Trainer
 
     load = _bound("checkpoint_rng")
     outer = _rng_snapshot()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = T.tiny_config(Path(tmp), max_steps=4, warmup_steps=0)
-            tr = T.Trainer(T.build_model(T.model_config(cfg), "torch", seed=0), cfg,
-                           torch.device("cpu"))
+            cfg = tiny_config(Path(tmp), max_steps=4, warmup_steps=0)
+            tr = Trainer(build_model(model_config(cfg), "torch", seed=0), cfg, torch.device("cpu"))
             x = torch.randint(4, 512, (2, 32), generator=torch.Generator().manual_seed(0))
             tr.train_step([(x, x.roll(-1, 1))])  # AdamW state to save and load
             random.seed(11)

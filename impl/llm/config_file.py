@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from falsify.harness import yamlio
-from falsify.impl.llm.train import ConfigError
+from falsify.impl.llm.config import ConfigError
 
 LIMITS = (f"at most {yamlio.MAX_BYTES // 2**20} MiB, {yamlio.MAX_DEPTH} levels of nesting and "
           f"{yamlio.MAX_NODES:,} values after alias expansion")

@@ -1,12 +1,15 @@
 """The fine-tuning loop: a frozen base (fp32 or NF4) + trained LoRA adapters, on SFT,
-reward-weighted SFT or DPO data, with the pretraining loop's machinery.
+reward-weighted SFT or DPO data, on the pretraining loop's core.
 
-Reused from impl/train.py (imported, not copied): the AdamW construction with every
-hyperparameter from the config (`build_optimizer`, which takes only requires_grad parameters —
-i.e. the adapters), warmup + cosine (`Trainer.lr` / `lr_at`), the config-algebra preflight
-(`check_config_algebra`), device resolution, Andon stops, the progress bar, strict value
-parsing; from impl/checkpoint.py the atomic checkpoints with optimizer, RNG and data position.
-What is ours: the objectives (below), the example sampler (impl/sft_data.py) and adapter export.
+Shared with pretraining (imported, not copied): the config base with its parsing and value
+rules (impl/llm/config.py: `FinetuneConfig` extends `LoopConfig`), the optimizer step
+(impl/llm/trainer.py: warmup + cosine schedule, clip, AdamW over the requires_grad parameters —
+i.e. the adapters —, Andon stops; the kernels come from the model's Ops bundle and are the ones
+the adamw, grad-clip and lr-schedule contracts check), the config algebra
+(impl/llm/preflight.py) and the run plumbing (impl/llm/run.py: threads, device, seeding,
+metrics, progress); from impl/llm/checkpoint.py the atomic checkpoints with optimizer, RNG and
+data position. What is ours: the objectives (below) as the trainer's micro-batch hook, the
+example sampler (impl/llm/sft_data.py) and adapter export.
 
 Objectives, all normalised per optimizer step (so grad_accum changes nothing but memory):
 
@@ -20,10 +23,8 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
             π_ref = the frozen base (adapters disabled); log π(y|x) sums the response tokens.
             With B = 0 the policy is the reference, so the first loss is exactly ln 2.
 
-The trainer's `forward_backward` is the one place the objective runs; `train_step` adds the
-update. The hook that would let impl/train.Trainer.train_step run these objectives itself: a
-`micro_loss(model, micro) -> (loss_sum, count)` argument; until it exists `FinetuneTrainer`
-repeats its ~20 lines of Andon/clip/step logic (`_apply_update`).
+`FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
+the rest of the step is impl/llm/trainer.Trainer's.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 import typing
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -46,19 +48,38 @@ import yaml
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm import data as data_mod
 from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm import run as R
 from falsify.impl.llm import sft_data as SD
-from falsify.impl.llm import train as T
-from falsify.impl.llm.model import ModelConfig, Transformer, build_model, generate
+from falsify.impl.llm.config import (
+    AT_LEAST_1,
+    NON_NEGATIVE,
+    POSITIVE,
+    RULES,
+    UNIT_OPEN,
+    ConfigError,
+    FinetuneConfigError,
+    LoopConfig,
+    check_resume_config,
+)
+from falsify.impl.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, ...)
+    AdapterView,
+    Base,
+    base_fingerprint,
+    builtin_base,
+    builtin_base_config,
+    load_base,
+)
+from falsify.impl.llm.model import Transformer, generate
+from falsify.impl.llm.preflight import PreflightError, check_config_algebra, check_warmup
+from falsify.impl.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
 
 
-class FinetuneConfigError(T.ConfigError):
-    """A bad fine-tuning config field; the message names it."""
-
-
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(LoopConfig):
+    error: ClassVar[type[ConfigError]] = FinetuneConfigError
+
     method: str = "qlora"  # lora | qlora
     model: str | None = None  # our checkpoint / run dir, or an HF LLaMA dir; null: built-in
     data: list[str] = field(default_factory=list)  # JSONL files; []: the shipped dataset
@@ -80,44 +101,45 @@ class FinetuneConfig:
     max_examples: int | None = None  # use the first N examples (after tokenizing)
     # steps
     batch_size: int = 8
-    grad_accum: int = 1
-    epochs: int = 1
     max_steps: int | None = None  # null: epochs x steps_per_epoch
     warmup_steps: int | None = None  # null: 5 % of max_steps (rounded down)
     # optimizer (seed §26.4.4 betas/eps/decay; the lr suits the tiny built-in base)
     lr: float = 2e-3
     lr_min: float = 2e-4
-    beta1: float = 0.9
     beta2: float = 0.999
-    adam_eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float = 1.0  # always applied
-    andon_grad_norm: float = 100.0
-    andon_loss_max: float | None = None
     dpo_beta: float = 0.1
     # evaluation, early stopping, checkpoints
     eval_interval: int | None = None  # null: at the end of every epoch and of the run
     early_stopping_patience: int | None = None  # evaluations without a new best val loss
-    log_interval: int = 10
     save_every: int = 0  # 0: only at the end (and on early stop)
-    keep_last: int = 2
     out_dir: str = "runs/finetune"
-    progress: bool = True
-    # runtime
-    seed: int = 42
-    backend: str = "auto"
-    device: str = "auto"
-    precision: str = "auto"
-    threads: int | None = None  # null: all cores, or 1 on a loaded machine (train.resolve_threads)
-    activation_checkpointing: bool = False
-    cache_dir: str = ".falsify/cache"
-    # the built-in base (only when model is null): steps of impl/train on the stdlib
+    # the built-in base (only when model is null): steps of the pretraining loop on the stdlib
     base_steps: int = 200
     # sample at the end (base vs base+adapter on held-out prompts)
     sample_tokens: int = 64
     sample_count: int = 2
     sample_temperature: float = 0.7  # 0: greedy
-    sample_top_k: int = 40
+
+    rules: ClassVar[dict] = {
+        **RULES,
+        **{k: AT_LEAST_1 for k in ("base_steps", "max_examples", "early_stopping_patience")},
+        **{k: NON_NEGATIVE for k in ("save_every", "sample_count")},
+        "dpo_beta": POSITIVE,
+        "val_split": UNIT_OPEN,
+        "overlong": (lambda v: v in ("truncate", "drop", "error"),
+                     "must be truncate, drop or error"),
+    }
+
+    def extra_rules(self) -> Iterator[tuple[bool, str, str]]:
+        yield from super().extra_rules()
+        yield (self.early_stopping_patience is None or self.val_split > 0,
+               "early_stopping_patience",
+               "needs val_split > 0 (early stopping watches the validation loss)")
+
+    def validate(self) -> None:
+        super().validate()
+        lora_spec(self)
 
 
 RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "save_every",
@@ -130,37 +152,16 @@ SHIPPED = str(SD.SHIPPED_DATASET)
 # ----------------------------------------------------------------------------- config
 def config_from_dict(d: dict, source: str = "config", base: FinetuneConfig | None = None,
                      from_text: bool = False) -> FinetuneConfig:
-    """Strict like impl/train: an unknown key is an error naming it (closest names offered);
-    values are type-checked by impl/train's `_coerce`."""
-    import difflib
-
-    hints = typing.get_type_hints(FinetuneConfig)
-    known = [f.name for f in fields(FinetuneConfig)]
-    values = asdict(base) if base is not None else {}
-    for k, v in d.items():
-        if k not in hints:
-            close = difflib.get_close_matches(k, known, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise FinetuneConfigError(f"{source}: unknown config field {k!r}{hint}")
-        try:
-            values[k] = T._coerce(k, hints[k], v, from_text)
-        except T.ConfigError as e:
-            raise FinetuneConfigError(f"{source}: {e}") from None
-    cfg = FinetuneConfig(**values)
-    validate_config(cfg)
-    return cfg
+    return FinetuneConfig.from_dict(d, source, base, from_text)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
                 base: FinetuneConfig | None = None) -> FinetuneConfig:
-    cfg = base or FinetuneConfig()
-    if path is not None:
-        cfg = config_from_dict(T.read_yaml_config(path), source=str(path), base=cfg)
-    if overrides:
-        cfg = config_from_dict(T.parse_overrides(list(overrides)), source="command line",
-                               base=cfg, from_text=True)
-    validate_config(cfg)
-    return cfg
+    return FinetuneConfig.load(path, overrides, base)
+
+
+def validate_config(cfg: FinetuneConfig) -> None:
+    cfg.validate()
 
 
 def lora_spec(cfg: FinetuneConfig) -> LM.LoraSpec:
@@ -175,46 +176,6 @@ def lora_spec(cfg: FinetuneConfig) -> LM.LoraSpec:
                                   .replace("field alpha=", "field lora_alpha=")
                                   .replace("field dropout=", "field lora_dropout=")
                                   .replace("field blocksize=", "field nf4_blocksize=")) from None
-
-
-def validate_config(cfg: FinetuneConfig) -> None:
-    def need(cond, name, why):
-        if not cond:
-            raise FinetuneConfigError(f"config field {name}={getattr(cfg, name)!r}: {why}")
-
-    for name in ("batch_size", "grad_accum", "epochs", "log_interval", "keep_last",
-                 "base_steps"):
-        need(getattr(cfg, name) >= 1, name, "must be >= 1")
-    for name in ("max_steps", "eval_interval", "early_stopping_patience", "seq_len",
-                 "max_examples", "threads"):
-        v = getattr(cfg, name)
-        need(v is None or v >= 1, name, "must be >= 1 (or null)")
-    need(cfg.warmup_steps is None or cfg.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-    need(cfg.save_every >= 0, "save_every", "must be >= 0 (0: save at the end only)")
-    need(cfg.lr > 0, "lr", "must be > 0")
-    need(0 <= cfg.lr_min <= cfg.lr, "lr_min", "must be in [0, lr]")
-    need(0 <= cfg.beta1 < 1, "beta1", "must be in [0, 1)")
-    need(0 <= cfg.beta2 < 1, "beta2", "must be in [0, 1)")
-    need(cfg.adam_eps > 0, "adam_eps", "must be > 0")
-    need(cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
-    need(cfg.grad_clip > 0, "grad_clip", "must be > 0 (clipping is always on)")
-    need(cfg.andon_grad_norm > 0, "andon_grad_norm", "must be > 0")
-    need(cfg.andon_loss_max is None or cfg.andon_loss_max > 0, "andon_loss_max",
-         "must be > 0 (or null)")
-    need(cfg.dpo_beta > 0, "dpo_beta", "must be > 0")
-    need(0 <= cfg.val_split < 1, "val_split", "must be in [0, 1)")
-    need(cfg.overlong in ("truncate", "drop", "error"), "overlong",
-         "must be truncate, drop or error")
-    need(cfg.backend in ("torch", "triton", "auto"), "backend", "must be torch, triton or auto")
-    need(cfg.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-    need(cfg.precision in ("auto", "fp32", "bf16"), "precision", "must be auto, fp32 or bf16")
-    need(cfg.sample_tokens >= 0, "sample_tokens", "must be >= 0")
-    need(cfg.sample_count >= 0, "sample_count", "must be >= 0")
-    need(cfg.sample_temperature >= 0, "sample_temperature", "must be >= 0")
-    need(cfg.sample_top_k >= 1, "sample_top_k", "must be >= 1")
-    need(cfg.early_stopping_patience is None or cfg.val_split > 0, "early_stopping_patience",
-         "needs val_split > 0 (early stopping watches the validation loss)")
-    lora_spec(cfg)
 
 
 # -------------------------------------------------------------------------- objectives
@@ -262,9 +223,9 @@ class Objectives:
 
 
 # ------------------------------------------------------------------------------ trainer
-class FinetuneTrainer(T.Trainer):
-    """impl/train.Trainer (AdamW over the requires_grad parameters = the adapters, warmup +
-    cosine, clipping, Andon) with a fine-tuning objective."""
+class FinetuneTrainer(Trainer):
+    """impl/llm/trainer.Trainer (AdamW over the requires_grad parameters = the adapters,
+    warmup + cosine, clipping, Andon) with a fine-tuning objective as its micro-batch hook."""
 
     def __init__(self, model: Transformer, cfg: FinetuneConfig, device, autocast_dtype,
                  kind: str, objectives: Objectives | None = None):
@@ -329,64 +290,11 @@ class FinetuneTrainer(T.Trainer):
         rr = torch.tensor([self.ref_cache[i][1] for i in idx], device=self.device)
         return rc, rr
 
-    @staticmethod
-    def count(micro) -> int:
+    def count(self, micro) -> int:
         """What one micro-batch adds to the step's normaliser: masked tokens (SFT) or pairs."""
         if isinstance(micro, SD.Batch):
             return micro.n_tokens
         return len(micro[0].x)
-
-    # one optimizer step ---------------------------------------------------------------
-    def forward_backward(self, micro_batches: list) -> tuple[float, int, dict]:
-        """Accumulate gradients of (Σ_micro numerator) / (Σ_micro count) into .grad; returns
-        (loss, count, summed stats). Every token (pair) weighs the same whatever micro-batch it
-        is in — not a mean of per-micro means."""
-        n = sum(self.count(m) for m in micro_batches)
-        if n == 0:
-            raise ValueError(f"step {self.step + 1}: no trained target in any micro-batch")
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.train()
-        total, stats = 0.0, {}
-        for m in micro_batches:
-            s, st = self.micro_loss(m)
-            (s / n).backward()
-            total += float(s.detach())
-            for k, v in st.items():
-                stats[k] = stats.get(k, 0) + v
-        return total / n, n, stats
-
-    def train_step(self, micro_batches: list) -> T.StepStats:
-        t = self.step + 1
-        lr = self.lr(self.step)  # impl/train's convention: the 0-based index of this update
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        loss, n, stats = self.forward_backward(micro_batches)
-        st = self._apply_update(t, lr, loss, n)
-        st.extra = stats
-        return st
-
-    def _apply_update(self, t: int, lr: float, loss: float, n: int) -> T.StepStats:
-        """impl/train.Trainer.train_step's tail: Andon checks, clip, AdamW step."""
-        if not math.isfinite(loss):
-            raise T.AndonStop(f"Andon: non-finite loss ({loss}) at step {t}", t)
-        if self.cfg.andon_loss_max is not None and loss > self.cfg.andon_loss_max:
-            raise T.AndonStop(f"Andon: loss {loss:.4f} > andon_loss_max="
-                              f"{self.cfg.andon_loss_max} at step {t}", t)
-        # the same clip as impl/train.Trainer.train_step (torch's min(1, c / (‖g‖ + 1e-6)))
-        gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip,
-                                                  foreach=False))
-        if not math.isfinite(gn):
-            raise T.AndonStop(f"Andon: non-finite gradient norm ({gn}) at step {t}", t)
-        if gn > self.cfg.andon_grad_norm:
-            raise T.AndonStop(f"Andon: gradient norm {gn:.3g} > andon_grad_norm="
-                              f"{self.cfg.andon_grad_norm} at step {t} (update not applied)", t)
-        self.optimizer.step()
-        self.step = t
-        bad = [nm for nm, p in zip(self.param_names, self.params)
-               if not bool(torch.isfinite(p).all())]
-        if bad:
-            raise T.AndonStop(f"Andon: non-finite adapter weights after step {t}: {bad[:5]}", t)
-        return T.StepStats(t, loss, gn, lr, n, True)
 
     @torch.no_grad()
     def evaluate_examples(self, batches: list) -> dict:
@@ -413,6 +321,8 @@ class FinetuneTrainer(T.Trainer):
         else:
             out["val_accuracy"] = acc / n
         return out
+
+
 
 
 def _pad(t: torch.Tensor, s: int, value) -> torch.Tensor:
@@ -443,175 +353,6 @@ def val_batches(examples: list, kind: str, pad_id: int, batch_size: int,
                        None, key_offset) for a in range(0, len(examples), batch_size)]
 
 
-# ------------------------------------------------------------------------------ the base
-@dataclass
-class Base:
-    model: Transformer
-    tokenizer: object | None
-    tokenizer_path: str | None
-    source: str  # what was loaded: path, or "built-in ..."
-    layout: str  # "ours" | "hf" | "memory"
-    info: dict = field(default_factory=dict)
-    path: str | None = None  # a directory load_base() reloads it from (None: in memory)
-
-
-def _find_tokenizer(paths: list[Path]) -> Path | None:
-    for p in paths:
-        if (p / "tokenizer.json").is_file():
-            return p / "tokenizer.json"
-    return None
-
-
-def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True) -> Base:
-    """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
-    output) or an HF LLaMA directory (config.json + model.safetensors, impl/hf.py)."""
-    from safetensors.torch import load_file
-
-    from falsify.impl.llm import hf
-
-    p = Path(path)
-    if not p.exists():
-        raise FinetuneConfigError(f"config field model={str(path)!r}: no such file or directory")
-    if (p / "config.json").is_file() and (p / "model.safetensors").is_file() and \
-            json.loads((p / "config.json").read_text()).get("model_type") == "llama":
-        model = hf.import_hf(p, backend)
-        layout, where = "hf", [p]
-    else:
-        try:
-            ck = ckpt_mod.find_checkpoint(p)
-        except ckpt_mod.CheckpointError as e:
-            raise FinetuneConfigError(
-                f"config field model={str(path)!r}: neither an HF LLaMA directory "
-                f"(config.json + model.safetensors) nor one of our checkpoints ({e})") from None
-        state = ckpt_mod.read_state(ck)
-        mcfg = ModelConfig(**state["config"]["model"])
-        model = build_model(mcfg, backend, seed=0)
-        weights = load_file(str(ck / "model.safetensors"))
-        own = model.state_dict()
-        if set(weights) != set(own):
-            raise FinetuneConfigError(f"{ck}: weights do not match the model config (missing "
-                                      f"{sorted(set(own) - set(weights))[:3]}, unexpected "
-                                      f"{sorted(set(weights) - set(own))[:3]})")
-        model.load_state_dict(weights, strict=True)
-        layout, where = "ours", [ck, ck.parent.parent, p]
-        tok_path = _find_tokenizer(where)
-        if tok_path is None and need_tokenizer and "train" in state["config"]:
-            tok_path = _tokenizer_from_train_config(state["config"]["train"], mcfg)
-        return _base(model, tok_path, str(p), layout, need_tokenizer)
-    return _base(model, _find_tokenizer(where), str(p), layout, need_tokenizer)
-
-
-def _base(model, tok_path, source, layout, need_tokenizer) -> Base:
-    if tok_path is None and need_tokenizer:
-        raise FinetuneConfigError(f"base {source}: no tokenizer.json found next to it (text data "
-                                  "needs the base's tokenizer)")
-    tok = data_mod.load_tokenizer(tok_path) if tok_path is not None else None
-    if tok is not None and tok.get_vocab_size() != model.cfg.vocab_size:
-        raise FinetuneConfigError(f"base {source}: tokenizer vocab {tok.get_vocab_size()} != "
-                                  f"model vocab_size {model.cfg.vocab_size}")
-    return Base(model, tok, str(tok_path) if tok_path else None, source, layout,
-                {"params": sum(p.numel() for p in model.parameters())},
-                path=str(Path(source).resolve()))
-
-
-def _tokenizer_from_train_config(train_cfg: dict, mcfg: ModelConfig) -> Path | None:
-    """A checkpoint of impl/train does not store its tokenizer; it is the (deterministic, cached)
-    tokenizer of the training corpus, found again through the same data spec."""
-    if train_cfg.get("corpus") == "synthetic":
-        return None
-    tcfg = T.config_from_dict(train_cfg, source="checkpoint train config")
-    prepared = data_mod.prepare_data(T.data_spec(tcfg, mcfg.vocab_size), tcfg.cache_dir)
-    return prepared.cache_path / "tokenizer.json"
-
-
-def builtin_base_config(cfg: FinetuneConfig, out_dir: Path) -> T.TrainConfig:
-    """The built-in base: impl/train's `tiny` preset on the first ~2 MB of the stdlib corpus
-    (the shipped SFT data is derived from the same corpus), about a minute on 2 CPU cores."""
-    return T.config_from_dict({
-        "model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000, "val_fraction": 0.05,
-        "batch_size": 8, "grad_accum": 1, "max_steps": cfg.base_steps,
-        "warmup_steps": max(1, cfg.base_steps // 20), "lr": 3e-3, "lr_min": 3e-4,
-        "eval_interval": cfg.base_steps, "eval_batches": 4, "save_interval": cfg.base_steps,
-        "keep_last": 1, "sample_tokens": 0, "seed": cfg.seed, "cache_dir": cfg.cache_dir,
-        "out_dir": str(out_dir), "progress": cfg.progress, "backend": cfg.backend,
-        "device": cfg.device, "threads": cfg.threads}, source="built-in base")
-
-
-def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
-    """Train the built-in base with impl/train, or reuse it from cache_dir (keyed by its
-    config and the Python version, whose stdlib is the corpus)."""
-    import sys
-
-    probe = builtin_base_config(cfg, Path("."))
-    key_src = {k: v for k, v in asdict(probe).items()
-               if k not in ("out_dir", "progress", "cache_dir", "threads")}
-    key_src["python"] = sys.version.split()[0]
-    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
-    out = Path(cfg.cache_dir) / "finetune-base" / key
-    tcfg = builtin_base_config(cfg, out)
-    done = out / "summary.json"
-    if not done.is_file():
-        if console is not None:
-            console.print(f"built-in base: training impl/train's tiny preset on the stdlib for "
-                          f"{tcfg.max_steps} steps -> {out} (cached for later runs)")
-        resume = "auto" if ckpt_mod.list_checkpoints(out) else None
-        T.train(tcfg, resume=resume)
-    elif console is not None:
-        console.print(f"built-in base: reusing {out}")
-    mcfg = T.model_config(tcfg)
-    tok = out / "tokenizer.json"
-    if not tok.is_file():
-        src = data_mod.prepare_data(T.data_spec(tcfg, mcfg.vocab_size), tcfg.cache_dir)
-        _atomic_copy(src.cache_path / "tokenizer.json", tok)
-    base = load_base(out, cfg.backend)
-    base.source = f"built-in base ({out})"
-    summary = json.loads(done.read_text())
-    base.info.update({"builtin": True, "base_val_loss": summary.get("val_loss"),
-                      "base_steps": summary.get("final_step")})
-    return base
-
-
-def _atomic_copy(src: Path, dst: Path) -> None:
-    import shutil
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}-")
-    os.close(fd)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-
-
-def base_fingerprint(model: Transformer) -> str:
-    """sha256 of the base's tensors (names, shapes, bytes): a resume must continue on the same
-    base, and an adapter records which base it was trained on."""
-    h = hashlib.sha256()
-    for k, v in sorted(model.state_dict().items()):
-        if LM.is_adapter_param(k):
-            continue
-        h.update(f"{k}{tuple(v.shape)}{v.dtype}".encode())
-        h.update(v.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-class AdapterView:
-    """What a fine-tuning checkpoint stores as "model": the adapters only (the base is frozen
-    and identified by its fingerprint). Duck-types the state_dict API impl/checkpoint uses."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def state_dict(self) -> dict:
-        return {k: v.detach() for k, v in LM.adapter_parameters(self.model).items()}
-
-    def load_state_dict(self, sd: dict, strict: bool = True) -> None:
-        own = LM.adapter_parameters(self.model)
-        if strict and set(sd) != set(own):
-            raise ckpt_mod.CheckpointError("adapter names differ from the checkpoint's")
-        with torch.no_grad():
-            for k, p in own.items():
-                p.copy_(sd[k])
-
-
 # ------------------------------------------------------------------------------ the run
 @dataclass
 class FinetuneResult:
@@ -639,26 +380,16 @@ class FinetuneResult:
 
 
 def resolve_steps(cfg: FinetuneConfig, n_train: int) -> FinetuneConfig:
-    """Concrete max_steps / warmup_steps (recorded in the effective config), checked by
-    impl/train's config algebra: max_steps must be reachable with the configured epochs."""
+    """Concrete max_steps / warmup_steps (recorded in the effective config), checked by the
+    pretraining loop's config algebra: max_steps must be reachable with the configured epochs."""
     spe = n_train // (cfg.batch_size * cfg.grad_accum)
     if spe < 1:
-        raise T.PreflightError(f"{n_train} training examples < batch_size {cfg.batch_size} x "
-                               f"grad_accum {cfg.grad_accum}: not one optimizer step")
+        raise PreflightError(f"{n_train} training examples < batch_size {cfg.batch_size} x "
+                             f"grad_accum {cfg.grad_accum}: not one optimizer step")
     max_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * spe
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max_steps // 20
-    T.check_config_algebra(n_train, cfg.batch_size, cfg.grad_accum, cfg.epochs, max_steps,
-                           warmup)
+    check_config_algebra(n_train, cfg.batch_size, cfg.grad_accum, cfg.epochs, max_steps, warmup)
     return replace(cfg, max_steps=max_steps, warmup_steps=warmup)
-
-
-def _check_resume(saved: dict, cfg: FinetuneConfig, where: Path) -> None:
-    now = asdict(cfg)
-    for k in now:
-        if k not in RESUME_MUTABLE and saved.get(k) != now[k]:
-            raise FinetuneConfigError(
-                f"config field {k!r} is {now[k]!r} but checkpoint {where} was written with "
-                f"{saved.get(k)!r}; resuming with a different {k} would not continue the run")
 
 
 def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Base | None = None,
@@ -668,208 +399,242 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
-    threads = torch.get_num_threads()
-    try:
-        n, why = T.resolve_threads(cfg.threads)
-        log.info("torch threads: %d (%s)", n, why)
-        torch.set_num_threads(n)
-        return _finetune(cfg, resume, base, dataset, objectives, stop_after, keep_model,
-                         console)
-    finally:  # process-global: do not leak it to the caller (as impl/train.train)
-        torch.set_num_threads(threads)
+    with R.torch_threads(cfg.threads):
+        run = FinetuneRun(cfg, objectives or Objectives())
+        run.open(resume)
+        run.load(base, dataset, console)
+        run.build()
+        return run.loop(stop_after, keep_model)
 
 
-def _finetune(cfg, resume, base, dataset, objectives, stop_after, keep_model, console):
-    t_start = time.perf_counter()
-    validate_config(cfg)
-    device, autocast = T.resolve_device(cfg)
-    out = Path(cfg.out_dir)
-    ckpt_path = None
-    if resume is not None:
-        ckpt_path = ckpt_mod.find_checkpoint(out if str(resume) == "auto" else resume)
-        _check_resume(ckpt_mod.read_state(ckpt_path)["config"]["finetune_requested"], cfg,
-                      ckpt_path)
-    elif ckpt_mod.list_checkpoints(out):
-        raise FinetuneConfigError(f"out_dir={str(out)!r} already holds checkpoints; pass "
-                                  "--resume to continue that run or choose another out_dir")
-    T.seed_everything(cfg.seed)
-    obj = objectives or Objectives()
+class FinetuneRun:
+    """One fine-tuning run's state, built in stages (open -> load -> build -> loop)."""
 
-    if base is None:
-        base = load_base(cfg.model, cfg.backend) if cfg.model else builtin_base(cfg, console)
-    model = base.model
-    seq_len = cfg.seq_len or model.cfg.max_seq_len
-    if seq_len > model.cfg.max_seq_len:
-        raise FinetuneConfigError(f"config field seq_len={seq_len}: the base's max_seq_len is "
-                                  f"{model.cfg.max_seq_len}")
-    if dataset is None:
-        if base.tokenizer is None:
-            raise FinetuneConfigError(f"base {base.source} has no tokenizer: cannot read text "
-                                      "data")
-        files = cfg.data or [SHIPPED]
-        dataset = SD.load_dataset(files, base.tokenizer, seq_len, cfg.train_on_prompt,
-                                  cfg.overlong)
-    examples = dataset.examples[: cfg.max_examples] if cfg.max_examples else dataset.examples
-    train_ex, val_ex = SD.split_examples(examples, cfg.val_split, cfg.seed)
-    weights = None
-    if dataset.reward_weighted:
-        rw = obj.reward_weights(torch.tensor([e.reward for e in train_ex], dtype=torch.float64))
-        weights = rw.numpy().astype(np.float32)
-    rcfg = resolve_steps(cfg, len(train_ex))
-    data_key = hashlib.sha256(json.dumps(
-        [dataset.files, len(examples), [len(e.ids) if hasattr(e, "ids") else len(e.chosen.ids)
-                                        for e in examples]]).encode()).hexdigest()[:16]
-    sampler = SD.ExampleSampler(len(train_ex), cfg.batch_size, cfg.grad_accum, cfg.epochs,
-                                cfg.seed, cfg.shuffle, data_key)
-    pad_id = data_mod.SPECIAL_TOKENS.index(data_mod.EOS)
+    def __init__(self, cfg: FinetuneConfig, obj: Objectives):
+        self.t_start = time.perf_counter()
+        cfg.validate()
+        if cfg.max_steps is not None and cfg.warmup_steps is not None:
+            check_warmup(cfg.max_steps, cfg.warmup_steps)  # before any base or data work
+        self.cfg, self.obj = cfg, obj
+        self.device, self.autocast = R.resolve_device(cfg)
+        self.out = Path(cfg.out_dir)
+        self.ckpt_path: Path | None = None
+        self.best_val, self.bad_evals = None, 0
 
-    fingerprint = base_fingerprint(model)
-    spec = lora_spec(cfg)
-    LM.apply_lora(model, spec, init=obj.lora_init, freeze=obj.freeze_base)
-    model.activation_checkpointing = cfg.activation_checkpointing
-    model.to(device)
-    trainer = FinetuneTrainer(model, rcfg, device, autocast, dataset.kind, obj)
-    mem = LM.memory_bytes(model)
-    n_trainable = sum(p.numel() for p in trainer.params)
-    data_info = {"files": dataset.files, "formats": dataset.formats, "kind": dataset.kind,
-                 "reward_weighted": dataset.reward_weighted, **dataset.stats,
-                 "used": len(examples), "train": len(train_ex), "val": len(val_ex),
-                 "steps_per_epoch": sampler.steps_per_epoch, "seq_len": seq_len,
-                 "trained_tokens_per_epoch": (sum(sum(e.mask[1:]) for e in train_ex)
-                                              if dataset.kind == "sft" else None)}
-    if weights is not None:
-        data_info["reward_weights"] = {"min": float(weights.min()), "max": float(weights.max()),
-                                       "mean": float(weights.mean()),
-                                       "zero": int((weights == 0).sum())}
-    base_info = {"source": base.source, "layout": base.layout, "fingerprint": fingerprint,
-                 "model": model.cfg.to_dict(), **base.info}
-    effective = {"finetune_requested": asdict(cfg), "finetune": asdict(rcfg),
-                 "lora": {**asdict(spec), "targets": list(spec.targets), "scale": spec.scale},
-                 "model": model.cfg.to_dict(), "base": base_info, "data": data_info,
-                 "trainable_params": n_trainable, "memory": mem,
-                 "device": str(device), "kernels": model.ops.provenance}
-    out.mkdir(parents=True, exist_ok=True)
-    T._atomic_write_text(out / "config.json", json.dumps(effective, indent=1, default=str))
-    T._atomic_write_text(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+    def open(self, resume) -> None:
+        if resume is not None:
+            self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"
+                                                      else resume)
+            saved = ckpt_mod.read_state(self.ckpt_path)["config"]["finetune_requested"]
+            check_resume_config(saved, self.cfg, self.ckpt_path, RESUME_MUTABLE)
+        elif ckpt_mod.list_checkpoints(self.out):
+            raise FinetuneConfigError(f"out_dir={str(self.out)!r} already holds checkpoints; "
+                                      "pass --resume to continue that run or choose another "
+                                      "out_dir")
+        R.seed_everything(self.cfg.seed)
 
-    result = FinetuneResult(out_dir=str(out), kind=dataset.kind, max_steps=rcfg.max_steps,
-                            data_info=data_info, base_info=base_info, memory=mem)
-    best_val, bad_evals = None, 0
-    metrics_path = out / "metrics.jsonl"
-    view = AdapterView(model)
-    if ckpt_path is not None:
-        state = ckpt_mod.read_state(ckpt_path)
-        if state["config"]["base"]["fingerprint"] != fingerprint:
-            raise ckpt_mod.CheckpointError(f"{ckpt_path} was trained on another base (its "
+    def load(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
+        """The base model and the examples: split, reward weights, steps, sampler."""
+        cfg = self.cfg
+        if base is None:
+            base = load_base(cfg.model, cfg.backend) if cfg.model else builtin_base(cfg, console)
+        self.base, model = base, base.model
+        self.seq_len = cfg.seq_len or model.cfg.max_seq_len
+        if self.seq_len > model.cfg.max_seq_len:
+            raise FinetuneConfigError(f"config field seq_len={self.seq_len}: the base's "
+                                      f"max_seq_len is {model.cfg.max_seq_len}")
+        if dataset is None:
+            if base.tokenizer is None:
+                raise FinetuneConfigError(f"base {base.source} has no tokenizer: cannot read "
+                                          "text data")
+            dataset = SD.load_dataset(cfg.data or [SHIPPED], base.tokenizer, self.seq_len,
+                                      cfg.train_on_prompt, cfg.overlong)
+        self.dataset = dataset
+        self.examples = (dataset.examples[: cfg.max_examples] if cfg.max_examples
+                         else dataset.examples)
+        self.train_ex, self.val_ex = SD.split_examples(self.examples, cfg.val_split, cfg.seed)
+        self.weights = None
+        if dataset.reward_weighted:
+            rw = self.obj.reward_weights(torch.tensor([e.reward for e in self.train_ex],
+                                                      dtype=torch.float64))
+            self.weights = rw.numpy().astype(np.float32)
+        self.rcfg = resolve_steps(cfg, len(self.train_ex))
+        lengths = [len(e.ids) if hasattr(e, "ids") else len(e.chosen.ids) for e in self.examples]
+        data_key = hashlib.sha256(json.dumps([dataset.files, len(self.examples), lengths])
+                                  .encode()).hexdigest()[:16]
+        self.sampler = SD.ExampleSampler(len(self.train_ex), cfg.batch_size, cfg.grad_accum,
+                                         cfg.epochs, cfg.seed, cfg.shuffle, data_key)
+        self.pad_id = data_mod.SPECIAL_TOKENS.index(data_mod.EOS)
+
+    def data_info(self) -> dict:
+        ds, train_ex = self.dataset, self.train_ex
+        info = {"files": ds.files, "formats": ds.formats, "kind": ds.kind,
+                "reward_weighted": ds.reward_weighted, **ds.stats,
+                "used": len(self.examples), "train": len(train_ex), "val": len(self.val_ex),
+                "steps_per_epoch": self.sampler.steps_per_epoch, "seq_len": self.seq_len,
+                "trained_tokens_per_epoch": (sum(sum(e.mask[1:]) for e in train_ex)
+                                             if ds.kind == "sft" else None)}
+        w = self.weights
+        if w is not None:
+            info["reward_weights"] = {"min": float(w.min()), "max": float(w.max()),
+                                      "mean": float(w.mean()), "zero": int((w == 0).sum())}
+        return info
+
+    def build(self) -> None:
+        """Adapters on the base, the trainer, the effective config on disk, resumed state."""
+        cfg, base, model = self.cfg, self.base, self.base.model
+        self.fingerprint = base_fingerprint(model)
+        spec = lora_spec(cfg)
+        LM.apply_lora(model, spec, init=self.obj.lora_init, freeze=self.obj.freeze_base)
+        model.activation_checkpointing = cfg.activation_checkpointing
+        model.to(self.device)
+        self.model = model
+        self.trainer = FinetuneTrainer(model, self.rcfg, self.device, self.autocast,
+                                       self.dataset.kind, self.obj)
+        mem = LM.memory_bytes(model)
+        data_info = self.data_info()
+        base_info = {"source": base.source, "layout": base.layout,
+                     "fingerprint": self.fingerprint, "model": model.cfg.to_dict(), **base.info}
+        self.effective = {
+            "finetune_requested": asdict(cfg), "finetune": asdict(self.rcfg),
+            "lora": {**asdict(spec), "targets": list(spec.targets), "scale": spec.scale},
+            "model": model.cfg.to_dict(), "base": base_info, "data": data_info,
+            "trainable_params": sum(p.numel() for p in self.trainer.params), "memory": mem,
+            "device": str(self.device), **R.kernel_record(model)}
+        self.out.mkdir(parents=True, exist_ok=True)
+        R.atomic_write_text(self.out / "config.json",
+                            json.dumps(self.effective, indent=1, default=str))
+        R.atomic_write_text(self.out / "config.yaml",
+                            yaml.safe_dump(asdict(cfg), sort_keys=False))
+        self.result = FinetuneResult(out_dir=str(self.out), kind=self.dataset.kind,
+                                     max_steps=self.rcfg.max_steps, data_info=data_info,
+                                     base_info=base_info, memory=mem)
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.view = AdapterView(model)
+        if self.ckpt_path is not None:
+            self.restore()
+
+    def restore(self) -> None:
+        state = ckpt_mod.read_state(self.ckpt_path)
+        if state["config"]["base"]["fingerprint"] != self.fingerprint:
+            raise ckpt_mod.CheckpointError(f"{self.ckpt_path} was trained on another base (its "
                                            "fingerprint differs from this base's)")
-        state = ckpt_mod.load_checkpoint(ckpt_path, view, trainer.optimizer, trainer.param_names)
-        trainer.step = int(state["step"])
-        sampler.load_state_dict(state["data"])
-        best_val, bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
-        result.resumed_from = str(ckpt_path)
-        T._truncate_metrics(metrics_path, trainer.step)
+        tr = self.trainer
+        state = ckpt_mod.load_checkpoint(self.ckpt_path, self.view, tr.optimizer,
+                                         tr.param_names)
+        tr.step = int(state["step"])
+        self.sampler.load_state_dict(state["data"])
+        self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
+        self.result.resumed_from = str(self.ckpt_path)
+        R.truncate_metrics(self.metrics_path, tr.step)
 
-    def save(metrics=None) -> Path:
+    def save(self, metrics=None) -> Path:
+        tr = self.trainer
         return ckpt_mod.save_checkpoint(
-            out, trainer.step, view, trainer.optimizer, trainer.param_names,
-            data_state=sampler.state_dict(), config=effective, metrics=metrics,
-            extra={"best_val_loss": best_val, "bad_evals": bad_evals}, keep_last=cfg.keep_last)
+            self.out, tr.step, self.view, tr.optimizer, tr.param_names,
+            data_state=self.sampler.state_dict(), config=self.effective, metrics=metrics,
+            extra={"best_val_loss": self.best_val, "bad_evals": self.bad_evals},
+            keep_last=self.cfg.keep_last)
 
-    vb = (val_batches(val_ex, dataset.kind, pad_id, cfg.batch_size, len(train_ex))
-          if val_ex else [])
-    mf = metrics_path.open("a", buffering=1)
-    if vb and ckpt_path is None:
-        # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
-        # compared with (and the first "best" for early stopping)
-        ev = trainer.evaluate_examples(vb)
-        best_val = ev["val_loss"]
-        result.evals.append({"step": 0, **ev})
-        mf.write(json.dumps({"step": 0, **ev}) + "\n")
-    progress = T._Progress(cfg.progress, rcfg.max_steps, trainer.step)
-    t_loop, tokens = time.perf_counter(), 0
-    try:
-        while trainer.step < rcfg.max_steps:
-            micro = [make_micro(train_ex, idx, dataset.kind, pad_id, weights)
-                     for idx in sampler.next_step()]
-            t0 = time.perf_counter()
-            try:
-                st = trainer.train_step(micro)
-            except T.AndonStop as e:
-                T._atomic_write_text(out / "andon.json", json.dumps(
-                    {"step": e.step, "reason": str(e),
-                     "last_good_checkpoint": str(ckpt_mod.latest_checkpoint(out))}))
-                raise
-            ntok = sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
-                       for m in micro)
-            tokens += ntok
-            tps = tokens / (time.perf_counter() - t_loop)
-            result.steps.append(st.step)
-            result.losses.append(st.loss)
-            result.grad_norms.append(st.grad_norm)
-            result.lrs.append(st.lr)
-            rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-                   "count": st.tokens, "step_s": time.perf_counter() - t0, "tok_s": tps,
-                   "epoch": sampler.epoch}
-            if dataset.kind == "preference":
-                p = st.extra["pairs"]
-                rec.update(chosen_reward=st.extra["chosen_reward"] / p,
-                           rejected_reward=st.extra["rejected_reward"] / p,
-                           accuracy=st.extra["accuracy"] / p,
-                           chosen_logratio=st.extra["chosen_logratio"] / p)
-            mf.write(json.dumps(rec) + "\n")
-            progress.update(st.step, f"loss {st.loss:.3f} lr {st.lr:.2e} gnorm "
-                                     f"{st.grad_norm:.2f} {tps:,.0f} tok/s")
-            if st.step % cfg.log_interval == 0 and not cfg.progress:
-                log.info("step %d loss %.4f lr %.3e gnorm %.3f %.0f tok/s", st.step, st.loss,
-                         st.lr, st.grad_norm, tps)
-            metrics = None
-            epoch_end = sampler.step_in_epoch == 0
-            due = (epoch_end if cfg.eval_interval is None else st.step % cfg.eval_interval == 0)
-            if vb and (due or st.step == rcfg.max_steps):
-                ev = trainer.evaluate_examples(vb)
-                improved = best_val is None or ev["val_loss"] < best_val
-                best_val = ev["val_loss"] if improved else best_val
-                bad_evals = 0 if improved else bad_evals + 1
-                result.evals.append({"step": st.step, **ev})
-                mf.write(json.dumps({"step": st.step, **ev}) + "\n")
-                metrics = ev
-            early = (cfg.early_stopping_patience is not None
-                     and bad_evals >= cfg.early_stopping_patience)
-            stopping = early or (stop_after is not None and st.step >= stop_after)
-            if (cfg.save_every and st.step % cfg.save_every == 0) or \
-                    st.step == rcfg.max_steps or stopping:
-                result.checkpoint = str(save(metrics))
-            if early:
-                result.stopped = (f"early stopping: {bad_evals} evaluation(s) without a new "
-                                  f"best val_loss ({best_val:.4f})")
-                break
-            if stopping:
-                result.stopped = f"stop_after={stop_after}"
-                break
-    finally:
-        progress.close()
-        mf.close()
-    result.final_step = trainer.step
-    result.tokens = tokens
-    result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
-    if not result.stopped.startswith("stop_after"):
+    def evaluate(self, step: int, vb: list, mf) -> dict:
+        ev = self.trainer.evaluate_examples(vb)
+        improved = self.best_val is None or ev["val_loss"] < self.best_val
+        self.best_val = ev["val_loss"] if improved else self.best_val
+        self.bad_evals = 0 if improved else self.bad_evals + 1
+        self.result.evals.append({"step": step, **ev})
+        mf.write(json.dumps({"step": step, **ev}) + "\n")
+        return ev
+
+    def record(self, st: StepStats, dt: float, tps: float, mf) -> None:
+        r = self.result
+        r.steps.append(st.step)
+        r.losses.append(st.loss)
+        r.grad_norms.append(st.grad_norm)
+        r.lrs.append(st.lr)
+        rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+               "count": st.tokens, "step_s": dt, "tok_s": tps, "epoch": self.sampler.epoch}
+        if self.dataset.kind == "preference":
+            p = st.extra["pairs"]
+            rec.update({k: st.extra[k] / p for k in ("chosen_reward", "rejected_reward",
+                                                    "accuracy", "chosen_logratio")})
+        mf.write(json.dumps(rec) + "\n")
+
+    def loop(self, stop_after: int | None, keep_model: bool) -> FinetuneResult:
+        cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
+        kind = self.dataset.kind
+        vb = (val_batches(self.val_ex, kind, self.pad_id, cfg.batch_size, len(self.train_ex))
+              if self.val_ex else [])
+        mf = self.metrics_path.open("a", buffering=1)
+        if vb and self.ckpt_path is None:
+            # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
+            # compared with (and the first "best" for early stopping)
+            self.best_val = None
+            self.evaluate(0, vb, mf)
+        progress = R.Progress(cfg.progress, rcfg.max_steps, tr.step, cfg.log_interval, log)
+        t_loop, tokens = time.perf_counter(), 0
+        try:
+            while tr.step < rcfg.max_steps:
+                micro = [make_micro(self.train_ex, idx, kind, self.pad_id, self.weights)
+                         for idx in self.sampler.next_step()]
+                t0 = time.perf_counter()
+                st = R.step_or_andon(tr, micro, self.out)
+                tokens += sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
+                              for m in micro)
+                tps = tokens / (time.perf_counter() - t_loop)
+                self.record(st, time.perf_counter() - t0, tps, mf)
+                progress.update(st, tps)
+                if self.after_step(st, vb, mf, stop_after):
+                    break
+        finally:
+            progress.close()
+            mf.close()
+        result.final_step = tr.step
+        result.tokens = tokens
+        result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
+        if not result.stopped.startswith("stop_after"):
+            self.finish()
+        result.elapsed_s = time.perf_counter() - self.t_start
+        if keep_model:
+            result.model = self.model
+        return result
+
+    def after_step(self, st: StepStats, vb: list, mf, stop_after: int | None) -> bool:
+        """Evaluation, early stopping and checkpoints after step `st`; True: stop the run."""
+        cfg, result = self.cfg, self.result
+        last = st.step == self.rcfg.max_steps
+        metrics = None
+        epoch_end = self.sampler.step_in_epoch == 0
+        due = epoch_end if cfg.eval_interval is None else st.step % cfg.eval_interval == 0
+        if vb and (due or last):
+            metrics = self.evaluate(st.step, vb, mf)
+        early = (cfg.early_stopping_patience is not None
+                 and self.bad_evals >= cfg.early_stopping_patience)
+        stopping = early or (stop_after is not None and st.step >= stop_after)
+        if (cfg.save_every and st.step % cfg.save_every == 0) or last or stopping:
+            result.checkpoint = str(self.save(metrics))
+        if early:
+            result.stopped = (f"early stopping: {self.bad_evals} evaluation(s) without a new "
+                              f"best val_loss ({self.best_val:.4f})")
+        elif stopping:
+            result.stopped = f"stop_after={stop_after}"
+        return stopping
+
+    def finish(self) -> None:
+        """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
+        cfg, base, result, model = self.cfg, self.base, self.result, self.model
         result.stopped = result.stopped or "max_steps"
         result.adapter_dir = str(LM.export_peft(
-            model, out / "adapter", base.source, base.tokenizer_path,
-            meta={"base_fingerprint": fingerprint, "base_layout": base.layout,
-                  "base_path": base.path, "step": trainer.step,
+            model, self.out / "adapter", base.source, base.tokenizer_path,
+            meta={"base_fingerprint": self.fingerprint, "base_layout": base.layout,
+                  "base_path": base.path, "step": self.trainer.step,
                   "train_on_prompt": cfg.train_on_prompt}))
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
-            result.samples = compare_samples(model, base.tokenizer, (val_ex or train_ex)
-                                             [: cfg.sample_count], cfg.sample_tokens, device,
-                                             cfg.sample_temperature, cfg.sample_top_k,
-                                             cfg.seed)
-        T._atomic_write_text(out / "summary.json", json.dumps(
+            result.samples = compare_samples(model, base.tokenizer, (self.val_ex or self.train_ex)
+                                             [: cfg.sample_count], cfg.sample_tokens,
+                                             self.device, cfg.sample_temperature,
+                                             cfg.sample_top_k, cfg.seed)
+        R.atomic_write_text(self.out / "summary.json", json.dumps(
             {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
-    result.elapsed_s = time.perf_counter() - t_start
-    if keep_model:
-        result.model = model
-    return result
 
 
 def prompt_ids(e) -> list[int]:

@@ -5,6 +5,11 @@ The model never calls a kernel directly: it asks `get_ops(backend)` for an `Ops`
 (one module per kernel, the function named like the module), so the contract that tests
 `impl/torch/rope.py` tests exactly the code the training loop runs.
 
+The training loop's own kernels come from the same bundle: `ops.adamw` (the optimizer update),
+`ops.grad_clip` (global-norm clipping) and `ops.lr_schedule` (the per-step learning rate), so
+the adamw, grad-clip and lr-schedule contracts test exactly what a run executes, and
+`ops.provenance` names every function that ran.
+
 Rules: a backend that was asked for by name and cannot run is an error, never a
 silent fallback. Only `backend="auto"` chooses, and it logs what it chose and why.
 """
@@ -26,6 +31,13 @@ BACKENDS = ("torch", "triton", "auto")
 # The kernels the model needs. gemm is deliberately absent: projections go through
 # `Ops.linear` (F.linear, weights stored [out, in] like HF) on every backend; see `linear` below.
 KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding", "fused_linear_cross_entropy")
+# The training step's kernels: name -> (module, function) under falsify.impl.<backend>, and the
+# backend it comes from when that is not the model's. The schedule is a host-side float64
+# scalar per step (no tensor work), so one implementation, torch's, serves every backend.
+TRAINING_KERNELS = {"adamw": ("adamw", "adamw_multi"),
+                    "grad_clip": ("grad_clip", "clip_grad_norm_"),
+                    "lr_schedule": ("lr_schedule", "set_lr")}
+HOST_KERNELS = {"lr_schedule": "torch"}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -109,6 +121,9 @@ class Ops:
     embedding: Callable
     fused_linear_cross_entropy: Callable  # the training loss: LM head + CE, logits never built
     linear: Callable
+    adamw: Callable  # in-place multi-tensor AdamW update (the optimizer class calls it)
+    grad_clip: Callable  # in-place global-norm clip of a list of gradients; returns the norm
+    lr_schedule: Callable  # writes the step's learning rate into the optimizer; returns it
     provenance: dict  # kernel -> "falsify.impl.torch.rope:rope", recorded in run configs
 
 
@@ -122,17 +137,20 @@ def get_ops(backend: str = "auto") -> Ops:
         return _CACHE[chosen]
     fns: dict[str, Callable] = {}
     prov: dict[str, str] = {}
-    for k in KERNELS:
-        mod = _find_module(chosen, k)
+    table = {**{k: (chosen, k, k) for k in KERNELS},
+             **{k: (HOST_KERNELS.get(k, chosen), m, f) for k, (m, f) in TRAINING_KERNELS.items()}}
+    for k, (backend_of, module, name) in table.items():
+        mod = _find_module(backend_of, module)
         if mod is None:
-            raise BackendUnavailableError(
-                f"backend={chosen!r}: kernel module falsify.impl.{chosen}.{k} does not exist")
-        fn = getattr(mod, k, None)
+            raise BackendUnavailableError(f"backend={chosen!r}: kernel module "
+                                          f"falsify.impl.{backend_of}.{module} does not exist")
+        fn = getattr(mod, name, None)
         if fn is None:
             raise BackendUnavailableError(
-                f"backend={chosen!r}: falsify.impl.{chosen}.{k} has no function {k!r}")
+                f"backend={chosen!r}: falsify.impl.{backend_of}.{module} has no function "
+                f"{name!r}")
         fns[k] = fn
-        prov[k] = f"falsify.impl.{chosen}.{k}:{k}"
+        prov[k] = f"falsify.impl.{backend_of}.{module}:{name}"
     ops = Ops(backend=chosen, linear=linear, provenance=prov, **fns)
     _CACHE[chosen] = ops
     return ops

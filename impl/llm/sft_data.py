@@ -33,7 +33,6 @@ whitespace ("…\"\"\"" | "\n    return x") rather than end the prompt with it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -424,83 +423,3 @@ def split_examples(examples: list, val_split: float, seed: int) -> tuple[list, l
     val_idx = set(perm[:n_val].tolist())
     return ([e for i, e in enumerate(examples) if i not in val_idx],
             [e for i, e in enumerate(examples) if i in val_idx])
-
-
-# ------------------------------------------------------------------- built-in dataset
-def _docstring_pairs(source: str, relpath: str, max_body_lines: int, max_doc_chars: int):
-    """(prompt, response) pairs from one module: the prompt is a top-level or method `def`
-    line with its docstring, the response is the body that follows the docstring."""
-    import ast
-
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return
-    lines = source.splitlines()
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        doc = ast.get_docstring(node, clean=False)
-        if not doc or len(doc) > max_doc_chars or len(node.body) < 2:
-            continue
-        if node.decorator_list or node.name.startswith("__"):
-            continue
-        ds, first = node.body[0], node.body[1]
-        end = node.end_lineno
-        body = lines[first.lineno - 1:end]
-        if not (1 <= len(body) <= max_body_lines):
-            continue
-        head = lines[node.lineno - 1:ds.end_lineno]
-        if any("\t" in ln for ln in head + body):
-            continue
-        # dedent both by the def's indentation so methods look like functions
-        ind = len(head[0]) - len(head[0].lstrip())
-        if any(ln.strip() and len(ln) - len(ln.lstrip()) < ind for ln in head + body):
-            continue
-        # The cut is after the closing quotes, and the newline + indentation opens the
-        # response: prompt and response are tokenized separately, and a byte-level BPE splits
-        # '"""' | '\n   ' | ' if' in the joined text too, so the tokens match pretraining's.
-        # (Cutting after the newline would tokenize '\n' and '    ' apart, a split the base
-        # never saw.)
-        prompt = "\n".join(ln[ind:] for ln in head)
-        response = "\n" + "\n".join(ln[ind:] for ln in body) + "\n"
-        yield {"prompt": prompt, "response": response, "source": f"{relpath}:{node.lineno}"}
-
-
-def build_stdlib_dataset(out: str | Path, max_bytes: int = 900_000, max_body_lines: int = 6,
-                         max_doc_chars: int = 200, max_chars: int = 420) -> dict:
-    """Regenerate the shipped dataset from this interpreter's standard library (the default
-    pretraining corpus): docstring -> function body pairs, short ones only so an example fits
-    the tiny model's context, in the stdlib's sorted file order, written atomically."""
-    import os
-    import tempfile
-
-    from falsify.impl.llm.data import stdlib_files, stdlib_root
-
-    root = stdlib_root()
-    out = Path(out)
-    rows, size = [], 0
-    for p in stdlib_files():
-        rel = p.relative_to(root).as_posix()
-        if rel.startswith(("test/", "idlelib/idle_test/", "lib2to3/tests/")):
-            continue
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-        for rec in _docstring_pairs(text, rel, max_body_lines, max_doc_chars):
-            if len(rec["prompt"]) + len(rec["response"]) > max_chars:
-                continue
-            line = json.dumps(rec, ensure_ascii=False) + "\n"
-            if size + len(line.encode()) > max_bytes:
-                break
-            rows.append(line)
-            size += len(line.encode())
-        if size >= max_bytes * 0.999:
-            break
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.writelines(rows)
-    os.replace(tmp, out)
-    return {"records": len(rows), "bytes": size, "path": str(out)}

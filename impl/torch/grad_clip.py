@@ -1,12 +1,23 @@
 """Global-norm gradient clipping in PyTorch (math and non-finite rule: reference/grad_clip.py).
+This is the clip the training loop runs on the torch backend (impl/llm/ops.py binds it).
 
-The norm is computed *scaled*: with A = max |g| over all tensors, ‖g‖ = A·sqrt(Σ (g/A)²). Every
-scaled square is ≤ 1, so the fp32 sum cannot overflow. A plain fp32 Σg² overflows once |g| ≳
-1.8e19 (torch.linalg.vector_norm([1e35, 1e35]) is inf): exactly when clipping is needed most
-(seed ALB-044: activation gradients of 1e35).
+The norm must not overflow: a plain fp32 Σg² overflows once |g| ≳ 1.8e19
+(torch.linalg.vector_norm([1e35, 1e35]) is inf), exactly when clipping is needed most (seed
+ALB-044: activation gradients of 1e35), and it loses precision once the squares fall below
+fp32's normal range (|g| ≲ 1e-19). So the norm is computed in one of two ways:
 
-No host synchronisation on the clipping path: coef is a 0-d tensor used by _foreach_mul_, set
-to 1 when the norm is not finite. Only error_if_nonfinite=True reads the norm on the host.
+- fast: torch._foreach_norm, one read of every gradient (what torch.nn.utils.clip_grad_norm_
+  costs). Its fp32 Σg² is used when the norm lands in [2^-40, inf): the squares were then
+  summed without overflow (the partial sums only grow, so a finite total had finite partials),
+  and a square below fp32's normal range (2^-126) is rounded by at most 2^-150, i.e. 2^-70 of
+  Σg² ≥ 2^-80 per element. A NaN element makes it NaN, which is the answer (reference rule:
+  any NaN reports NaN).
+- scaled, otherwise: with A = max |g| over all tensors, ‖g‖ = A·sqrt(Σ (g/A)²). Every scaled
+  square is ≤ 1, so the sum cannot overflow; an inf element reports +inf.
+
+Choosing between them reads one flag on the host; the training loop reads the norm on the host
+anyway (its Andon check), so this costs no extra synchronisation there. Clipping itself
+multiplies only when coef < 1 (coef = 1 would rewrite every gradient unchanged).
 """
 
 from __future__ import annotations
@@ -30,8 +41,11 @@ def check_grads(grads) -> None:
             raise ValueError("all gradients must be on one device")
 
 
-def total_norm(grads) -> torch.Tensor:
-    """Scaled global L2 norm in fp32; NaN if any element is NaN, +inf if any is ±inf."""
+FAST_MIN = 2.0 ** -40  # below this fp32 squares may have left the normal range
+
+
+def scaled_norm(grads) -> torch.Tensor:
+    """A·sqrt(Σ (g/A)²) in fp32, A = max |g|; NaN if any element is NaN, +inf if any is ±inf."""
     with torch.no_grad():
         absmax = torch.stack([g.detach().abs().amax().float() if g.numel() else
                               torch.zeros((), device=g.device) for g in grads])
@@ -50,7 +64,17 @@ def total_norm(grads) -> torch.Tensor:
         return torch.where(has_nan, torch.full_like(norm, float("nan")), norm)
 
 
-def _clip_coefficient(norm: torch.Tensor, max_norm, eps) -> torch.Tensor:
+def total_norm(grads) -> torch.Tensor:
+    """Global L2 norm in fp32 (0-d); NaN if any element is NaN, +inf if any is ±inf."""
+    with torch.no_grad():
+        parts = torch._foreach_norm([g.detach() for g in grads], 2, dtype=torch.float32)
+        fast = torch.linalg.vector_norm(torch.stack(parts))
+        if bool(torch.isnan(fast) | ((fast >= FAST_MIN) & torch.isfinite(fast))):
+            return fast
+        return scaled_norm(grads)
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm, eps) -> torch.Tensor:
     coef = torch.clamp(max_norm / (norm + eps), max=1.0)
     return torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))
 
@@ -66,11 +90,16 @@ def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
     if error_if_nonfinite and not bool(torch.isfinite(norm)):
         raise NonFiniteGradNorm(f"total gradient norm is {norm.item()}; gradients left "
                                 "unchanged")
-    coef = _clip_coefficient(norm, max_norm, eps)
-    with torch.no_grad():
-        for g in grads:
-            # multiply in fp32 and round once: an fp16 coef would add a second rounding
-            g.copy_(g.float() * coef)
+    coef = clip_coefficient(norm, max_norm, eps)
+    if bool(coef < 1):
+        with torch.no_grad():
+            full = [g for g in grads if g.dtype == torch.float32]
+            if full:
+                torch._foreach_mul_(full, coef)
+            for g in grads:
+                if g.dtype != torch.float32:
+                    # multiply in fp32 and round once: an fp16 coef would add a second rounding
+                    g.copy_(g.float() * coef)
     return norm
 
 

@@ -1,5 +1,7 @@
-"""Warmup + cosine learning-rate schedule: the scalar function the training loop calls each
-step, and a tensor form over many steps (the contract's binding).
+"""Warmup + cosine learning-rate schedule: `set_lr`, the training loop's per-step call (through
+impl/llm/ops.py), which writes the scheduled rate into the optimizer, and a tensor form over
+many steps (the contract's binding) that runs `set_lr` on a stand-in optimizer and reads back
+what it wrote, so the contract checks the loop's call itself, not a sibling of it.
 
 Both are built on `schedule_phase` (reference/lr_schedule.py), the integer step logic that
 CrossHair proves for every integer input: phase boundaries, the exact peak at step = warmup,
@@ -47,11 +49,22 @@ def lr_at(step, warmup, total, lr_max, lr_min) -> torch.Tensor:
     if not isinstance(step, torch.Tensor) or step.is_floating_point() or step.is_complex():
         raise ValueError("step must be an integer torch.Tensor")
     check_schedule_args(warmup, total, lr_max, lr_min)
-    vals = [lr_at_step(int(s), warmup, total, lr_max, lr_min) for s in step.reshape(-1).tolist()]
+    groups = _ParamGroups()
+    vals = []
+    for s in step.reshape(-1).tolist():
+        set_lr(groups, int(s), warmup, total, lr_max, lr_min)
+        vals.append(groups.param_groups[0]["lr"])
     return torch.tensor(vals, dtype=torch.float64).reshape(step.shape)
 
 
-def _set_lr(optimizer: torch.optim.Optimizer, step: int, warmup: int, total: int,
+class _ParamGroups:
+    """The part of an optimizer `set_lr` writes to."""
+
+    def __init__(self):
+        self.param_groups = [{}]
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int, warmup: int, total: int,
            lr_max: float, lr_min: float) -> float:
     """Write the scheduled LR into every param group (the training loop's per-step call) and
     return it, so the loop can log and assert what the optimizer actually uses (ALB-079: a
