@@ -97,14 +97,22 @@ def read_text(path: str | os.PathLike, what: str = "contracts") -> str:
 
 def _check_depth(text: str, path: str) -> None:
     depth = 0
-    for ev in yaml.parse(text, Loader=_FAST):
-        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise YamlError(path, ev.start_mark.line + 1,
-                                f"nested deeper than {MAX_DEPTH} levels")
-        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+    try:
+        for ev in yaml.parse(text, Loader=_FAST):
+            if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise YamlError(path, ev.start_mark.line + 1,
+                                    f"nested deeper than {MAX_DEPTH} levels")
+            elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.MarkedYAMLError as e:
+        # PyYAML >= 6.0.4 stops the scanner at its own depth limit (far above ours) before the
+        # events above see it: the same fact, said the same way.
+        if "maximum nesting depth" not in str(e.problem or ""):
+            raise
+        line = e.problem_mark.line + 1 if e.problem_mark else 1
+        raise YamlError(path, line, f"nested deeper than {MAX_DEPTH} levels") from None
 
 
 def _compose(text: str, path: str) -> yaml.Node | None:

@@ -93,7 +93,8 @@ def test_uncreatable_out_dir_is_named(tmp_path, capsys, bad_dir):
     out_dir = tmp_path / bad_dir if not bad_dir.startswith("/") else Path(bad_dir)
     if bad_dir.startswith("/proc") and not Path("/proc").is_dir():
         pytest.skip("no /proc on this system (the file/sub case covers the same handler)")
-    args = [f"{k}={v}" for k, v in RUN.TINY_TEST.items()] + [f"out_dir={out_dir}", "max_steps=1"]
+    args = [f"{k}={v}" for k, v in RUN.TINY_TEST.items()] + [f"out_dir={out_dir}", "max_steps=1",
+                                                          "warmup_steps=0"]
     assert cli_train.main(args) == 2
     out, err = capsys.readouterr()
     lines = [ln for ln in (out + err).splitlines() if ln.startswith("error:")]

@@ -100,12 +100,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """After resuming at `step`, drop records a killed run wrote for later steps."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines()
-            if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+    """After resuming at `step`, drop records a killed run wrote for later steps, and a torn last
+    line (said so): checkpoint.truncate_metrics."""
+    ckpt_mod.truncate_metrics(path, step)
 
 
 def step_or_andon(trainer: Trainer, micro: list, out: Path) -> StepStats:
