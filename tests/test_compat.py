@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from falsify.cli.pv import main
 from falsify.harness.model import load_contract
 from falsify.harness.validate import validate
-from falsify.cli.pv import main
 
 COMPAT = Path(__file__).parent / "fixtures" / "compat"
 SEEDS = Path("/work/shared/seeds")
