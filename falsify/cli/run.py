@@ -230,8 +230,9 @@ def _print_survivors(mutants, console):
                       style="bold red")
 
 
-def _summary(contracts, data, runs, mutants, select, bind_note) -> str:
+def _summary(contracts, data, runs, mutants, select, bind_note, keep) -> str:
     from falsify.harness import coverage
+    from falsify.harness.plan import runs as planned
 
     passed = sum(e["outcome"] == "passed" for e in runs)
     failed = sum(e["outcome"] in ("failed", "error", "unproven") for e in runs)
@@ -244,8 +245,12 @@ def _summary(contracts, data, runs, mutants, select, bind_note) -> str:
     killed = sum(e["outcome"] == "killed" for e in mutants)
     covered, total = coverage.compute(contracts, data).overall()
     pct = 100.0 * covered / total if total else 100.0
-    return (f"coverage: {covered}/{total} obligations covered ({pct:.1f}%), counting checks "
-            f"and mutants; {checks}; mutants {killed}/{len(mutants)} killed")
+    skipped = sorted({r.backend for c in contracts for t in c.checks for r in planned(c, t)}
+                     - set(keep))
+    why = (f" ({', '.join(skipped)} not run: not in --backend or the project's `backends`)"
+           if skipped else "")
+    return (f"coverage: {covered}/{total} obligations covered ({pct:.1f}%){why}, counting "
+            f"checks and mutants; {checks}; mutants {killed}/{len(mutants)} killed")
 
 
 def cmd_run(args) -> int:
@@ -295,7 +300,7 @@ def cmd_run(args) -> int:
         print(json.dumps({"entries": runs, "mutants": muts, "exit": rc}, indent=1, default=str))
     else:
         _results_table(contracts, data, keep, console)
-    console.print(f"{_summary(contracts, data, runs, muts, select, bind_note)}; "
+    console.print(f"{_summary(contracts, data, runs, muts, select, bind_note, keep)}; "
                   f"ledger {ledger_path}; {time.time() - start:.0f} s", markup=False)
     if junit:
         console.print(f"JUnit XML written to {junit}")
