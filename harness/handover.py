@@ -13,7 +13,8 @@ holds everything the pytest plugin and the runtime need to know about the run:
      "backends": ["reference", "torch", ...],  # backends whose tests are kept
      "select": "checks",                       # checks | mutants | all
      "ledger": "/abs/.falsify/ledger.json",    # where the controller merges the results
-     "results": "/abs/tmp/results.json"}       # this session's entries, for the command
+     "results": "/abs/tmp/results.json",       # this session's entries, for the command
+     "reuse": ["run:<ledger key>", ...]}       # `--changed`: passing results kept, not re-run
 
 The plugin activates the manifest in each process (`activate`); the runtime reads the profile,
 the binds and the contract table from `active()` and nothing else. At session end the
@@ -49,6 +50,7 @@ class Manifest:
     select: str = "checks"
     ledger: str | None = None
     results: str | None = None
+    reuse: list[str] = field(default_factory=list)
     version: int = VERSION
 
     def contract_path(self, contract_id: str) -> Path | None:

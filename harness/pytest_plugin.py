@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from falsify.harness import handover, ledger, project
+from falsify.harness import fingerprint, handover, ledger, project
 
 KEY = "falsify_entry"
 SINK = "falsify-sink"
@@ -66,8 +66,12 @@ def pytest_collection_modifyitems(config, items):
     backends = config.getoption("--falsify-backends")
     keep_backends = set(backends.split(",")) if backends else (
         set(m.backends) if m is not None and m.backends else None)
+    reuse = set(m.reuse) if m is not None else set()
     keep, drop = [], []
     for item in items:
+        if reuse and _reuse_key(item) in reuse:  # `falsify run --changed`: result kept
+            drop.append(item)
+            continue
         is_mutant = item.get_closest_marker("falsify_mutant") is not None
         dropped = (select == "mutants" and not is_mutant) or (select == "checks" and is_mutant)
         if dropped:
@@ -82,6 +86,18 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _reuse_key(item) -> str | None:
+    """The manifest's `reuse` key of a generated test (see falsify.harness.handover)."""
+    mark = item.get_closest_marker("falsify") or item.get_closest_marker("falsify_mutant")
+    if mark is None:
+        return None
+    kw = dict(mark.kwargs)
+    kw["contract"] = getattr(kw["contract"], "id", kw["contract"])
+    if "mutant" in kw:
+        return "mutant:" + ledger.mutant_key(kw)
+    return "run:" + ledger.run_key(kw)
 
 
 def _example(excinfo) -> str | None:
@@ -140,6 +156,7 @@ def pytest_runtest_makereport(item, call):
         kw = check.kwargs
         c = runtime.contract(kw["contract"])
         entry = dict(base, contract=c.id, sha256=c.sha256,
+                     impl_sha=fingerprint.impl_hash(c, kw["backend"], c.check(kw["check"])),
                      obligation=kw["obligation"], check=kw["check"], backend=kw["backend"],
                      variant=kw["variant"], outcome=status)
         if rec is not None and rec.details and status == "passed":
@@ -150,7 +167,9 @@ def pytest_runtest_makereport(item, call):
         c = runtime.contract(kw["contract"])
         r = rec.mutant if rec is not None else None
         killed = status == "passed"
+        mutant = next((x for x in c.mutants if x.id == kw["mutant"]), None)
         entry = dict(base, contract=c.id, sha256=c.sha256,
+                     impl_sha=fingerprint.impl_hash(c, kw["backend"], mutant=mutant),
                      mutant=kw["mutant"], obligation=kw["obligation"], backend=kw["backend"],
                      outcome="killed" if killed else ("survived" if status == "failed"
                                                       else "error"),

@@ -164,10 +164,35 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
+    """`--changed`: the tests whose last result passed (a mutant: was killed) against the
+    current contract text and implementation source (manifest `reuse` keys)."""
+    from falsify.harness.coverage import current
+    from falsify.harness.ledger import mutant_key, run_key
+    from falsify.harness.plan import runs
+
+    out = []
+    for c in contracts:
+        for t in c.checks:
+            for r in runs(c, t):
+                key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
+                                   variant=r.variant))
+                e = data["runs"].get(key)
+                if r.backend in keep and e and e["outcome"] == "passed" and current(c, e, t):
+                    out.append("run:" + key)
+        for m in c.mutants if select != "checks" else []:
+            key = mutant_key(dict(contract=c.id, mutant=m.id))
+            e = data["mutants"].get(key)
+            if e and e["outcome"] == "killed" and current(c, e, mutant=m):
+                out.append("mutant:" + key)
+    return out
+
+
 def _manifest(proj, contracts, select: str, profile: str, backends: list[str],
-              binds: dict, ledger_path: Path) -> dict:
+              binds: dict, ledger_path: Path, reuse: list[str] = ()) -> dict:
     return dict(project_root=str(proj.root), select=select, profile=profile,
                 backends=list(backends), binds=binds, ledger=str(ledger_path),
+                reuse=list(reuse),
                 contracts={c.id: {"path": str(c.path.resolve()), "sha256": c.sha256}
                            for c in contracts})
 
@@ -286,8 +311,15 @@ def cmd_run(args) -> int:
     if args.k:
         extra += ["-k", args.k]
     start = time.time()
-    manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path)
+    reuse = []
+    if args.changed:
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select)
+        console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
+                      "and implementation are unchanged", markup=False)
+    manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
     rc, session = _pytest(modules, manifest, extra, args.workers, console)
+    if rc == 5 and reuse:  # everything selected was reused: nothing left to run
+        rc = 0
     data = ledger.load(ledger_path)
     # only what this session ran: the ledger also holds other contracts' results, some of
     # them written by concurrent runs while this one was in flight
@@ -367,6 +399,9 @@ def register(sub) -> None:
                    help="check another implementation against a contract without editing it")
     r.add_argument("--ledger", default=None, help="default: the project's `ledger`")
     r.add_argument("-k", default=None, help="pytest -k expression to select checks")
+    r.add_argument("--changed", action="store_true",
+                   help="re-run only the checks (and mutants) whose contract or implementation "
+                        "source changed since their last passing result; reuse the rest")
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("mutants", help="run every declared mutant; a survivor is a failure")
     m.add_argument("contracts", nargs="*")
