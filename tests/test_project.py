@@ -190,6 +190,11 @@ def test_a_project_contract_with_a_library_id_is_an_error_unless_it_overrides(tm
     line = next(x for x in r.stdout.splitlines() if x.startswith("gelu-kernel-v1 "))
     assert "overrides library" in line
     assert id_space(find_project(proj))["gelu-kernel-v1"].path == mine.resolve()
+    # a file elsewhere with a taken id would be filed under the other file's results
+    stray = _copy("softmax-kernel-v1", tmp_path, "softmax-kernel-v1")
+    r = sh(proj, "falsify.cli", "run", str(stray))
+    assert r.returncode == 2
+    assert str(stray) in r.stderr and str(library_dir() / "softmax-kernel-v1.yaml") in r.stderr
 
 
 def test_the_same_id_in_two_named_directories_is_an_error_naming_both(tmp_path):

@@ -32,13 +32,18 @@ def _select(names: list[str], proj):
     from falsify.harness.project import id_space, project_contracts
     from falsify.harness.validate import validate
 
-    id_space(proj)  # a project contract that clashes with a library id is an error
+    space = id_space(proj)  # a project contract that clashes with a library id is an error
     paths = []
     for n in names:
         p = resolve_arg(n)
         if not p.exists():
             raise UsageError(f"no contract {n!r}: not a file, and not a contract id of the "
                              "project or the library (`pv list` shows the library)")
+        known = space.get(p.name.rsplit(".", 1)[0])
+        if p.is_file() and known is not None and known.path != p.resolve():
+            # its results and generated module would be filed under the other file's id
+            raise UsageError(f"{p} has the id of {known.origin} contract {known.path}: rename "
+                             "it, or put it in the project and list the id under `overrides`")
         paths.append(p)
     if not names:
         paths = project_contracts(proj)
