@@ -75,13 +75,6 @@ class Project:
     overrides: tuple[str, ...]
     source: Path  # the falsify.toml or pyproject.toml it came from
 
-    def display(self, p: Path) -> str:
-        """`p` relative to the project root when inside it (messages, generated headers)."""
-        try:
-            return Path(p).resolve().relative_to(self.root).as_posix()
-        except ValueError:
-            return str(p)
-
 
 def _table(path: Path) -> dict | None:
     """The falsify table of `path`, or None when a pyproject.toml declares none."""
@@ -108,7 +101,7 @@ def _schema_error(path: Path, table: dict) -> str | None:
         return None
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(SCHEMA["properties"]))
-        return (f"{path}: unknown key {prefix}{extra[0]!r} (known: "
+        return (f"{path}: unknown key {prefix + extra[0]!r} (known: "
                 f"{', '.join(SCHEMA['properties'])})")
     key = ".".join(str(p) for p in err.absolute_path)
     return f"{path}: {prefix}{key}: {err.message}"

@@ -50,6 +50,11 @@ def pytest_configure(config):
             sys.path.insert(0, m.project_root)
     handover.activate(m)
     config._falsify_manifest = m
+    try:  # without a manifest the ledger is the project's; a broken project file says so now
+        config._falsify_project = (project.find_project(config.invocation_params.dir)
+                                   if m is None else None)
+    except project.ProjectError as e:
+        raise pytest.UsageError(str(e)) from None
     config.pluginmanager.register(_Sink(), SINK)
 
 
@@ -203,7 +208,7 @@ def _ledger_path(config) -> Path | None:
     m = config._falsify_manifest
     if m is not None:
         return Path(m.ledger) if m.ledger else None
-    p = project.find_project(config.invocation_params.dir)
+    p = config._falsify_project
     return p.ledger_path if p else None
 
 

@@ -99,7 +99,7 @@ def test_bad_keys_are_errors_naming_the_file_and_the_key(tmp_path, body, names):
 
 def test_bad_key_in_pyproject_names_the_table(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.falsify]\ngenerate = 'x'\n")
-    with pytest.raises(ProjectError, match=r"pyproject.toml: unknown key tool.falsify.'generate'"):
+    with pytest.raises(ProjectError, match=r"pyproject.toml: unknown key 'tool.falsify.generate'"):
         find_project(tmp_path)
     r = sh(tmp_path, "falsify.cli.pv", "status")
     assert r.returncode == 2 and "unknown key" in r.stderr and "Traceback" not in r.stderr
@@ -298,3 +298,16 @@ def test_importing_falsify_refuses_a_subpackage_from_another_tree(tmp_path):
                         capture_output=True, text=True, timeout=120,
                         env=dict(os.environ, FALSIFY_QUIET="1"))
     assert "IMPORTED" in ok.stdout, ok.stderr
+
+
+def test_a_generated_module_refuses_a_contract_changed_since(tmp_path):
+    proj = _project(tmp_path)
+    path = _copy("gelu-kernel-v1", proj / "contracts", "mygelu-kernel-v1")
+    r = sh(proj, "falsify.cli.pv", "generate", "--no-docs")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = sh(proj, "pytest", "tests/generated", "-p", "no:cacheprovider", "--collect-only", "-q")
+    assert r.returncode == 0, r.stdout + r.stderr
+    path.write_text(path.read_text() + "\n# edited\n")
+    r = sh(proj, "pytest", "tests/generated", "-p", "no:cacheprovider", "--collect-only", "-q")
+    assert r.returncode != 0
+    assert "changed since its test module was generated" in r.stdout + r.stderr
