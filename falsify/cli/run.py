@@ -359,7 +359,8 @@ def cmd_mutants(args) -> int:
     modules = _ensure_generated(contracts, proj)
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
     profile = "ci" if os.environ.get("CI") else proj.profile
-    backends = [b.strip() for b in args.backend.split(",")] if args.backend else []
+    backends = ([b.strip() for b in args.backend.split(",")] if args.backend
+                else list(proj.backends))
     manifest = _manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
     rc, session = _pytest(modules, manifest, [], args.workers, console)
     t = Table(title="falsify mutants")
@@ -410,7 +411,9 @@ def register(sub) -> None:
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("mutants", help="run every declared mutant; a survivor is a failure")
     m.add_argument("contracts", nargs="*")
-    m.add_argument("--backend", default=None)
+    m.add_argument("--backend", default=None,
+                   help="comma-separated: reference,torch,triton (default: the project's "
+                        "`backends`)")
     m.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1))
     m.add_argument("--ledger", default=None)
     m.set_defaults(func=cmd_mutants)
