@@ -8,16 +8,15 @@ case dtype) differ, so the check kinds stay backend-agnostic.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from contextlib import contextmanager
 
 import numpy as np
 
-from falsify.harness.cases import FLOAT_DTYPES, Case, arg_dtype
+from falsify.harness import handover
+from falsify.harness.cases import Case, arg_dtype
 from falsify.harness.model import Contract
 
-OVERRIDE_ENV = "FALSIFY_BIND"  # JSON {"<equation>.<backend>": "module:function"}
 _overrides: dict[str, str] = {}
 _cache: dict[str, object] = {}
 
@@ -45,21 +44,11 @@ class MarginViolation(AssertionError):
     """A Triton kernel read or wrote outside the tensor view it was given."""
 
 
-def env_overrides() -> dict[str, str]:
-    raw = os.environ.get(OVERRIDE_ENV)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise BindingError(f"{OVERRIDE_ENV} is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise BindingError(f"{OVERRIDE_ENV} must map 'equation.backend' to 'module:function'")
-    return data
-
-
 def active_overrides() -> dict[str, str]:
-    out = env_overrides()
+    """The run's `--bind` overrides (from the run manifest), then those set by `overriding`
+    (mutants), which win."""
+    m = handover.active()
+    out = dict(m.binds) if m is not None else {}
     out.update(_overrides)
     return out
 
@@ -261,7 +250,3 @@ def check_margins(guards: list) -> None:
         if not intact.all():
             bad = int((~intact).sum())
             raise MarginViolation(f"kernel wrote {bad} element(s) outside the view of {name!r}")
-
-
-def is_float_dtype(name: str) -> bool:
-    return name in FLOAT_DTYPES

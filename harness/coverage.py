@@ -3,7 +3,8 @@
 An obligation is `covered` when every check bound to it ran on every (backend, variant) the
 plan requires and passed against the current contract text, and every mutant declared for it
 was killed. Otherwise, by precedence: `failing` (a required run failed, errored or is unproven),
-`mutant-survived`, `stale` (a result is from an older contract text), `skipped`, `not-run`
+`mutant-survived`, `stale` (a result is from an older contract text, or from an implementation
+whose source has changed since: falsify.harness.fingerprint), `skipped`, `not-run`
 (a required run or mutant has no result, or the obligation has no executable check).
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from falsify.harness.fingerprint import impl_hash
 from falsify.harness.ledger import mutant_key, run_key
-from falsify.harness.model import Contract
+from falsify.harness.model import Check, Contract, Mutant
 from falsify.harness.plan import runs
 
 PRECEDENCE = ("failing", "mutant-survived", "stale", "skipped", "not-run", "covered")
@@ -28,18 +30,27 @@ class ObligationStatus:
     reasons: list[str] = field(default_factory=list)
 
 
-def _run_state(c: Contract, e: dict | None) -> str:
+def current(c: Contract, e: dict, check: Check | None = None,
+            mutant: Mutant | None = None) -> bool:
+    """The entry was computed from this contract text and, when it records one, from the
+    implementation as it is now (entries written before hashes were recorded carry none)."""
+    if e.get("sha256") != c.sha256:
+        return False
+    return not e.get("impl_sha") or e["impl_sha"] == impl_hash(c, e["backend"], check, mutant)
+
+
+def _run_state(c: Contract, e: dict | None, t: Check | None = None) -> str:
     if e is None:
         return "not-run"
-    if e.get("sha256") != c.sha256:
+    if not current(c, e, t):
         return "stale"
     return {"passed": "covered", "skipped": "skipped"}.get(e["outcome"], "failing")
 
 
-def _mutant_state(c: Contract, e: dict | None) -> str:
+def _mutant_state(c: Contract, e: dict | None, m: Mutant | None = None) -> str:
     if e is None:
         return "not-run"
-    if e.get("sha256") != c.sha256:
+    if not current(c, e, mutant=m):
         return "stale"
     return {"killed": "covered", "survived": "mutant-survived"}.get(e["outcome"], "failing")
 
@@ -55,7 +66,7 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         for r in runs(c, t):
             key = run_key(dict(contract=c.id, check=t.id, backend=r.backend, variant=r.variant))
             e = ledger["runs"].get(key)
-            s = _run_state(c, e)
+            s = _run_state(c, e, t)
             states.append(s)
             st.runs.append(dict(check=t.id, backend=r.backend, variant=r.variant,
                                 outcome=(e or {}).get("outcome", "not-run"), state=s,
@@ -68,7 +79,7 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         if m.obligation != oid:
             continue
         e = ledger["mutants"].get(mutant_key(dict(contract=c.id, mutant=m.id)))
-        s = _mutant_state(c, e)
+        s = _mutant_state(c, e, m)
         states.append(s)
         st.mutants.append(dict(id=m.id, killed=None if e is None else e["outcome"] == "killed",
                                killed_by=(e or {}).get("killed_by"), state=s))

@@ -1,9 +1,10 @@
 """The results ledger: every executed check and mutant, latest result per key.
 
-One JSON file (default .falsify/ledger.json, or $FALSIFY_LEDGER). Writers take an exclusive
-lock, merge their entries over what is on disk and replace the file atomically (temp file +
-os.replace), so parallel pytest-xdist runs and concurrent `falsify` processes neither lose nor
-corrupt entries. Only the pytest controller writes; workers ship entries to it in reports.
+One JSON file per project (its `ledger` key, default .falsify/ledger.json). Writers take an
+exclusive lock, merge their entries over what is on disk and replace the file atomically
+(temp file + os.replace), so parallel pytest-xdist runs and concurrent `falsify` processes
+neither lose nor corrupt entries. Only the pytest controller writes; workers ship entries to
+it in reports.
 """
 
 from __future__ import annotations
@@ -16,15 +17,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from falsify.harness.model import ROOT
-
-LEDGER_ENV = "FALSIFY_LEDGER"
 VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "unproven")
-
-
-def default_path() -> Path:
-    return Path(os.environ.get(LEDGER_ENV) or ROOT / ".falsify" / "ledger.json")
 
 
 def run_key(e: dict) -> str:
@@ -39,8 +33,8 @@ class LedgerError(Exception):
     pass
 
 
-def load(path: Path | None = None) -> dict:
-    path = Path(path or default_path())
+def load(path: Path) -> dict:
+    path = Path(path)
     if not path.exists():
         return {"version": VERSION, "runs": {}, "mutants": {}}
     try:
@@ -65,9 +59,9 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def merge(entries: list[dict], mutants: list[dict], path: Path | None = None) -> Path:
+def merge(entries: list[dict], mutants: list[dict], path: Path) -> Path:
     """Merge new entries over the ledger on disk, atomically."""
-    path = Path(path or default_path())
+    path = Path(path)
     with _locked(path):
         data = load(path)
         for e in entries:

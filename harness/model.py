@@ -16,11 +16,10 @@ from pathlib import Path
 
 import jsonschema
 
+from falsify.cli.common import UsageError
 from falsify.harness import yamlio
+from falsify.harness.project import find_project, library_dir, resolve_id
 
-ROOT = Path(__file__).resolve().parents[1]
-CONTRACTS_DIR = ROOT / "contracts"
-SCHEMA_PATH = CONTRACTS_DIR / "contract.schema.json"
 BACKENDS = ("reference", "torch", "triton")
 MAX_SCHEMA_FINDINGS = 100
 MAX_SCHEMA_ERRORS = 20_000
@@ -160,9 +159,13 @@ class ContractError(Exception):
         super().__init__(str(finding))
 
 
+def schema_path() -> Path:
+    return library_dir() / "contract.schema.json"
+
+
 @cache
 def schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
+    return json.loads(schema_path().read_text())
 
 
 def detect_mode(data: dict) -> str:
@@ -405,19 +408,23 @@ def content_hash(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+class DuplicateContractId(UsageError):
+    """Two different files named on the command line define the same contract id."""
+
+
 def resolve_arg(p: str | Path) -> Path:
     """A command-line contract argument: an existing path as given, else a bare contract id
-    (`softmax-kernel-v1`) naming contracts/<id>.yaml when that file exists."""
+    (`softmax-kernel-v1`) naming a contract of the current project or of the library."""
     p = Path(p)
-    by_id = CONTRACTS_DIR / f"{p.name.removesuffix('.yaml')}.yaml"
-    if not p.exists() and len(p.parts) == 1 and by_id.is_file():
-        return by_id
-    return p
+    if p.exists() or len(p.parts) != 1:
+        return p
+    return resolve_id(p.name, find_project()) or p
 
 
 def discover(paths: list[str | Path]) -> list[Path]:
     """Contract files named by `paths` (files, directories searched recursively, or contract
-    ids: see resolve_arg)."""
+    ids: see resolve_arg). A contract id found in two different files is an error naming
+    both: merging them silently would check one and ignore the other."""
     out = []
     for p in paths:
         p = resolve_arg(p)
@@ -425,10 +432,15 @@ def discover(paths: list[str | Path]) -> list[Path]:
             out += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
         else:
             out.append(p)
-    seen, uniq = set(), []
+    seen, ids, uniq = set(), {}, []
     for p in out:
         r = p.resolve()
-        if r not in seen:
-            seen.add(r)
-            uniq.append(p)
+        if r in seen:
+            continue
+        seen.add(r)
+        cid = p.name.rsplit(".", 1)[0]
+        if cid in ids:
+            raise DuplicateContractId(f"contract id {cid!r} is defined twice: {ids[cid]} and {p}")
+        ids[cid] = p
+        uniq.append(p)
     return uniq

@@ -3,26 +3,37 @@
 Workers (pytest-xdist) attach a JSON entry to each report's `user_properties`; the controller
 collects them in `pytest_runtest_logreport` and writes the ledger once, at session end,
 through `ledger.merge` (locked, atomic). Without xdist the same hooks run in one process.
+
+Under `falsify run` the command passes `--falsify-manifest` (see falsify.harness.handover):
+the manifest says which tests to keep, the profile, the binds and the ledger, and the
+controller writes this session's entries to the manifest's results file. Under plain pytest
+the ledger is the project's (falsify.harness.project), or none outside a project.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from falsify.harness import ledger
+from falsify.harness import fingerprint, handover, ledger, project
 
 KEY = "falsify_entry"
+SINK = "falsify-sink"
+RECORDING = pytest.StashKey()
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("falsify")
     g.addoption("--mutants", action="store_true",
                 help="run the generated mutant tests (and only those)")
-    g.addoption("--falsify-ledger", default=None, help="ledger path (default .falsify/ledger.json)")
+    g.addoption("--falsify-ledger", default=None,
+                help="ledger path (default: the project's `ledger`)")
+    g.addoption("--falsify-manifest", default=None,
+                help="run manifest written by `falsify run` (falsify.harness.handover)")
     g.addoption("--no-ledger", action="store_true", help="do not write the ledger")
     g.addoption("--falsify-backends", default=None,
                 help="comma-separated backends to keep (reference,torch,triton,z3,crosshair)")
@@ -31,19 +42,44 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "falsify_mutant(contract, mutant, obligation, backend): "
                                        "a generated mutant test")
-    config._falsify_entries = []
-    config._falsify_mutants = []
+    m = None
+    path = config.getoption("--falsify-manifest")
+    if path:
+        m = handover.read(path)
+        if m.project_root not in sys.path:  # bindings into the project's own modules
+            sys.path.insert(0, m.project_root)
+    handover.activate(m)
+    config._falsify_manifest = m
+    try:  # without a manifest the ledger is the project's; a broken project file says so now
+        config._falsify_project = (project.find_project(config.invocation_params.dir)
+                                   if m is None else None)
+    except project.ProjectError as e:
+        raise pytest.UsageError(str(e)) from None
+    config.pluginmanager.register(_Sink(), SINK)
+
+
+def _select(config) -> str:
+    m = config._falsify_manifest
+    if config.getoption("--mutants"):
+        return "mutants"
+    return m.select if m is not None else "checks"
 
 
 def pytest_collection_modifyitems(config, items):
-    want_mutants = config.getoption("--mutants")
+    select = _select(config)
+    m = config._falsify_manifest
     backends = config.getoption("--falsify-backends")
-    keep_backends = set(backends.split(",")) if backends else None
+    keep_backends = set(backends.split(",")) if backends else (
+        set(m.backends) if m is not None and m.backends else None)
+    reuse = set(m.reuse) if m is not None else set()
     keep, drop = [], []
     for item in items:
+        if reuse and _reuse_key(item) in reuse:  # `falsify run --changed`: result kept
+            drop.append(item)
+            continue
         is_mutant = item.get_closest_marker("falsify_mutant") is not None
-        is_check = item.get_closest_marker("falsify") is not None
-        if want_mutants != is_mutant and (is_mutant or is_check or want_mutants):
+        dropped = (select == "mutants" and not is_mutant) or (select == "checks" and is_mutant)
+        if dropped:
             drop.append(item)
             continue
         if keep_backends:
@@ -57,19 +93,34 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def _reuse_key(item) -> str | None:
+    """The manifest's `reuse` key of a generated test (see falsify.harness.handover)."""
+    mark = item.get_closest_marker("falsify") or item.get_closest_marker("falsify_mutant")
+    if mark is None:
+        return None
+    kw = dict(mark.kwargs)
+    kw["contract"] = getattr(kw["contract"], "id", kw["contract"])
+    if "mutant" in kw:
+        return "mutant:" + ledger.mutant_key(kw)
+    return "run:" + ledger.run_key(kw)
+
+
 def _example(excinfo) -> str | None:
     notes = getattr(excinfo.value, "__notes__", None) or []
     text = "\n".join(n for n in notes if "Falsifying" in n or "case=" in n or "Case(" in n)
     return text[:4000] or None
 
 
-def _sha(contract_id: str) -> str:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if not (item.get_closest_marker("falsify") or item.get_closest_marker("falsify_mutant")):
+        yield
+        return
     from falsify.harness import runtime
 
-    try:
-        return runtime.contract(contract_id).sha256
-    except Exception:
-        return ""
+    with runtime.recording() as rec:
+        item.stash[RECORDING] = rec
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -97,28 +148,33 @@ def pytest_runtest_makereport(item, call):
         status = "error"
     else:
         status = "failed"
+    m = item.config._falsify_manifest
+    rec = item.stash.get(RECORDING, None)
     base = dict(time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 duration_s=round(rep.duration, 4), nodeid=item.nodeid,
-                bind=os.environ.get("FALSIFY_BIND") or None)
+                bind=json.dumps(m.binds, sort_keys=True) if m is not None and m.binds else None)
     if exc is not None and status != "passed":
         first = str(exc.value).splitlines()[0] if str(exc.value) else ""
         base["message"] = f"{exc.typename}: {first}"[:1000]
         base["example"] = _example(exc)
     if check:
         kw = check.kwargs
-        entry = dict(base, contract=kw["contract"], sha256=_sha(kw["contract"]),
+        c = runtime.contract(kw["contract"])
+        entry = dict(base, contract=c.id, sha256=c.sha256,
+                     impl_sha=fingerprint.impl_hash(c, kw["backend"], c.check(kw["check"])),
                      obligation=kw["obligation"], check=kw["check"], backend=kw["backend"],
                      variant=kw["variant"], outcome=status)
-        detail = runtime.LAST_DETAIL.get((kw["contract"], kw["check"], kw["backend"],
-                                          kw["variant"]))
-        if detail and status == "passed":
-            entry["detail"] = detail
+        if rec is not None and rec.details and status == "passed":
+            entry["detail"] = rec.details[-1]
         rep.user_properties.append((KEY, json.dumps({"run": entry}, default=str)))
     else:
         kw = mut.kwargs
-        r = runtime.LAST_MUTANT.get((kw["contract"], kw["mutant"]))
+        c = runtime.contract(kw["contract"])
+        r = rec.mutant if rec is not None else None
         killed = status == "passed"
-        entry = dict(base, contract=kw["contract"], sha256=_sha(kw["contract"]),
+        mutant = next((x for x in c.mutants if x.id == kw["mutant"]), None)
+        entry = dict(base, contract=c.id, sha256=c.sha256,
+                     impl_sha=fingerprint.impl_hash(c, kw["backend"], mutant=mutant),
                      mutant=kw["mutant"], obligation=kw["obligation"], backend=kw["backend"],
                      outcome="killed" if killed else ("survived" if status == "failed"
                                                       else "error"),
@@ -128,35 +184,61 @@ def pytest_runtest_makereport(item, call):
         rep.user_properties.append((KEY, json.dumps({"mutant": entry}, default=str)))
 
 
-_SINK: list[dict] = []  # entries seen by this process (the controller under xdist)
-# What the last session in this process recorded: `falsify run` reports from here, not from a
-# diff of the ledger, which other processes (another `falsify run`, CI shards) also write.
-LAST_SESSION: dict[str, list[dict]] = {"runs": [], "mutants": []}
+class _Sink:
+    """Entries this session saw, from its own reports (the controller's, under xdist)."""
+
+    def __init__(self):
+        self.entries: list[dict] = []
+
+    def pytest_runtest_logreport(self, report):
+        for k, v in getattr(report, "user_properties", []):
+            if k == KEY:
+                self.entries.append(json.loads(v))
 
 
-def pytest_runtest_logreport(report):
-    for k, v in getattr(report, "user_properties", []):
-        if k == KEY:
-            _SINK.append(json.loads(v))
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    handover.activate(None)
+
+
+def _ledger_path(config) -> Path | None:
+    explicit = config.getoption("--falsify-ledger")
+    if explicit:
+        return Path(explicit)
+    m = config._falsify_manifest
+    if m is not None:
+        return Path(m.ledger) if m.ledger else None
+    p = config._falsify_project
+    return p.ledger_path if p else None
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput"):  # xdist worker: the controller writes
         return
-    runs = [d["run"] for d in _SINK if "run" in d]
-    muts = [d["mutant"] for d in _SINK if "mutant" in d]
-    _SINK.clear()
-    LAST_SESSION.update(runs=runs, mutants=muts)
+    sink = config.pluginmanager.get_plugin(SINK).entries
+    runs = [d["run"] for d in sink if "run" in d]
+    muts = [d["mutant"] for d in sink if "mutant" in d]
+    m = config._falsify_manifest
+    if m is not None and m.results:
+        handover.write_results(m.results, runs, muts)
     if config.getoption("--no-ledger") or not (runs or muts):
         return
-    path = config.getoption("--falsify-ledger")
+    path = _ledger_path(config)
+    if path is None:
+        config._falsify_written = None
+        return
     ledger.merge(runs, muts, path)
-    config._falsify_written = (len(runs), len(muts))
+    config._falsify_written = (len(runs), len(muts), path)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    w = getattr(config, "_falsify_written", None)
-    if w:
+    if not hasattr(config, "_falsify_written"):
+        return
+    w = config._falsify_written
+    if w is None:
+        terminalreporter.write_line("falsify: no project here (falsify.toml or [tool.falsify] "
+                                    "in pyproject.toml), so no ledger: results not recorded")
+    else:
         terminalreporter.write_line(f"falsify: recorded {w[0]} check result(s) and {w[1]} "
-                                    f"mutant result(s) in the ledger")
+                                    f"mutant result(s) in {w[2]}")

@@ -1,10 +1,18 @@
 """Executing one check: what generated tests and `falsify mutants` call.
 
-    execute(contract_id, check_id, backend, variant, case)   # one example
-    strategy(contract_id, check_id, variant)                  # hypothesis strategy of cases
-    examples(contract_id, check_id, variant)                  # pinned cases (@example)
-    check_settings(contract_id, check_id, backend)            # hypothesis settings
-    kill_mutant(contract_id, mutant_id)                       # run its obligation's checks
+    CONTRACT = library_contract(name, sha256)                 # a generated module's contract,
+    CONTRACT = contract_file(__file__, relpath, sha256)       # loaded once per process
+    execute(contract, check_id, backend, variant, case)       # one example
+    strategy(contract, check_id, variant)                     # hypothesis strategy of cases
+    examples(contract, check_id, variant)                     # pinned cases (@example)
+    check_settings(contract, check_id, backend)               # hypothesis settings
+    kill_mutant(contract, mutant_id)                          # run its obligation's checks
+
+`contract` is a loaded `Contract`. Contracts are loaded by path and cached by (resolved path,
+sha256); a bare id (`contract("kd-loss-kernel-v1")`, used by `run:` probes) is resolved in
+the active run's manifest, else in the project's id space (project + library).
+What a check reports back to the pytest plugin (a detail, a mutant result) goes to the
+`recording()` the plugin opens around each test, never into a module-wide table.
 
 A check kind is a small module in harness/kinds/ with `run(ctx, case)`; it raises
 `CheckFailed` (an AssertionError) when the prediction is falsified and `Unproven` when a
@@ -13,18 +21,21 @@ symbolic engine could not decide.
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import importlib
 import os
 import sys
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-from falsify.harness import backends, cases, expr
-from falsify.harness.model import CONTRACTS_DIR, Check, Contract, load_contract
+from falsify.harness import backends, cases, expr, handover, project
+from falsify.harness.model import Check, Contract, load_contract
 from falsify.harness.plan import INPUT_KINDS, equation_of, runs
 
 if sys.version_info < (3, 11):  # hypothesis depends on the backport there
@@ -47,27 +58,64 @@ class Unproven(AssertionError):
     """A symbolic check that timed out or returned unknown: never counted as passed."""
 
 
-CONTRACT_DIRS_ENV = "FALSIFY_CONTRACTS"  # extra directories (os.pathsep separated)
+class StaleModule(RuntimeError):
+    """A generated module whose contract changed after it was generated."""
 
 
-def contract_dirs() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get(CONTRACT_DIRS_ENV, "").split(os.pathsep) if p]
-    return extra + [CONTRACTS_DIR]
+_LOADED: dict[tuple[Path, str], Contract] = {}
 
 
-@cache
-def contract(contract_id: str) -> Contract:
-    for d in contract_dirs():
-        for ext in (".yaml", ".yml"):
-            p = d / f"{contract_id}{ext}"
-            if p.exists():
-                c, findings = load_contract(p)
-                errors = [f for f in findings if f.severity == "error"]
-                if errors:
-                    raise RuntimeError(f"contract {contract_id} does not validate:\n"
-                                       + "\n".join(map(str, errors)))
-                return c
-    raise RuntimeError(f"no contract {contract_id!r} in {', '.join(map(str, contract_dirs()))}")
+def remember(c: Contract) -> Contract:
+    """Cache an already-parsed contract (the command parsed it once; pytest runs in-process
+    without xdist, so generated modules reuse it)."""
+    _LOADED[(c.path.resolve(), c.sha256)] = c
+    return c
+
+
+def load(path: str | Path, sha256: str | None = None) -> Contract:
+    """The contract at `path`, parsed once per process per content. With `sha256`, the file
+    must still have that content (a generated module names the text it was generated from)."""
+    p = Path(path).resolve()
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise RuntimeError(f"cannot read contract {p}: {e}") from None
+    sha = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and sha != sha256:
+        raise StaleModule(f"{p} changed since its test module was generated: run `pv generate` "
+                          "(or `falsify run`, which regenerates)")
+    hit = _LOADED.get((p, sha))
+    if hit is not None:
+        return hit
+    c, findings = load_contract(p)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise RuntimeError(f"contract {p} does not validate:\n" + "\n".join(map(str, errors)))
+    return remember(c)
+
+
+def library_contract(name: str, sha256: str | None = None) -> Contract:
+    """A contract of the shipped library, by file name."""
+    return load(project.library_dir() / name, sha256)
+
+
+def contract_file(module_file: str, relpath: str, sha256: str | None = None) -> Contract:
+    """A contract named by its path relative to the generated module that uses it."""
+    return load(Path(module_file).resolve().parent / relpath, sha256)
+
+
+def contract(ref: str | Contract) -> Contract:
+    """A contract by id: the active run's contract of that id, else the project's or the
+    library's. A `Contract` is returned as is."""
+    if isinstance(ref, Contract):
+        return ref
+    m = handover.active()
+    path = m.contract_path(ref) if m else None
+    if path is None:
+        path = project.resolve_id(ref, project.find_project())
+    if path is None:
+        raise RuntimeError(f"no contract {ref!r} in this run, the project or the library")
+    return load(path)
 
 
 def _check(c: Contract, check_id: str) -> Check:
@@ -175,19 +223,42 @@ def kind_module(kind: str):
     return importlib.import_module(f"falsify.harness.kinds.{kind}")
 
 
-def execute(contract_id: str, check_id: str, backend: str, variant: str,
+@dataclass
+class Recording:
+    """What the checks of one test reported: details of passed checks, a mutant's result."""
+
+    details: list[dict] = field(default_factory=list)
+    mutant: MutantResult | None = None
+
+
+_RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
+    "falsify_recording", default=None)
+
+
+@contextmanager
+def recording():
+    """Collect what checks report while the block runs (the pytest plugin wraps each test)."""
+    rec = Recording()
+    token = _RECORDING.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.reset(token)
+
+
+def execute(contract_ref: str | Contract, check_id: str, backend: str, variant: str,
             case: cases.Case | None = None) -> dict | None:
-    c = contract(contract_id)
+    c = contract(contract_ref)
     t = _check(c, check_id)
     ctx = Ctx(c, t, backend, variant)
     detail = kind_module(t.kind).run(ctx, case)
-    if detail:
-        LAST_DETAIL[(contract_id, check_id, backend, variant)] = detail
+    rec = _RECORDING.get()
+    if detail and rec is not None:
+        rec.details.append(detail)
     return detail
 
 
 # ---------------------------------------------------------------- hypothesis plumbing
-PROFILE_ENV = "FALSIFY_PROFILE"  # fast (default) | ci | thorough
 PROFILES = {
     # examples per check for reference/torch, and for the interpreted Triton backend
     "fast": dict(max_examples=20, triton=5),
@@ -197,12 +268,25 @@ PROFILES = {
 
 
 def profile_name() -> str:
-    # CI gets the derandomized profile: the same examples on every run, so a red CI is
-    # reproducible locally with FALSIFY_PROFILE=ci.
-    name = os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "fast")
+    """The run manifest's profile; without one (plain pytest), `ci` under CI (derandomized:
+    the same examples on every run, so a red CI is reproducible with `profile = "ci"`), else
+    the project's `profile`, else `fast`."""
+    m = handover.active()
+    if m is not None:
+        name = m.profile
+    elif os.environ.get("CI"):
+        name = "ci"
+    else:
+        name = _project_profile()
     if name not in PROFILES:
-        raise RuntimeError(f"{PROFILE_ENV}={name!r}: choose one of {', '.join(PROFILES)}")
+        raise RuntimeError(f"profile {name!r}: choose one of {', '.join(PROFILES)}")
     return name
+
+
+@cache
+def _project_profile() -> str:
+    p = project.find_project()
+    return p.profile if p else "fast"
 
 
 def max_examples(c: Contract, t: Check, backend: str) -> int:
@@ -217,8 +301,8 @@ def max_examples(c: Contract, t: Check, backend: str) -> int:
     return n
 
 
-def check_settings(contract_id: str, check_id: str, backend: str) -> settings:
-    c = contract(contract_id)
+def check_settings(contract_ref: str | Contract, check_id: str, backend: str) -> settings:
+    c = contract(contract_ref)
     t = _check(c, check_id)
     ci = profile_name() == "ci"
     return settings(
@@ -232,16 +316,16 @@ def check_settings(contract_id: str, check_id: str, backend: str) -> settings:
     )
 
 
-def strategy(contract_id: str, check_id: str, variant: str):
-    c = contract(contract_id)
+def strategy(contract_ref: str | Contract, check_id: str, variant: str):
+    c = contract(contract_ref)
     t = _check(c, check_id)
     spec = c.inputs[t.spec["input"]]
     return cases.case_strategy(spec, variant, t.spec.get("params"),
                                where=f"{c.id}.inputs.{t.spec['input']}")
 
 
-def examples(contract_id: str, check_id: str, variant: str) -> list[cases.Case]:
-    c = contract(contract_id)
+def examples(contract_ref: str | Contract, check_id: str, variant: str) -> list[cases.Case]:
+    c = contract(contract_ref)
     t = _check(c, check_id)
     spec = c.inputs[t.spec["input"]]
     return cases.pinned_cases(spec, variant, t.spec.get("params"),
@@ -252,21 +336,22 @@ def uses_hypothesis(kind: str) -> bool:
     return kind in INPUT_KINDS and kind != "statistical"
 
 
-def run_with_hypothesis(contract_id: str, check_id: str, backend: str, variant: str) -> None:
+def run_with_hypothesis(contract_ref: str | Contract, check_id: str, backend: str,
+                        variant: str) -> None:
     """Run one check over its pinned examples and a hypothesis search, in-process (used by
     `kill_mutant`; generated tests use @given directly)."""
-    c = contract(contract_id)
+    c = contract(contract_ref)
     t = _check(c, check_id)
     if not uses_hypothesis(t.kind):
-        execute(contract_id, check_id, backend, variant, None)
+        execute(c, check_id, backend, variant, None)
         return
-    for ex in examples(contract_id, check_id, variant):
-        execute(contract_id, check_id, backend, variant, ex)
+    for ex in examples(c, check_id, variant):
+        execute(c, check_id, backend, variant, ex)
 
-    @check_settings(contract_id, check_id, backend)
-    @given(case=strategy(contract_id, check_id, variant))
+    @check_settings(c, check_id, backend)
+    @given(case=strategy(c, check_id, variant))
     def search(case):
-        execute(contract_id, check_id, backend, variant, case)
+        execute(c, check_id, backend, variant, case)
 
     search()
 
@@ -280,11 +365,11 @@ class MutantResult:
     tried: list[str]
 
 
-def kill_mutant(contract_id: str, mutant_id: str) -> MutantResult:
-    c = contract(contract_id)
+def kill_mutant(contract_ref: str | Contract, mutant_id: str) -> MutantResult:
+    c = contract(contract_ref)
     m = next((m for m in c.mutants if m.id == mutant_id), None)
     if m is None:
-        raise RuntimeError(f"{contract_id}: no mutant {mutant_id!r}")
+        raise RuntimeError(f"{c.id}: no mutant {mutant_id!r}")
     tried = []
     with backends.overriding(f"{c.id}:{m.equation}.{m.backend}", m.with_):
         for t in c.checks_for(m.obligation):
@@ -294,7 +379,7 @@ def kill_mutant(contract_id: str, mutant_id: str) -> MutantResult:
                 label = f"{t.id}/{r.backend}/{r.variant}"
                 tried.append(label)
                 try:
-                    run_with_hypothesis(c.id, t.id, r.backend, r.variant)
+                    run_with_hypothesis(c, t.id, r.backend, r.variant)
                 except Exception as e:
                     if not is_falsification(e):
                         raise  # a harness or contract error is not a kill
@@ -307,14 +392,12 @@ class MutantSurvived(AssertionError):
     """Every check of the mutant's obligation passed against the buggy implementation."""
 
 
-LAST_MUTANT: dict[tuple[str, str], MutantResult] = {}
-LAST_DETAIL: dict[tuple[str, str, str, str], dict] = {}
-
-
-def assert_killed(contract_id: str, mutant_id: str) -> MutantResult:
+def assert_killed(contract_ref: str | Contract, mutant_id: str) -> MutantResult:
     """The generated mutant test: passes when some check of the obligation fails."""
-    r = kill_mutant(contract_id, mutant_id)
-    LAST_MUTANT[(contract_id, mutant_id)] = r
+    r = kill_mutant(contract_ref, mutant_id)
+    rec = _RECORDING.get()
+    if rec is not None:
+        rec.mutant = r
     if not r.killed:
         raise MutantSurvived(f"{mutant_id} survived: {', '.join(r.tried) or 'no check ran'} "
                              "all passed against the mutant")

@@ -52,12 +52,13 @@ from falsify.harness.model import (
     load_contract,
 )
 from falsify.harness.plan import INPUT_KINDS, REQUIRED_FIELDS, equation_of, runs
+from falsify.harness.project import find_project, id_space
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
 
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                     r"(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
-PROJECT_PACKAGES = ("falsify", "tests")
+PROJECT_PACKAGES = ("falsify",)
 GATE_COUNT = re.compile(r"\bAll\s+(\d+)\s+(?:falsification\s+)?tests?\b", re.I)
 
 
@@ -89,17 +90,30 @@ class _Ctx:
                                 message))
 
 
+def project_packages(root: Path | None) -> set[str]:
+    """Top-level modules a binding may import without --allow-import: falsify's, and the
+    packages and modules at the project root (its own code)."""
+    names = set(PROJECT_PACKAGES)
+    if root is not None and root.is_dir():
+        names |= {p.stem if p.suffix == ".py" else p.name for p in root.iterdir()
+                  if (p.suffix == ".py" and p.is_file()) or (p / "__init__.py").is_file()}
+    return names
+
+
 def resolve_binding(ref: str, allow_import: bool = False):
     """Import `module:function`. Returns (callable, None) or (None, (rule, message))."""
     if ":" not in ref:
         return None, ("V012", f"binding {ref!r} is not `module:function`")
     mod, fn = ref.split(":", 1)
-    if not allow_import and mod.split(".")[0] not in PROJECT_PACKAGES:
+    proj = find_project()
+    root = proj.root if proj else None
+    top = mod.split(".")[0]
+    if not allow_import and top not in project_packages(root):
+        where = f"falsify or the project at {root}" if root else "falsify (no project here)"
         return None, ("V013", f"binding {ref!r} imports outside the project's packages "
-                              f"({', '.join(PROJECT_PACKAGES)}); pass --allow-import to permit it")
-    root = str(Path(__file__).resolve().parents[1])
-    if mod.split(".")[0] == "tests" and root not in sys.path:
-        sys.path.insert(0, root)
+                              f"({where}); pass --allow-import to permit it")
+    if root is not None and top != "falsify" and str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # the project's own modules, as pytest would see them
     try:
         module = importlib.import_module(mod)
     except (Exception, SystemExit) as e:  # any import failure is a finding, not a crash
@@ -475,17 +489,26 @@ def load_all(paths, mode: str | None = None) -> Report:
 
 
 def known_contracts(rep: Report) -> dict[str, Contract]:
-    """Contracts named in the report plus their sibling files (so depends_on resolves when
-    a single file is validated)."""
+    """Contracts named in the report, their sibling files (so depends_on resolves when a
+    single file is validated), then the project's and the library's contracts (one id
+    space: a project contract may depend on a library contract)."""
     known = {c.id: c for c in rep.contracts}
-    for d in {c.path.parent for c in rep.contracts}:
+    files: dict[str, Path] = {}
+    for d in sorted({c.path.parent for c in rep.contracts}):
         for p in sorted(d.glob("*.y*ml")):
-            stem = p.name.rsplit(".", 1)[0]
-            if stem not in known:
-                try:
-                    known[stem] = load_contract(p)[0]
-                except ContractError:
-                    pass
+            files.setdefault(p.name.rsplit(".", 1)[0], p)
+    for e in id_space(find_project()).values():
+        files.setdefault(e.id, e.path)
+    todo = [d for c in rep.contracts for d in c.depends_on]
+    while todo:  # only what the named contracts reach: parsing the whole library is slow
+        d = todo.pop()
+        if d in known or d not in files:
+            continue
+        try:
+            known[d] = load_contract(files[d])[0]
+        except ContractError:
+            continue
+        todo += known[d].depends_on
     return known
 
 

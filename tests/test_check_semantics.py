@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ import yaml
 from hypothesis import given, settings
 
 from falsify.harness import cases, expr, runtime
-from falsify.harness.model import ROOT, load_contract
+from falsify.harness.model import load_contract
 from falsify.harness.validate import validate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FNS = "tests.fixtures.harness_fns"
 
@@ -288,11 +291,13 @@ def test_falsify_run_reports_only_the_contracts_it_ran(tmp_path):
     path = cdir / "fix-kernel-v1.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     ledger = tmp_path / "l.json"
-    env = dict(os.environ, FALSIFY_CONTRACTS=str(cdir), FALSIFY_LEDGER=str(ledger),
-               FALSIFY_GENERATED=str(tmp_path / "gen"), FALSIFY_QUIET="1", COLUMNS="200")
+    # a temporary project whose own code includes the fixture functions (tests/)
+    (tmp_path / "falsify.toml").write_text('generated = "gen"\nledger = "l.json"\n')
+    (tmp_path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
+    env = dict(os.environ, FALSIFY_QUIET="1", COLUMNS="200")
     r = subprocess.run([sys.executable, "-m", "falsify.cli", "run", str(path), "-n", "1",
-                        "--format", "json"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+                        "--no-mutants", "--format", "json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     # the intruder really wrote into the ledger during the run ...
     assert "other-contract-v1|FALSIFY-OTHER-001|torch|float32" in json.loads(

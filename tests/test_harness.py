@@ -2,8 +2,9 @@
 mutants, --bind, and `pv generate --check`.
 
 They work on a copy of the softmax contract without its Triton bindings (the interpreter is
-slow, and Triton is covered by the generated suite itself), in temporary contract, ledger and
-generated-module directories, running the real `falsify` and `pv` commands in subprocesses.
+slow, and Triton is covered by the generated suite itself) in a temporary project (a
+falsify.toml that overrides the library's softmax-kernel-v1 with the copy), running the real
+`falsify` and `pv` commands in subprocesses from the project directory.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 import yaml
 
 from falsify.harness import ledger
-from falsify.harness.model import CONTRACTS_DIR, ROOT
+from falsify.harness.project import library_dir
+
+REPO = Path(__file__).resolve().parents[1]
 
 CONTRACT = "softmax-kernel-v1"
 
@@ -37,17 +40,18 @@ def _without_triton(data: dict) -> dict:
 def workspace(tmp_path):
     cdir = tmp_path / "contracts"
     cdir.mkdir()
-    data = yaml.safe_load((CONTRACTS_DIR / f"{CONTRACT}.yaml").read_text())
+    data = yaml.safe_load((library_dir() / f"{CONTRACT}.yaml").read_text())
     path = cdir / f"{CONTRACT}.yaml"
     path.write_text(yaml.safe_dump(_without_triton(data), sort_keys=False, allow_unicode=True))
-    env = dict(os.environ, FALSIFY_CONTRACTS=str(cdir), FALSIFY_LEDGER=str(tmp_path / "l.json"),
-               FALSIFY_GENERATED=str(tmp_path / "gen"), FALSIFY_QUIET="1", CI="1",
-               COLUMNS="200")
+    (tmp_path / "falsify.toml").write_text(
+        'generated = "gen"\nledger = "l.json"\noverrides = ["softmax-kernel-v1"]\n')
+    # PYTHONPATH: --bind names a function in this repository's tests/fixtures
+    env = dict(os.environ, FALSIFY_QUIET="1", CI="1", COLUMNS="200", PYTHONPATH=str(REPO))
     return dict(dir=cdir, path=path, env=env, ledger=tmp_path / "l.json", tmp=tmp_path)
 
 
 def run(ws, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ws["env"],
+    return subprocess.run([sys.executable, "-m", *args], cwd=ws["tmp"], env=ws["env"],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -77,14 +81,16 @@ def status_of(cov: dict, oid: str) -> str:
 
 def test_full_run_covers_everything_and_edits_break_it(workspace):
     ws = workspace
+    # `falsify run` runs the checks and the mutants, and its coverage line counts both
     r = falsify(ws, "run", str(ws["path"]), "-n", "2")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = falsify(ws, "mutants", str(ws["path"]), "-n", "2")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "3 of 3 killed" in r.stdout
+    n = len(yaml.safe_load(ws["path"].read_text())["proof_obligations"])
+    summary = " ".join(r.stdout.split())
+    assert f"coverage: {n}/{n} obligations covered (100.0%), counting checks and mutants" \
+        in summary, summary
+    assert "mutants 3/3 killed" in summary
     r = pv(ws, "coverage", str(ws["dir"]), "--min", "100")
     assert r.returncode == 0, r.stdout + r.stderr
-    n = len(yaml.safe_load(ws["path"].read_text())["proof_obligations"])
     assert f"{n}/{n} obligations covered" in r.stdout
 
     # every generated test left exactly one ledger entry, none lost under xdist
@@ -157,8 +163,32 @@ def test_generate_check_detects_hand_edits(workspace, tmp_path):
     assert "differs from the contract" in r.stdout
 
 
+def test_no_mutants_summary_never_reads_like_a_low_coverage(workspace):
+    ws = workspace
+    r = falsify(ws, "run", str(ws["path"]), "--backend", "reference", "--no-mutants",
+                "-k", "SM_001")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = " ".join(r.stdout.split())
+    assert "mutants not run (--no-mutants)" in summary
+    assert "obligations covered" not in summary
+    assert ledger.load(ws["ledger"])["mutants"] == {}
+
+
+def test_bind_to_an_equation_no_contract_has_is_a_usage_error(workspace):
+    ws = workspace
+    r = falsify(ws, "run", str(ws["path"]),
+                "--bind", "nosuchEq.torch=tests.fixtures.buggy:softmax_no_max_subtraction")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no selected contract has equation 'nosuchEq' (equations: softmax)" in r.stderr
+    r = falsify(ws, "run", str(ws["path"]),
+                "--bind", "softmax.triton=tests.fixtures.buggy:softmax_no_max_subtraction")
+    assert r.returncode == 2
+    assert "has no triton binding to replace (bound: reference, torch)" in r.stderr
+    assert not ws["ledger"].exists()
+
+
 def test_generated_files_on_main_are_up_to_date():
-    r = subprocess.run([sys.executable, "-m", "falsify.cli.pv", "generate", "--check"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "falsify.cli.pv", "generate", "--check"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 

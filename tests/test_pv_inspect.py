@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from falsify.cli.pv import main
 from falsify.harness import graph
 from falsify.harness.latex import to_latex
-from falsify.harness.model import CONTRACTS_DIR, load_contract
+from falsify.harness.model import load_contract
+from falsify.harness.project import library_dir
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "valid" / "softmax-lite-v1.yaml"
@@ -65,8 +66,9 @@ def test_status_text_is_a_table(capsys):
     assert rc == 0
     row = next(line for line in out.splitlines() if line.startswith(" softmax-lite-v1")
                or line.startswith("softmax-lite-v1"))
-    assert row.split()[:9] == ["softmax-lite-v1", "1.0.0", "native", "1", "7", "8", "8", "3",
-                               "2"]
+    # a file named on the command line, outside the project's and the library's id space
+    assert row.split()[:10] == ["softmax-lite-v1", "file", "1.0.0", "native", "1", "7", "8", "8",
+                                "3", "2"]
     assert "falsify.impl.torch.softmax:softmax" in out and "executable" in out
 
 
@@ -285,7 +287,7 @@ def _all_repository_math() -> list[tuple[str, str]]:
     """(where, LaTeX) for every formula, domain, codomain and invariant in contracts/ and in
     the compat fixtures, plus each hand-written `latex:` field."""
     out = []
-    for p in sorted(CONTRACTS_DIR.glob("*.yaml")) + sorted((FIX / "compat").glob("*.yaml")):
+    for p in sorted(library_dir().glob("*.yaml")) + sorted((FIX / "compat").glob("*.yaml")):
         c, _ = load_contract(p)
         for eq in c.equations.values():
             where = f"{c.id}:{eq.name}"

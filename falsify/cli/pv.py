@@ -11,7 +11,6 @@ import json
 import sys
 
 from falsify.cli.common import Parser, UsageError
-from falsify.harness.model import CONTRACTS_DIR
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 
@@ -32,14 +31,16 @@ def _mode(args) -> str | None:
 
 def cmd_validate(args) -> int:
     from falsify.harness.model import resolve_arg
+    from falsify.harness.project import default_paths
     from falsify.harness.validate import validate
 
-    for p in map(resolve_arg, args.paths):  # a path that is not there is an I/O error (2)
+    paths = default_paths(args.paths)
+    for p in map(resolve_arg, paths):  # a path that is not there is an I/O error (2)
         if not p.exists():
             raise UsageError(f"no such file or directory: {p}")
-    rep = validate(args.paths, mode=_mode(args), allow_import=args.allow_import)
+    rep = validate(paths, mode=_mode(args), allow_import=args.allow_import)
     if not rep.contracts and not rep.findings:
-        raise UsageError(f"no contracts found under {' '.join(map(str, args.paths))}")
+        raise UsageError(f"no contracts found under {' '.join(map(str, paths))}")
     summary = f"{len(rep.errors)} error(s), {len(rep.warnings)} warning(s)"
     lines = [str(f) for f in rep.findings]
     lines.append(f"{summary} in {len(rep.contracts)} contract(s)")
@@ -51,8 +52,9 @@ def cmd_validate(args) -> int:
 
 def _add_common(p, many=True, fmt=("text", "json")):
     if many:
-        p.add_argument("paths", nargs="*", default=[str(CONTRACTS_DIR)],
-                       help="contract files or directories (default: contracts/)")
+        p.add_argument("paths", nargs="*", default=[],
+                       help="contract files, directories or ids (default: the project's "
+                            "contract directories; outside a project, the contract library)")
     p.add_argument("--format", choices=fmt, default=fmt[0])
     g = p.add_argument_group("mode")
     g.add_argument("--strict", action="store_true", help="force native mode")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from falsify.harness.model import CONTRACTS_DIR
-
 
 def _load(paths, usage_error, mode=None):
+    from falsify.harness.project import default_paths
     from falsify.harness.validate import validate
 
+    paths = default_paths(paths)
     rep = validate(paths, mode=mode, import_bindings=False)
     if not rep.contracts:
         # nothing loaded: an unreadable path, a bad file or an empty directory is a usage
@@ -19,19 +19,35 @@ def _load(paths, usage_error, mode=None):
     return rep
 
 
+def _ledger_path(args, usage_error) -> Path:
+    from falsify.harness.project import find_project
+
+    if args.ledger:
+        return Path(args.ledger)
+    proj = find_project()
+    if proj is None:
+        raise usage_error("no ledger: pass --ledger, or run inside a project (falsify.toml or "
+                          "[tool.falsify] in pyproject.toml; `falsify init` writes one)")
+    return proj.ledger_path
+
+
 def cmd_generate(args, emit, usage_error) -> int:
     from falsify.harness import generate
+    from falsify.harness.project import find_project, require_project
 
+    # test modules go to --out or the project's `generated`; docs pages to the project's `docs`
+    needs_project = not args.out or not (args.no_docs or args.check)
+    proj = require_project("pv generate") if needs_project else find_project()
     rep = _load(args.paths, usage_error)
     if rep.errors:
         for f in rep.errors:
             print(f)
         print(f"{len(rep.errors)} error(s): fix the contracts before generating")
         return 1
-    out_dir = Path(args.out) if args.out else generate.GENERATED_DIR
+    out_dir = Path(args.out) if args.out else proj.generated_dir
     expected = generate.plan_tests(rep.contracts, out_dir)
-    # prune modules of deleted contracts only when the whole contract directory was named
-    whole = [Path(p).resolve() for p in args.paths] == [CONTRACTS_DIR.resolve()]
+    # prune modules of deleted contracts only when the project's whole set was generated
+    whole = not args.paths
     if args.check:
         stale = generate.stale_files(expected, out_dir, prune=whole)
         for p, why in stale:
@@ -44,27 +60,21 @@ def cmd_generate(args, emit, usage_error) -> int:
         print(f"wrote {p}")
     pages = []
     if not args.no_docs:
-        pages = _write_docs(rep.contracts)
+        pages = _write_docs(rep.contracts, proj)
     print(f"{len(changed)} test module(s) changed, {len(expected)} in all; "
           f"{len(pages)} docs page(s) written")
     return 0
 
 
-def _write_docs(contracts):
-    try:
-        from falsify.harness import docs
-    except ImportError:
-        return []
-    from falsify.harness import coverage, ledger
+def _write_docs(contracts, proj):
+    from falsify.harness import coverage, docs, ledger
 
     try:
-        cov = coverage.compute(contracts, ledger.load())
+        cov = coverage.compute(contracts, ledger.load(proj.ledger_path))
     except ledger.LedgerError as e:
         print(f"warning: {e}; docs show every obligation as not-run")
         cov = None
-    from falsify.harness.model import ROOT
-
-    return docs.write_site(contracts, cov, ROOT / "site")
+    return docs.write_site(contracts, cov, pages_dir=proj.docs_dir)
 
 
 def cmd_coverage(args, emit, usage_error) -> int:
@@ -77,7 +87,7 @@ def cmd_coverage(args, emit, usage_error) -> int:
     if not contracts:
         raise usage_error("no native contracts selected")
     try:
-        data = ledger.load(Path(args.ledger) if args.ledger else None)
+        data = ledger.load(_ledger_path(args, usage_error))
     except ledger.LedgerError as e:
         raise usage_error(str(e)) from None
     cov = coverage.compute(contracts, data)
@@ -100,7 +110,7 @@ def cmd_audit(args, emit, usage_error) -> int:
         results = [audit.audit_checks(c) for c in rep.contracts]
     else:
         try:
-            data = ledger.load(Path(args.ledger) if args.ledger else None)
+            data = ledger.load(_ledger_path(args, usage_error))
         except ledger.LedgerError as e:
             raise usage_error(str(e)) from None
         results = [audit.audit(c, data) for c in rep.contracts]
@@ -114,7 +124,7 @@ def cmd_audit(args, emit, usage_error) -> int:
 
 
 def register(sub, add_common, emit, usage_error) -> None:
-    g = sub.add_parser("generate", help="write tests/generated/ and the docs pages")
+    g = sub.add_parser("generate", help="write the project's generated tests and docs pages")
     add_common(g)
     g.add_argument("--check", action="store_true",
                    help="exit 1 if regenerating would change any file")

@@ -1,4 +1,4 @@
-"""`pv` verbs that read contracts: status, graph, equations, diff.
+"""`pv` verbs that read contracts: status, list, graph, equations, diff.
 
 Exit codes as in falsify/cli/pv.py: 0 fine, 1 violations (an unreadable contract, a dependency
 cycle or a missing dependency, a version that does not carry the bump its changes need), 2 usage
@@ -29,6 +29,11 @@ def register(sub, add_common, emit, usage_error) -> None:
                                       "checks, mutants, and the bindings")
     add_common(p)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("list", help="the contract library shipped with falsify: id, version, "
+                                    "status, description")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("graph", help="dependency DAG (metadata.depends_on), dependencies first")
     add_common(p, fmt=("text", "dot", "mermaid", "json"))
@@ -70,10 +75,13 @@ def _check_paths(paths) -> None:
             raise _Verb.usage_error(f"permission denied: {p}")
 
 
-def _load(args, paths):
-    """Contracts under `paths`, and the findings of files that could not be read at all."""
+def _load(args, paths, whole_space=False):
+    """Contracts under `paths` (default: see project.default_paths), and the findings of
+    files that could not be read at all."""
+    from falsify.harness.project import default_paths
     from falsify.harness.validate import load_all
 
+    paths = default_paths(paths, whole_space)
     _check_paths(paths)
     rep = load_all(paths, mode=_mode(args))
     if not rep.contracts and not rep.findings:
@@ -103,10 +111,17 @@ def _table(title: str | None, columns: list[tuple[str, str]], rows: list[list]) 
 # ------------------------------------------------------------------------------ status
 
 
-def _status_row(c) -> dict:
+def _origin(c, space) -> str:
+    """library | project | overrides library, or `file` for a file outside the id space."""
+    e = space.get(c.id)
+    return e.origin if e is not None and e.path == c.path.resolve() else "file"
+
+
+def _status_row(c, space) -> dict:
     executable = [t for t in c.checks if t.kind]
     return {
         "id": c.id, "path": str(c.path), "version": c.version, "mode": c.mode,
+        "origin": _origin(c, space),
         "equations": len(c.equations), "obligations": len(c.obligations),
         "checks": {"total": len(c.checks), "executable": len(executable)},
         "mutants": len(c.mutants), "symbolic_checks": len(c.symbolic_checks),
@@ -116,13 +131,16 @@ def _status_row(c) -> dict:
 
 
 def cmd_status(args) -> int:
-    contracts, unreadable = _load(args, args.paths)
-    rows = [_status_row(c) for c in contracts]
-    cols = [("contract", "left"), ("version", "left"), ("mode", "left"),
+    from falsify.harness.project import find_project, id_space
+
+    contracts, unreadable = _load(args, args.paths, whole_space=True)
+    space = id_space(find_project())
+    rows = [_status_row(c, space) for c in contracts]
+    cols = [("contract", "left"), ("origin", "left"), ("version", "left"), ("mode", "left"),
             ("equations", "right"), ("obligations", "right"), ("checks", "right"),
             ("executable", "right"), ("mutants", "right"), ("symbolic", "right")]
     text = [_table(f"{len(rows)} contract(s)", cols, [
-        [r["id"], r["version"] or "?", r["mode"], r["equations"], r["obligations"],
+        [r["id"], r["origin"], r["version"] or "?", r["mode"], r["equations"], r["obligations"],
          r["checks"]["total"], r["checks"]["executable"], r["mutants"], r["symbolic_checks"]]
         for r in rows])]
     brows = [[r["id"], eq, be, ref] for r in rows for eq, bs in r["bindings"].items()
@@ -141,11 +159,35 @@ def cmd_status(args) -> int:
 # ------------------------------------------------------------------------------ graph
 
 
+def cmd_list(args) -> int:
+    """What the shipped library offers (one row per contract)."""
+    from falsify.harness.project import library_dir, library_files
+    from falsify.harness.validate import load_all
+
+    rep = load_all(list(library_files().values()))
+    rows = [{"id": c.id, "version": c.version, "status": c.status,
+             "description": " ".join(c.description.split()), "path": str(c.path)}
+            for c in sorted(rep.contracts, key=lambda c: c.id)]
+
+    def short(d: str, n: int = 72) -> str:
+        return d if len(d) <= n else d[:n - 1] + "…"
+
+    text = _table(f"{len(rows)} contract(s) in the falsify library ({library_dir()})",
+                  [("contract", "left"), ("version", "left"), ("status", "left"),
+                   ("description", "left")],
+                  [[r["id"], r["version"] or "?", r["status"], short(r["description"])]
+                   for r in rows])
+    unreadable = [f for f in rep.findings if f.rule == "V001"]
+    _Verb.emit(args, {"library": str(library_dir()), "contracts": rows,
+                      "errors": [f.as_dict() for f in unreadable]}, text)
+    return EXIT_VIOLATIONS if unreadable else EXIT_OK
+
+
 def cmd_graph(args) -> int:
     from falsify.harness import graph
     from falsify.harness.validate import Report, known_contracts
 
-    contracts, unreadable = _load(args, args.paths)
+    contracts, unreadable = _load(args, args.paths, whole_space=True)
     # Dependencies next to a named contract count as present: `pv graph one.yaml` should not
     # call its siblings missing. Only what the named contracts reach is drawn.
     known = known_contracts(Report(contracts=list(contracts)))

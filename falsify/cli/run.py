@@ -1,5 +1,10 @@
 """`falsify run` and `falsify mutants`: generate the contracts' tests, run them under pytest,
-report from the ledger.
+report from the results.
+
+The command parses each selected contract once, writes the run manifest (the one hand-over to
+the pytest plugin, see falsify.harness.handover) and reads this session's entries back from
+the manifest's results file. Both need a project (falsify.harness.project): the generated
+modules and the ledger are the project's.
 
 Exit codes: 0 all passed, 1 a check failed or a mutant survived, 2 usage error.
 """
@@ -8,53 +13,72 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from falsify.cli.common import UsageError
-from falsify.harness.model import CONTRACTS_DIR
 
 SYMBOLIC = ("z3", "crosshair")
 
 
-def _select(names: list[str]):
-    """Contracts by id (or path); all native contracts when none is named."""
+def _select(names: list[str], proj):
+    """Contracts by id (the project's or the library's) or by path; the project's own
+    contracts when none is named. Each is parsed once, here, and handed to the runtime."""
+    from falsify.harness import runtime
+    from falsify.harness.model import resolve_arg
+    from falsify.harness.project import id_space, project_contracts
     from falsify.harness.validate import validate
 
+    space = id_space(proj)  # a project contract that clashes with a library id is an error
     paths = []
     for n in names:
-        p = Path(n)
-        if p.exists():
-            paths.append(p)
-        else:
-            q = CONTRACTS_DIR / f"{n.removesuffix('.yaml')}.yaml"
-            if not q.exists():
-                raise UsageError(f"no contract {n!r} (looked for {q})")
-            paths.append(q)
-    rep = validate(paths or [CONTRACTS_DIR])
+        p = resolve_arg(n)
+        if not p.exists():
+            raise UsageError(f"no contract {n!r}: not a file, and not a contract id of the "
+                             "project or the library (`pv list` shows the library)")
+        known = space.get(p.name.rsplit(".", 1)[0])
+        if p.is_file() and known is not None and known.path != p.resolve():
+            # its results and generated module would be filed under the other file's id
+            raise UsageError(f"{p} has the id of {known.origin} contract {known.path}: rename "
+                             "it, or put it in the project and list the id under `overrides`")
+        paths.append(p)
+    if not names:
+        paths = project_contracts(proj)
+        if not paths:
+            raise UsageError(f"no contracts in {', '.join(map(str, proj.contract_dirs))}: add "
+                             "one, or name library contracts by id (`pv list` shows them)")
+    rep = validate(paths)
     if rep.errors:
         for f in rep.errors:
             print(f, file=sys.stderr)
         raise UsageError(f"{len(rep.errors)} validation error(s); run `pv validate`")
-    return [c for c in rep.contracts if c.mode == "native"]
+    return [runtime.remember(c) for c in rep.contracts if c.mode == "native"]
 
 
-def _ensure_generated(contracts) -> list[Path]:
+def _ensure_generated(contracts, proj) -> list[Path]:
     from falsify.harness import generate
 
-    expected = generate.plan_tests(contracts)
-    stale = [p for p, why in generate.stale_files(expected, generate.GENERATED_DIR)
+    out = proj.generated_dir
+    expected = generate.plan_tests(contracts, out)
+    stale = [p for p, why in generate.stale_files(expected, out)
              if p in expected]  # only the selected contracts' modules; never delete others
     for p in stale:
         generate.atomic_write(p, expected[p])
-    changed = stale
-    if changed:
-        print(f"falsify: regenerated {len(changed)} test module(s)", file=sys.stderr)
-    return [generate.GENERATED_DIR / generate.module_name(c.id) for c in contracts]
+    if stale:
+        print(f"falsify: regenerated {len(stale)} test module(s) in {out}", file=sys.stderr)
+    return [out / generate.module_name(c.id) for c in contracts]
 
 
-def _parse_binds(binds: list[str]) -> dict[str, str]:
+def _parse_binds(binds: list[str], contracts) -> dict[str, str]:
+    """`--bind EQUATION.BACKEND=module:function`: the equation and backend must be one a
+    selected contract binds, or the run would silently check the built-in kernel."""
+    from falsify.harness.validate import resolve_binding
+
+    bound = {(eq, b) for c in contracts for eq, e in c.equations.items() for b in e.bindings}
+    equations = sorted({eq for eq, _ in bound})
     out = {}
     for b in binds or []:
         if "=" not in b or ":" not in b.split("=", 1)[1]:
@@ -63,8 +87,14 @@ def _parse_binds(binds: list[str]) -> dict[str, str]:
         if "." not in key or key.rsplit(".", 1)[1] not in ("reference", "torch", "triton"):
             raise UsageError(f"--bind {b!r}: key must be EQUATION.BACKEND with BACKEND one of "
                              "reference, torch, triton")
-        from falsify.harness.validate import resolve_binding
-
+        eq, backend = key.rsplit(".", 1)
+        if eq not in equations:
+            raise UsageError(f"--bind {b!r}: no selected contract has equation {eq!r} "
+                             f"(equations: {', '.join(equations) or 'none'})")
+        if (eq, backend) not in bound:
+            have = sorted(be for e, be in bound if e == eq)
+            raise UsageError(f"--bind {b!r}: equation {eq!r} has no {backend} binding to "
+                             f"replace (bound: {', '.join(have)})")
         _, err = resolve_binding(ref, allow_import=True)
         if err:
             raise UsageError(f"--bind {b!r}: {err[1]}")
@@ -115,26 +145,61 @@ class _Progress:
             self.progress.stop()
 
 
-def _pytest(modules: list[Path], extra: list[str], workers: int, env: dict, console) -> int:
+def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
+            console) -> tuple[int, dict]:
     """pytest in-process with its terminal reporter off: the progress bar and our own summary
-    (from the ledger) replace it; collection errors are printed by _Progress."""
+    replace it; collection errors are printed by _Progress. Returns (exit code, this
+    session's entries), handed over through the manifest and its results file."""
     import pytest
 
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    args = [str(m) for m in modules] + ["-p", "no:cacheprovider", "-p", "no:terminal",
-                                         "-p", "no:benchmark"]
-    if workers > 1:
-        args += ["-n", str(workers)]
-    args += extra
+    from falsify.harness import handover
+
+    tmp = Path(tempfile.mkdtemp(prefix="falsify-run-"))
     try:
-        return int(pytest.main(args, plugins=[_Progress(console)]))
+        path = handover.write(tmp / "manifest.json", handover.Manifest(
+            **{**manifest, "results": str(tmp / "results.json")}))
+        args = [str(m) for m in modules] + ["--falsify-manifest", str(path),
+                                             "-p", "no:cacheprovider", "-p", "no:terminal",
+                                             "-p", "no:benchmark"]
+        if workers > 1:
+            args += ["-n", str(workers)]
+        rc = int(pytest.main(args + extra, plugins=[_Progress(console)]))
+        return rc, handover.read_results(tmp / "results.json")
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
+    """`--changed`: the tests whose last result passed (a mutant: was killed) against the
+    current contract text and implementation source (manifest `reuse` keys)."""
+    from falsify.harness.coverage import current
+    from falsify.harness.ledger import mutant_key, run_key
+    from falsify.harness.plan import runs
+
+    out = []
+    for c in contracts:
+        for t in c.checks:
+            for r in runs(c, t):
+                key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
+                                   variant=r.variant))
+                e = data["runs"].get(key)
+                if r.backend in keep and e and e["outcome"] == "passed" and current(c, e, t):
+                    out.append("run:" + key)
+        for m in c.mutants if select != "checks" else []:
+            key = mutant_key(dict(contract=c.id, mutant=m.id))
+            e = data["mutants"].get(key)
+            if e and e["outcome"] == "killed" and current(c, e, mutant=m):
+                out.append("mutant:" + key)
+    return out
+
+
+def _manifest(proj, contracts, select: str, profile: str, backends: list[str],
+              binds: dict, ledger_path: Path, reuse: list[str] = ()) -> dict:
+    return dict(project_root=str(proj.root), select=select, profile=profile,
+                backends=list(backends), binds=binds, ledger=str(ledger_path),
+                reuse=list(reuse),
+                contracts={c.id: {"path": str(c.path.resolve()), "sha256": c.sha256}
+                           for c in contracts})
 
 
 def _results_table(contracts, ledger_data, backends, console):
@@ -184,94 +249,134 @@ def _print_failures(contracts, entries, console):
             console.print(f"  diagnosis (if_fails): {t.if_fails}", markup=False)
 
 
+def _print_survivors(mutants, console):
+    for e in mutants:
+        if e["outcome"] == "killed":
+            continue
+        why = ("no check of the obligation failed against it" if e["outcome"] == "survived"
+               else e.get("message") or "the mutant test errored")
+        console.print(f"MUTANT {e['outcome'].upper()} {e['contract']} {e['mutant']} "
+                      f"({e['obligation']}, {e['backend']}): {why}", markup=False,
+                      style="bold red")
+
+
+def _summary(contracts, data, runs, mutants, select, bind_note, keep) -> str:
+    from falsify.harness import coverage
+    from falsify.harness.plan import runs as planned
+
+    passed = sum(e["outcome"] == "passed" for e in runs)
+    failed = sum(e["outcome"] in ("failed", "error", "unproven") for e in runs)
+    checks = f"checks {passed} passed, {failed} failed"
+    if bind_note:
+        return f"{checks}; {bind_note}"
+    if select == "checks":
+        return (f"{checks}; mutants not run (--no-mutants), so no obligation coverage figure: "
+                "`falsify run` without --no-mutants runs both")
+    killed = sum(e["outcome"] == "killed" for e in mutants)
+    covered, total = coverage.compute(contracts, data).overall()
+    pct = 100.0 * covered / total if total else 100.0
+    skipped = sorted({r.backend for c in contracts for t in c.checks for r in planned(c, t)}
+                     - set(keep))
+    why = (f" ({', '.join(skipped)} not run: not in --backend or the project's `backends`)"
+           if skipped else "")
+    return (f"coverage: {covered}/{total} obligations covered ({pct:.1f}%){why}, counting "
+            f"checks and mutants; {checks}; mutants {killed}/{len(mutants)} killed")
+
+
 def cmd_run(args) -> int:
     from rich.console import Console
 
-    from falsify.harness import coverage, ledger
+    from falsify.harness import ledger
+    from falsify.harness.project import require_project
 
+    proj = require_project("falsify run")
     console = Console(stderr=args.format != "table")
-    contracts = _select(args.contracts)
-    binds = _parse_binds(args.bind)
-    modules = _ensure_generated(contracts)
-    backends = [b.strip() for b in args.backend.split(",")] if args.backend else None
-    keep = list(backends or ["reference", "torch", "triton"]) + list(SYMBOLIC)
-    if backends:
-        keep = backends + [b for b in SYMBOLIC if b not in backends]
-    profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else "fast")
-    env = {"FALSIFY_PROFILE": profile}
-    ledger_path = Path(args.ledger) if args.ledger else ledger.default_path()
+    contracts = _select(args.contracts, proj)
+    binds = _parse_binds(args.bind, contracts)
+    modules = _ensure_generated(contracts, proj)
+    backends = ([b.strip() for b in args.backend.split(",")] if args.backend
+                else list(proj.backends))
+    keep = backends + [b for b in SYMBOLIC if b not in backends]
+    profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else proj.profile)
+    ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
+    bind_note = None
     if binds:
-        env["FALSIFY_BIND"] = json.dumps(binds)
-        if not args.ledger:  # results about someone else's function are not our coverage
+        # results about someone else's function are not the project's coverage; mutants
+        # replace the contract's own binding, so they say nothing about the bound function
+        if not args.ledger:
             ledger_path = ledger_path.with_name("ledger-bind.json")
-    extra = ["--falsify-backends", ",".join(keep), "--falsify-ledger", str(ledger_path)]
+        bind_note = (f"--bind checks {', '.join(binds)}: mutants not run and the results are "
+                     "not the project's coverage")
+    select = "checks" if (args.no_mutants or binds) else "all"
+    extra = []
     junit = None
     if args.format == "junit":
         junit = Path(args.junit_file)
         extra += ["--junitxml", str(junit)]
     if args.k:
         extra += ["-k", args.k]
-    from falsify.harness import pytest_plugin
-
     start = time.time()
-    pytest_plugin.LAST_SESSION.update(runs=[], mutants=[])
-    rc = _pytest(modules, extra, args.workers, env, console)
-    after = ledger.load(ledger_path)
+    reuse = []
+    if args.changed:
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select)
+        console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
+                      "and implementation are unchanged", markup=False)
+    manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
+    rc, session = _pytest(modules, manifest, extra, args.workers, console)
+    if rc == 5 and reuse:  # everything selected was reused: nothing left to run
+        rc = 0
+    data = ledger.load(ledger_path)
     # only what this session ran: the ledger also holds other contracts' results, some of
     # them written by concurrent runs while this one was in flight
     selected = {c.id for c in contracts}
-    new = [e for e in pytest_plugin.LAST_SESSION["runs"] if e["contract"] in selected]
-    _print_failures(contracts, new, console)
+    runs = [e for e in session["runs"] if e["contract"] in selected]
+    muts = [e for e in session["mutants"] if e["contract"] in selected]
+    _print_failures(contracts, runs, console)
+    _print_survivors(muts, console)
     if args.format == "json":
-        print(json.dumps({"entries": new, "exit": rc}, indent=1, default=str))
+        print(json.dumps({"entries": runs, "mutants": muts, "exit": rc}, indent=1, default=str))
     else:
-        _results_table(contracts, after, [b for b in keep], console)
-    cov = coverage.compute(contracts, after if not binds else ledger.load())
-    covered, total = cov.overall()
-    console.print(f"coverage: {covered}/{total} obligations covered "
-                  f"({100.0 * covered / total if total else 100:.1f}%) — mutants count: run "
-                  f"`falsify mutants`; ledger {ledger_path}; {time.time() - start:.0f} s")
+        _results_table(contracts, data, keep, console)
+    console.print(f"{_summary(contracts, data, runs, muts, select, bind_note, keep)}; "
+                  f"ledger {ledger_path}; {time.time() - start:.0f} s", markup=False)
     if junit:
         console.print(f"JUnit XML written to {junit}")
     if rc == 5:
         raise UsageError("no check selected (wrong --backend or -k?)")
-    return 0 if rc == 0 else 1
+    survived = any(e["outcome"] != "killed" for e in muts)
+    return 0 if rc == 0 and not survived else 1
 
 
 def cmd_mutants(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from falsify.harness import ledger
+    from falsify.harness.project import require_project
 
+    proj = require_project("falsify mutants")
     console = Console()
-    contracts = _select(args.contracts)
-    modules = _ensure_generated(contracts)
-    ledger_path = Path(args.ledger) if args.ledger else ledger.default_path()
-    profile = "ci" if os.environ.get("CI") else "fast"
-    extra = ["--mutants", "--falsify-ledger", str(ledger_path)]
-    if args.backend:
-        extra += ["--falsify-backends", args.backend]
-    rc = _pytest(modules, extra, args.workers, {"FALSIFY_PROFILE": profile}, console)
-    data = ledger.load(ledger_path)
+    contracts = _select(args.contracts, proj)
+    modules = _ensure_generated(contracts, proj)
+    ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
+    profile = "ci" if os.environ.get("CI") else proj.profile
+    backends = ([b.strip() for b in args.backend.split(",")] if args.backend
+                else list(proj.backends))
+    manifest = _manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
+    rc, session = _pytest(modules, manifest, [], args.workers, console)
     t = Table(title="falsify mutants")
     for col in ("contract", "mutant", "obligation", "backend", "result", "killed by"):
         t.add_column(col)
+    ids = {c.id for c in contracts}
+    muts = sorted((e for e in session["mutants"] if e["contract"] in ids),
+                  key=lambda e: (e["contract"], e["mutant"]))
     survived = 0
-    ids = {c.id: c for c in contracts}
-    for e in sorted(data["mutants"].values(), key=lambda e: (e["contract"], e["mutant"])):
-        c = ids.get(e["contract"])
-        if c is None or e.get("sha256") != c.sha256:
-            continue
-        if args.backend and e["backend"] not in args.backend.split(","):
-            continue
+    for e in muts:
         style = {"killed": "green", "survived": "bold red"}.get(e["outcome"], "yellow")
         survived += e["outcome"] != "killed"
         t.add_row(e["contract"], e["mutant"], e["obligation"], e["backend"],
                   f"[{style}]{e['outcome']}[/]", e.get("killed_by") or "")
     console.print(t)
-    total = sum(len(c.mutants) for c in contracts)
-    console.print(f"mutants: {total - survived} of {total} killed" if not survived
+    console.print(f"mutants: {len(muts) - survived} of {len(muts)} killed" if not survived
                   else f"[bold red]{survived} mutant(s) not killed[/]")
     if rc == 5:
         raise UsageError("no mutant selected")
@@ -279,12 +384,18 @@ def cmd_mutants(args) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("run", help="run the contracts' checks (generates tests if needed)")
-    r.add_argument("contracts", nargs="*", help="contract ids or files (default: all)")
-    r.add_argument("--backend", default=None, help="comma-separated: reference,torch,triton")
-    g = r.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="fast hypothesis profile (default)")
-    g.add_argument("--thorough", action="store_true",
+    r = sub.add_parser("run", help="run the contracts' checks and mutants (generates tests "
+                                   "if needed)")
+    r.add_argument("contracts", nargs="*",
+                   help="contract ids (the project's or the library's) or files "
+                        "(default: the project's contracts)")
+    r.add_argument("--backend", default=None,
+                   help="comma-separated: reference,torch,triton (default: the project's "
+                        "`backends`)")
+    r.add_argument("--no-mutants", "--quick", dest="no_mutants", action="store_true",
+                   help="checks only, no mutants: quick, but no obligation coverage figure "
+                        "(--quick is the same)")
+    r.add_argument("--thorough", action="store_true",
                    help=">= 1000 examples per check; 10,000 for critical kernels")
     r.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1))
     r.add_argument("--format", choices=["table", "json", "junit"], default="table")
@@ -292,12 +403,17 @@ def register(sub) -> None:
     r.add_argument("--bind", action="append", default=[],
                    metavar="EQUATION.BACKEND=module:function",
                    help="check another implementation against a contract without editing it")
-    r.add_argument("--ledger", default=None)
+    r.add_argument("--ledger", default=None, help="default: the project's `ledger`")
     r.add_argument("-k", default=None, help="pytest -k expression to select checks")
+    r.add_argument("--changed", action="store_true",
+                   help="re-run only the checks (and mutants) whose contract or implementation "
+                        "source changed since their last passing result; reuse the rest")
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("mutants", help="run every declared mutant; a survivor is a failure")
     m.add_argument("contracts", nargs="*")
-    m.add_argument("--backend", default=None)
+    m.add_argument("--backend", default=None,
+                   help="comma-separated: reference,torch,triton (default: the project's "
+                        "`backends`)")
     m.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1))
     m.add_argument("--ledger", default=None)
     m.set_defaults(func=cmd_mutants)

@@ -1,0 +1,98 @@
+"""Incremental verification: ledger entries carry the contract's and the implementation's hash;
+`pv coverage` calls a result whose implementation changed `stale`, and `falsify run --changed`
+re-runs exactly the checks whose contract or implementation changed.
+
+A temporary project holds two copies of the softmax contract (Triton dropped: the interpreter
+is slow), each binding torch to a kernel module of the project's own; editing one module must
+re-run only its contract's checks that execute it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from falsify.harness import ledger
+from falsify.harness.project import library_dir
+
+KERNEL = "from falsify.impl.torch.softmax import softmax  # noqa: F401\n"
+
+
+def _contract(proj: Path, cid: str, prefix: str, module: str) -> None:
+    text = (library_dir() / "softmax-kernel-v1.yaml").read_text()
+    data = yaml.safe_load(text.replace("SM-", f"{prefix}-"))  # ids unique across contracts
+    eq = data["equations"]["softmax"]
+    eq["bindings"].pop("triton")
+    eq["bindings"]["torch"] = f"{module}:softmax"
+    data["mutants"] = [m for m in data["mutants"] if m["replaces"] == "softmax.reference"]
+    data["qa_gate"]["pass_criteria"] = (f"All {len(data['falsification_tests'])} falsification "
+                                        f"tests pass and all {len(data['mutants'])} mutants "
+                                        "are killed")
+    (proj / "contracts" / f"{cid}.yaml").write_text(yaml.safe_dump(data, sort_keys=False,
+                                                                   allow_unicode=True))
+    (proj / f"{module}.py").write_text(KERNEL)
+
+
+def sh(proj, *args):
+    env = dict(os.environ, FALSIFY_QUIET="1", CI="1", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", *args], cwd=proj, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _states(proj) -> dict[tuple[str, str], set[str]]:
+    """(contract, backend) -> the coverage states of its required runs (Triton left out: the
+    project does not run it, so its static checks stay not-run)."""
+    cov = json.loads(sh(proj, "falsify.cli.pv", "coverage", "--format", "json").stdout)
+    out: dict[tuple[str, str], set[str]] = {}
+    for c in cov["contracts"]:
+        for o in c["obligations"]:
+            for r in o["runs"]:
+                if r["backend"] != "triton":
+                    out.setdefault((c["id"], r["backend"]), set()).add(r["state"])
+    return out
+
+
+def test_changed_reruns_exactly_the_edited_kernels_checks(tmp_path):
+    proj = tmp_path
+    (proj / "contracts").mkdir()
+    (proj / "falsify.toml").write_text('backends = ["reference", "torch"]\n')
+    _contract(proj, "a-softmax-v1", "SA", "kern_a")
+    _contract(proj, "b-softmax-v1", "SB", "kern_b")
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "-n", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    led = proj / ".falsify" / "ledger.json"
+    first = ledger.load(led)["runs"]
+    assert all(e.get("impl_sha") for e in first.values())
+
+    # nothing changed: everything is reused, nothing runs
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", "-n", "2", "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["entries"] == []
+    assert f"reused {len(first)} passing result(s)" in " ".join(r.stderr.split())
+
+    # edit one kernel: its contract's results on torch go stale, nothing else
+    (proj / "kern_a.py").write_text(KERNEL + "# tuned\n")
+    states = _states(proj)
+    assert states[("a-softmax-v1", "torch")] == {"stale"}
+    assert states[("a-softmax-v1", "reference")] == states[("a-softmax-v1", "z3")] == {"covered"}
+    assert {s for (cid, _), ss in states.items() if cid == "b-softmax-v1" for s in ss} == \
+        {"covered"}
+
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", "-n", "2", "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rerun = {(e["contract"], e["check"], e["backend"], e["variant"])
+             for e in json.loads(r.stdout)["entries"]}
+    expected = {k for k, e in ((tuple(k.split("|")), e) for k, e in first.items())
+                if k[0] == "a-softmax-v1" and e["backend"] == "torch"}
+    assert rerun == expected and expected
+    assert f"reused {len(first) - len(expected)} passing result(s)" in " ".join(r.stderr.split())
+    after = ledger.load(led)["runs"]
+    for k, e in first.items():
+        if tuple(k.split("|")) not in expected:
+            assert after[k] == e, f"{k} was re-run"  # reused: the entry is untouched
+    assert {s for ss in _states(proj).values() for s in ss} == {"covered"}
