@@ -18,13 +18,34 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import site
 import sys
+import sysconfig
 from functools import cache
 from pathlib import Path
 
 from falsify.harness.model import Check, Contract, Mutant
 
 _FALSIFY_TREE = Path(__file__).resolve().parents[1]
+
+
+def _site_dirs() -> tuple[Path, ...]:
+    dirs = {*site.getsitepackages(), site.getusersitepackages(),
+            *(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))}
+    return tuple(Path(d).resolve() for d in dirs if d)
+
+
+_SITE = _site_dirs()
+
+
+def _local(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Under a root, and not a third-party package: a virtual environment inside a checkout (an
+    editable install's `.venv/`) or a user's project holds site-packages below the root, and
+    those are not the project's code. A root that is itself in site-packages (falsify installed
+    from a wheel) still counts its own files."""
+    return any(path.is_relative_to(r)
+               and not any(path.is_relative_to(s) and not r.is_relative_to(s) for s in _SITE)
+               for r in roots)
 
 
 def _roots() -> tuple[Path, ...]:
@@ -50,7 +71,7 @@ def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
     path = Path(spec.origin).resolve()
-    return path if any(path.is_relative_to(r) for r in roots) else None
+    return path if _local(path, roots) else None
 
 
 def _imports(path: Path, module: str) -> set[str]:
