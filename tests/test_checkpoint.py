@@ -47,7 +47,7 @@ def test_resume_without_data_position_would_differ(tmp_path):
 
 
 def _launch(out_dir: Path, extra: list[str]) -> subprocess.Popen:
-    args = [sys.executable, "-m", "falsify.cli.train", f"out_dir={out_dir}", "progress=false",
+    args = [sys.executable, "-m", "falsify", "train", f"out_dir={out_dir}", "progress=false",
             *[f"{k}={v}" for k, v in T.TINY_TEST.items() if k not in ("progress",)], *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

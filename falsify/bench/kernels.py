@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from falsify.cli.common import UsageError
 
 
 @dataclass
@@ -49,7 +52,10 @@ def _rand(*shape, grad=False, dtype=torch.float32, seed=0):
     return t.requires_grad_(grad)
 
 
-def cases() -> list[Case]:
+def cases(quick: bool = False) -> list[Case]:
+    """Every case, defined here so that the list is the same however this module is loaded
+    (imported, or run as __main__ by the peak-memory subprocess). `quick`: small shapes, still
+    one power-of-2 and one odd shape per kernel, for a run of a couple of minutes."""
     out: list[Case] = []
 
     def add(kernel, *a, **k):
@@ -57,7 +63,7 @@ def cases() -> list[Case]:
 
     from falsify.impl.torch import softmax as sm
 
-    for m, n in ((4096, 4096), (1023, 32000)):
+    for m, n in ((256, 1024), (255, 4099)) if quick else ((4096, 4096), (1023, 32000)):
         add("softmax", f"{m}x{n}", lambda m=m, n=n: {"x": _rand(m, n)},
             lambda a: sm.softmax(a["x"]),
             lambda a: torch.exp(a["x"] - a["x"].amax(-1, keepdim=True)).div_(
@@ -68,7 +74,7 @@ def cases() -> list[Case]:
     except ImportError:
         rn = None
     if rn is not None:
-        for m, n in ((8192, 1024), (4096, 4096)):
+        for m, n in ((512, 1024), (255, 1000)) if quick else ((8192, 1024), (4096, 4096)):
             def setup(m=m, n=n):
                 return {"x": _rand(m, n, grad=True), "w": _rand(n, grad=True, seed=1)}
 
@@ -78,16 +84,24 @@ def cases() -> list[Case]:
 
             add("rmsnorm fwd+bwd", f"{m}x{n}", setup, lambda a: rn.rmsnorm(a["x"], a["w"], 1e-6),
                 eager, "eager x*rsqrt(mean(x²)+eps)*w", flops=4.0 * m * n * 3, backward=True)
-    for extra in EXTRA_CASES:
-        try:
-            out.extend(extra())
-        except ImportError as e:
-            print(f"bench: cases from {extra.__module__}.{extra.__name__} unavailable: {e}",
-                  file=sys.stderr)
+    from falsify.impl.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
+
+    # A language-model head (4k tokens, hidden 1k, 32k vocabulary) in the full run: the naive
+    # side materialises the [T, V] logits and their gradient, which the fused kernel avoids.
+    T, H, V = (512, 256, 8192) if quick else (4096, 1024, 32768)
+
+    def flce_setup(T=T, H=H, V=V):
+        x = (_rand(T, H) / H ** 0.5).requires_grad_(True)
+        w = (_rand(V, H, seed=1) / H ** 0.5).requires_grad_(True)
+        y = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(2))
+        y[::7] = -100
+        return {"x": x, "w": w, "y": y}
+
+    add("fused_linear_cross_entropy", f"{T}x{H}x{V}", flce_setup,
+        lambda a: fused_linear_cross_entropy(a["x"], a["w"], a["y"]),
+        lambda a: F.cross_entropy(a["x"] @ a["w"].t(), a["y"], ignore_index=-100),
+        "F.cross_entropy(x @ W.T, y)", flops=3 * 2.0 * T * H * V, backward=True)
     return out
-
-
-EXTRA_CASES: list[Callable[[], list[Case]]] = []  # kernels register more cases here
 
 
 def _call(case: Case, which: str, args: dict):
@@ -124,8 +138,11 @@ def _status(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def measure_peak(kernel: str, label: str, which: str) -> int:
-    case = next(c for c in cases() if c.kernel == kernel and c.label == label)
+def measure_peak(kernel: str, label: str, which: str, quick: bool = False) -> int:
+    case = next((c for c in cases(quick) if c.kernel == kernel and c.label == label), None)
+    if case is None:
+        raise UsageError(f"no benchmark case {kernel!r} {label!r}"
+                         + (" in the --quick set" if quick else ""))
     args = case.setup()
     rss = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -134,33 +151,43 @@ def measure_peak(kernel: str, label: str, which: str) -> int:
     return max(0, _status("VmHWM") - rss)
 
 
-def peak_in_subprocess(case: Case, which: str) -> int:
-    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", case.kernel,
-                        case.label, which], capture_output=True, text=True, timeout=600)
+def peak_in_subprocess(case: Case, which: str, quick: bool = False) -> int:
+    # Through `python -m falsify`, which imports this module under its own name: the child
+    # measures the very case list the parent timed, never a second copy of the module loaded
+    # as __main__ (whose module-level state other modules' imports would not reach).
+    r = subprocess.run([sys.executable, "-m", "falsify", "bench", "kernels", "--measure",
+                        case.kernel, case.label, which] + (["--quick"] if quick else []),
+                       capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"peak measurement failed for {case.kernel} {case.label} {which}:\n"
                            + r.stderr[-2000:])
     return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="falsify bench kernels")
+def register(sub) -> None:
+    p = sub.add_parser("kernels", help="our torch kernels vs eager PyTorch: time and peak "
+                                       "memory", description=__doc__.split("\n")[0])
     p.add_argument("--measure", nargs=3, metavar=("KERNEL", "LABEL", "WHICH"),
                    help=argparse.SUPPRESS)
+    p.add_argument("--quick", action="store_true",
+                   help="small shapes (a couple of minutes), ours vs the baseline as usual")
     p.add_argument("--only", default=None, help="substring of the kernel names to run")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--format", choices=["table", "json"], default="table")
-    args = p.parse_args(argv)
+    p.set_defaults(func=cmd_kernels)
+
+
+def cmd_kernels(args) -> int:
     if args.measure:
-        print(json.dumps({"peak_extra_bytes": measure_peak(*args.measure)}))
+        print(json.dumps({"peak_extra_bytes": measure_peak(*args.measure, args.quick)}))
         return 0
     from rich.console import Console
     from rich.table import Table
 
     torch.set_num_threads(torch.get_num_threads())
     rows = []
-    for c in cases():
+    for c in cases(args.quick):
         if args.only and args.only not in c.kernel:
             continue
         t_ours, t_base = time_pair(c, args.repeats)
@@ -168,7 +195,8 @@ def main(argv=None) -> int:
                    ours_ms=t_ours * 1e3, base_ms=t_base * 1e3, time_ratio=t_ours / t_base,
                    gflops=c.flops / t_ours / 1e9 if c.flops else None)
         if not args.no_memory:
-            mo, mb = peak_in_subprocess(c, "ours"), peak_in_subprocess(c, "baseline")
+            mo = peak_in_subprocess(c, "ours", args.quick)
+            mb = peak_in_subprocess(c, "baseline", args.quick)
             row.update(ours_peak_mb=mo / 2**20, base_peak_mb=mb / 2**20,
                        mem_ratio=mo / mb if mb else None)
         rows.append(row)
@@ -193,14 +221,7 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m falsify.bench.kernels ...` is `falsify bench kernels ...`
+    from falsify.cli import main
 
-
-def _flce_cases():
-    from falsify.proofs.fused_linear_cross_entropy import bench_cases
-
-    return bench_cases()
-
-
-EXTRA_CASES.append(_flce_cases)
+    sys.exit(main(["bench", "kernels", *sys.argv[1:]]))

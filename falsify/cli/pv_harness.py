@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from falsify.cli.common import UsageError, add_common, emit
 from falsify.harness.model import CONTRACTS_DIR
 
 
-def _load(paths, usage_error, mode=None):
+def _load(paths, mode=None):
     from falsify.harness.validate import validate
 
     rep = validate(paths, mode=mode, import_bindings=False)
@@ -15,14 +16,14 @@ def _load(paths, usage_error, mode=None):
         # nothing loaded: an unreadable path, a bad file or an empty directory is a usage
         # error (exit 2) with the reason, never an empty, successful report
         why = "; ".join(str(f) for f in rep.findings) or "no contracts found"
-        raise usage_error(f"{why} (under {' '.join(map(str, paths))})")
+        raise UsageError(f"{why} (under {' '.join(map(str, paths))})")
     return rep
 
 
-def cmd_generate(args, emit, usage_error) -> int:
+def cmd_generate(args) -> int:
     from falsify.harness import generate
 
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     if rep.errors:
         for f in rep.errors:
             print(f)
@@ -67,19 +68,19 @@ def _write_docs(contracts):
     return docs.write_site(contracts, cov, ROOT / "site")
 
 
-def cmd_coverage(args, emit, usage_error) -> int:
+def cmd_coverage(args) -> int:
     from falsify.harness import coverage, ledger
 
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     contracts = [c for c in rep.contracts if c.mode == "native"]
     if args.status:
         contracts = [c for c in contracts if c.status == args.status]
     if not contracts:
-        raise usage_error("no native contracts selected")
+        raise UsageError("no native contracts selected")
     try:
         data = ledger.load(Path(args.ledger) if args.ledger else None)
     except ledger.LedgerError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     cov = coverage.compute(contracts, data)
     covered, total = cov.overall()
     pct = 100.0 * covered / total if total else 100.0
@@ -90,14 +91,14 @@ def cmd_coverage(args, emit, usage_error) -> int:
     return 0
 
 
-def cmd_audit(args, emit, usage_error) -> int:
+def cmd_audit(args) -> int:
     from falsify.harness import audit, ledger
 
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     try:
         data = ledger.load(Path(args.ledger) if args.ledger else None)
     except ledger.LedgerError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     results = [audit.audit(c, data) for c in rep.contracts]
     gaps = sum(len(r.gaps) for r in results)
     emit(args, {"contracts": [r.as_dict() for r in results], "gaps": gaps},
@@ -105,14 +106,14 @@ def cmd_audit(args, emit, usage_error) -> int:
     return 1 if gaps else 0
 
 
-def register(sub, add_common, emit, usage_error) -> None:
+def register(sub) -> None:
     g = sub.add_parser("generate", help="write tests/generated/ and the docs pages")
     add_common(g)
     g.add_argument("--check", action="store_true",
                    help="exit 1 if regenerating would change any file")
     g.add_argument("--out", default=None, help="output directory for test modules")
     g.add_argument("--no-docs", action="store_true", help="only the test modules")
-    g.set_defaults(func=lambda a: cmd_generate(a, emit, usage_error))
+    g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("coverage", help="obligation coverage from the results ledger")
     add_common(c)
@@ -120,9 +121,9 @@ def register(sub, add_common, emit, usage_error) -> None:
     c.add_argument("--ledger", default=None)
     c.add_argument("--status", choices=["complete", "draft"], default=None,
                    help="only contracts with this metadata.status")
-    c.set_defaults(func=lambda a: cmd_coverage(a, emit, usage_error))
+    c.set_defaults(func=cmd_coverage)
 
     a = sub.add_parser("audit", help="reference → equation → obligation → check → result chain")
     add_common(a)
     a.add_argument("--ledger", default=None)
-    a.set_defaults(func=lambda a_: cmd_audit(a_, emit, usage_error))
+    a.set_defaults(func=cmd_audit)
