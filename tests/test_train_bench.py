@@ -92,7 +92,7 @@ def test_compile_failure_is_reported_and_the_others_still_run(tmp_path, monkeypa
                  "--steps", "1", "--warmup", "0", "--threads", "1", "--json", str(out)]) == 0
     (r,) = json.loads(out.read_text())
     assert set(r["hf_compiled"]) == {"failed"}
-    assert "/bin/false" in r["hf_compiled"]["failed"] or "Error" in r["hf_compiled"]["failed"]
+    assert "InvalidCxxCompiler" in r["hf_compiled"]["failed"]  # inductor's own error, as is
     assert set(r["vs"]) == {"hf"} and r["ahead_of_compiled"] is None
     assert r["ours"]["step_s"] > 0 and r["hf"]["step_s"] > 0
     text = capsys.readouterr().out

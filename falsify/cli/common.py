@@ -24,6 +24,23 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse measures subcommand names without the indentation it prints them with, so a
+    verb longer than the other entries ("equations") gets its help on the next line; this
+    measures them as printed, so every verb keeps its help on its own line."""
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and hasattr(action, "_get_subactions"):
+            names = [len(self._format_action_invocation(a)) for a in action._get_subactions()]
+            self._action_max_length = max([self._action_max_length]
+                                          + [n + self._current_indent + 2 for n in names])
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """For a program whose description is its module docstring, laid out by hand."""
+
+
 class Parser(argparse.ArgumentParser):
     # True on a verb whose positionals may come before, between or after its flags
     # (`falsify finetune lr=1e-3 --rank 8 seed=1`). A subcommand's parser is run by its parent
@@ -32,6 +49,7 @@ class Parser(argparse.ArgumentParser):
     _intermixing = False
 
     def __init__(self, *a, **k):
+        k.setdefault("formatter_class", HelpFormatter)
         super().__init__(*a, **k)
         # the innermost (sub)command parsed names itself, for errors found after parsing
         self.set_defaults(command_prog=self.prog)
@@ -81,7 +99,7 @@ def group(sub, name: str, help_: str, modules: Sequence[str | ModuleType]) -> Pa
 def build_parser(prog: str, description: str, modules: Sequence[str | ModuleType],
                  epilog: str | None = None) -> Parser:
     p = Parser(prog=prog, description=description, epilog=epilog,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=RawDescriptionHelpFormatter)
     add_verbs(p, modules, dest="verb")
     return p
 

@@ -17,8 +17,8 @@ from falsify.cli.common import EXIT_OK, UsageError, add_common, contract_mode, e
 
 def register(sub) -> None:
     """Add this module's subcommands to the `pv` parser."""
-    p = sub.add_parser("status", help="per contract: counts of equations, obligations, "
-                                      "checks, mutants, and the bindings")
+    p = sub.add_parser("status", help="per contract: equations, obligations, checks, "
+                                      "mutants, bindings")
     add_common(p)
     p.set_defaults(func=cmd_status)
 
@@ -30,8 +30,10 @@ def register(sub) -> None:
     add_common(p, fmt=("text", "latex", "json"))
     p.set_defaults(func=cmd_equations)
 
-    p = sub.add_parser("diff", help="what changed between two versions of a contract, and "
-                                    "whether the version bump is big enough")
+    p = sub.add_parser("diff", help="what changed between two contract versions; the bump "
+                                    "it needs",
+                       description="what changed between two versions of a contract, and "
+                                   "whether the version bump is big enough")
     p.add_argument("old", help="the previous version of the contract")
     p.add_argument("new", help="the new version of the contract")
     add_common(p, many=False)
