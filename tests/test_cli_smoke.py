@@ -258,3 +258,12 @@ def test_train_config_file_then_resume_auto(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "trained 2 steps" in r.stdout
 
+
+
+def test_finetune_overrides_may_come_between_flags():
+    """`falsify finetune lr=1e-3 --rank 8 seed=1`: key=value overrides before, between and
+    after the flags all reach the command (the verb's parser is intermixed)."""
+    args = falsify_parser().parse_args(["finetune", "lr=1e-3", "--rank", "8", "seed=1",
+                                        "--data", "a.jsonl", "batch_size=2"])
+    assert args.overrides == ["lr=1e-3", "seed=1", "batch_size=2"]
+    assert (args.lora_r, args.data, args.func.__name__) == ("8", ["a.jsonl"], "cmd_finetune")

@@ -507,7 +507,7 @@ def _print_tables(console, results: list[dict]) -> None:
                       f"{k['step_mem_mb']:.0f}", f"{k['gflop_s']:.1f}",
                       f"{k['gflop_s'] / r['gemm_peak_gflop_s']:.1%}")
         for kind, v in r["vs"].items():
-            t.add_row(r["preset"], f"[bold]ratio vs {LABELS[kind]}[/]",
+            t.add_row(r["preset"], f"[bold]ratio vs {LABELS[kind].removeprefix('HF ')}[/]",
                       f"[bold]{v['speedup']:.2f}x[/]", "", f"{v['mem_ratio']:.2f}x", "", "")
     console.print(t)
     console.print("ratio: median over adjacent steps of t_theirs / t_ours (> 1: ours is faster; "
