@@ -240,10 +240,15 @@ def test_train_config_file_then_resume_auto(tmp_path):
     run: the second finds the finished run and does no more steps."""
     import yaml
 
-    from falsify.impl.llm import train as T
-
     out = tmp_path / "run"
-    cfg = dict(T.TINY_TEST, out_dir=str(out), eval_interval=2, save_interval=2)
+    # the smallest run that trains, evaluates and checkpoints: a 2-layer model of width 64 on
+    # synthetic tokens
+    cfg = {"model": "tiny", "vocab_size": 512, "hidden_size": 64, "num_layers": 2,
+           "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192, "seq_len": 32,
+           "corpus": "synthetic", "synthetic_tokens": 60_000, "batch_size": 4, "grad_accum": 2,
+           "lr": 3e-3, "lr_min": 3e-4, "eval_interval": 2, "eval_batches": 2,
+           "save_interval": 2, "progress": False, "sample_tokens": 0, "threads": 1,
+           "out_dir": str(out)}
     (tmp_path / "my.yaml").write_text(yaml.safe_dump(cfg))
     r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",
              cwd=tmp_path)
