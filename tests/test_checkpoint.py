@@ -51,7 +51,7 @@ def test_resume_without_data_position_would_differ(tmp_path):
 
 
 def _launch(out_dir: Path, extra: list[str]) -> subprocess.Popen:
-    args = [sys.executable, "-m", "falsify.cli.train", f"out_dir={out_dir}", "progress=false",
+    args = [sys.executable, "-m", "falsify", "train", f"out_dir={out_dir}", "progress=false",
             *[f"{k}={v}" for k, v in RUN.TINY_TEST.items() if k not in ("progress",)], *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -221,7 +221,10 @@ DAMAGE = ["truncated_model", "torn_state", "deleted_rng", "bit_flip"]
 @pytest.mark.parametrize("case", DAMAGE)
 def test_named_damaged_checkpoint_is_refused_with_the_intact_one_offered(tmp_path, capsys,
                                                                          stopped_run, case):
-    from falsify.cli.train import main
+    from falsify.cli import main as falsify_main
+
+    def main(argv):
+        return falsify_main(["train", *argv])
 
     run = _copy(stopped_run, tmp_path / "run")
     name = _damage(run, case)
@@ -240,7 +243,10 @@ def test_named_damaged_checkpoint_is_refused_with_the_intact_one_offered(tmp_pat
 @pytest.mark.parametrize("case", DAMAGE)
 def test_resume_auto_takes_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys, caplog,
                                                                     stopped_run, case):
-    from falsify.cli.train import main
+    from falsify.cli import main as falsify_main
+
+    def main(argv):
+        return falsify_main(["train", *argv])
 
     run = _copy(stopped_run, tmp_path / "run")
     name = _damage(run, case)
@@ -256,7 +262,10 @@ def test_resume_auto_takes_the_newest_intact_checkpoint_and_says_so(tmp_path, ca
 
 
 def test_torn_metrics_line_is_repaired_not_fatal(tmp_path, capsys, caplog, stopped_run):
-    from falsify.cli.train import main
+    from falsify.cli import main as falsify_main
+
+    def main(argv):
+        return falsify_main(["train", *argv])
 
     run = _copy(stopped_run, tmp_path / "run")
     _damage(run, "torn_metrics")
@@ -281,7 +290,7 @@ def test_resume_subprocess_names_the_file_and_exits_2(tmp_path, stopped_run):
     """As a user runs it: no traceback, one error line, exit 2."""
     run = _copy(stopped_run, tmp_path / "run")
     _damage(run, "torn_state")
-    p = subprocess.run([sys.executable, "-m", "falsify.cli.train", "--resume", str(run)],
+    p = subprocess.run([sys.executable, "-m", "falsify", "train", "--resume", str(run)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr
     assert "step-00000008 is damaged: state.json" in p.stdout.replace("\n", "")

@@ -90,10 +90,10 @@ def base(tmp_path_factory):
 
 @pytest.mark.parametrize("case", ["not_utf8", "deep", "huge_line"])
 def test_finetune_cli_exit_2_one_line(tmp_path, capsys, base, case):
-    from falsify.cli.finetune import main
+    from falsify.cli import main
 
     p = _write(tmp_path / "bad.jsonl", case)
-    rc = main(["--model", str(base), "--data", str(p), "--out", str(tmp_path / "o"),
+    rc = main(["finetune", "--model", str(base), "--data", str(p), "--out", str(tmp_path / "o"),
                "max_steps=1", "progress=false", "backend=torch"])
     out, err = capsys.readouterr()
     errors = [ln for ln in (out + err).splitlines() if ln.startswith("error:")]

@@ -253,7 +253,7 @@ def _metrics(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["prompt_response", "reward", "chat", "text", "preference"])
 def test_cli_trains_every_format(tmp_path, base_dir, kind):
-    from falsify.cli.finetune import main
+    from falsify.cli import main
 
     recs = shipped_records(24)
     rows = {
@@ -268,8 +268,8 @@ def test_cli_trains_every_format(tmp_path, base_dir, kind):
     }[kind]
     data = write_jsonl(tmp_path / f"{kind}.jsonl", rows)
     out = tmp_path / "run"
-    rc = main(["--method", "qlora", "--model", str(base_dir), "--data", str(data), "lr=3e-3",
-               *small_args(out)])
+    rc = main(["finetune", "--method", "qlora", "--model", str(base_dir), "--data", str(data),
+               "lr=3e-3", *small_args(out)])
     assert rc == 0
     m = _metrics(out)
     steps = [r for r in m if "loss" in r]
@@ -286,11 +286,12 @@ def test_cli_trains_every_format(tmp_path, base_dir, kind):
 
 
 def test_cli_data_error_exit_code_and_message(tmp_path, base_dir, capsys):
-    from falsify.cli.finetune import main
+    from falsify.cli import main
 
     data = write_jsonl(tmp_path / "bad.jsonl", ['{"prompt": "a", "response": "b"}',
                                                 '{"prompt": "a", "answer": "b"}'])
-    rc = main(["--model", str(base_dir), "--data", str(data), *small_args(tmp_path / "o")])
+    rc = main(["finetune", "--model", str(base_dir), "--data", str(data),
+               *small_args(tmp_path / "o")])
     assert rc == 2
     assert "bad.jsonl:2" in capsys.readouterr().out.replace("\n", "")
 
@@ -434,13 +435,13 @@ def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
 
 
 def test_cli_several_data_files_and_flags(tmp_path, base_dir):
-    from falsify.cli.finetune import main
+    from falsify.cli import main
 
     recs = shipped_records(24)
     a = write_jsonl(tmp_path / "a.jsonl", recs[:12])
     b = write_jsonl(tmp_path / "b.jsonl", recs[12:])
     out = tmp_path / "run"
-    rc = main(["--data", str(a), "--data", str(b), "--model", str(base_dir), "--method",
+    rc = main(["finetune", "--data", str(a), "--data", str(b), "--model", str(base_dir), "--method",
                "lora", "--rank", "2", "--targets", "q,v", "--freeze-layers", "1",
                "--train-on-prompt", "--no-shuffle", "--grad-checkpoint", *small_args(out)])
     assert rc == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from falsify.cli.finetune import main
+from falsify.cli import main
 from falsify.impl.llm import lora_model as LM
 from falsify.impl.llm import sft_data as SD
 
@@ -23,7 +23,7 @@ def test_shipped_dataset_is_small_and_valid():
 def test_default_finetune_completes_and_the_loss_falls(tmp_path, capsys):
     out = tmp_path / "run"
     args = [f"cache_dir={tmp_path / 'cache'}", f"out_dir={out}", "progress=false"]
-    assert main(args) == 0
+    assert main(["finetune", *args]) == 0
     text = capsys.readouterr().out
     assert "built-in demo" in text and "training the tiny preset" in text
     s = json.loads((out / "summary.json").read_text())
@@ -38,6 +38,6 @@ def test_default_finetune_completes_and_the_loss_falls(tmp_path, capsys):
     assert cfg["lora"]["method"] == "qlora" and cfg["base"]["builtin"] is True
     assert abs(cfg["memory"]["projections_ratio"] - 4.127 / 32) < 0.002
     # the base is cached: a second run (another out_dir) reuses it
-    assert main(args[:1] + [f"out_dir={tmp_path / 'again'}", "progress=false",
+    assert main(["finetune", *args[:1], f"out_dir={tmp_path / 'again'}", "progress=false",
                             "max_steps=2"]) == 0
     assert "built-in base: reusing" in capsys.readouterr().out

@@ -38,7 +38,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Per method: a base dir, and an adapter trained on it through the CLI (B ≠ 0)."""
-    from falsify.cli.finetune import main
+    from falsify.cli import main
 
     root = tmp_path_factory.mktemp("peft")
     tok = root / "tokenizer.json"
@@ -49,8 +49,8 @@ def trained(tmp_path_factory):
     for key, method, extra in (("qlora", "qlora", []), ("lora", "lora", []),
                                ("qlora-nodq", "qlora", ["double_quant=false"])):
         run = root / f"run-{key}"
-        rc = main(["--method", method, "--model", str(base), "--data", str(data), "--out",
-                   str(run), "max_steps=4", "batch_size=4", "lora_r=4", "lr=3e-2",
+        rc = main(["finetune", "--method", method, "--model", str(base), "--data", str(data),
+                   "--out", str(run), "max_steps=4", "batch_size=4", "lora_r=4", "lr=3e-2",
                    "val_split=0", "sample_count=0", "progress=false", "backend=torch", *extra])
         assert rc == 0
         out[key] = (base, run / "adapter", tok)
@@ -131,11 +131,12 @@ def test_bitsandbytes_quantizes_our_base_to_the_same_nf4_state(trained):
 @pytest.mark.parametrize("method", ["qlora", "lora"])
 def test_merge_cli_writes_both_layouts_that_match_base_plus_adapter(trained, tmp_path, method,
                                                                    capsys):
-    from falsify.cli.merge import main
+    from falsify.cli import main
 
     base, adapter, _ = trained[method]
     out = tmp_path / "merged"
-    assert main(["--adapter", str(adapter), "--out", str(out)]) == 0  # base from the adapter
+    # the base comes from the adapter's record
+    assert main(["merge", "--adapter", str(adapter), "--out", str(out)]) == 0
     assert "self-check" in capsys.readouterr().out
     model = _ours(base, adapter)
     x = _x(seed=11)
@@ -154,32 +155,32 @@ def test_merge_cli_writes_both_layouts_that_match_base_plus_adapter(trained, tmp
 
 
 def test_merge_refuses_another_base(trained, tmp_path, capsys):
-    from falsify.cli.merge import main
+    from falsify.cli import main
 
     _, adapter, tok = trained["qlora"]
     other = write_base(tmp_path / "other", tok, seed=9)
-    assert main(["--adapter", str(adapter), "--model", str(other), "--out",
+    assert main(["merge", "--adapter", str(adapter), "--model", str(other), "--out",
                  str(tmp_path / "m")]) == 2
     assert "fingerprints differ" in capsys.readouterr().out
     assert not (tmp_path / "m").exists()
 
 
 def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
-    from falsify.cli.generate import main as generate
-    from falsify.cli.merge import main as merge
+    from falsify.cli import main
 
     base, adapter, _ = trained["qlora"]
-    merge(["--adapter", str(adapter), "--out", str(tmp_path / "m"), "--layout", "ours"])
+    main(["merge", "--adapter", str(adapter), "--out", str(tmp_path / "m"), "--layout", "ours"])
     capsys.readouterr()
     prompt = 'def f(x):\n    """Return x."""'
-    rc = generate(["--adapter", str(adapter), "--merged", str(tmp_path / "m" / "ours"),
+    rc = main(["generate", "--adapter", str(adapter), "--merged", str(tmp_path / "m" / "ours"),
                    "--prompt", prompt, "--max-new-tokens", "12"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "base (" in text and "base + adapter" in text and "merged" in text
-    from falsify.cli.generate import build_parser, sample
+    from falsify.cli import build_parser
+    from falsify.cli.generate import sample
 
-    args = build_parser().parse_args(["--prompt", prompt, "--max-new-tokens", "12"])
+    args = build_parser().parse_args(["generate", "--prompt", prompt, "--max-new-tokens", "12"])
     model = _ours(base, adapter)
     merged = FT.load_base(tmp_path / "m" / "ours", "torch")
     assert sample(model, merged.tokenizer, prompt, args) == \

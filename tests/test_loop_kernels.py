@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.cli import train as cli_train
+from falsify.cli import main as falsify_main
 from falsify.impl.llm import checkpoint as C
 from falsify.impl.llm import config as LC
 from falsify.impl.llm import ops as ops_mod
@@ -156,7 +156,7 @@ def test_bad_warmup_is_refused_before_any_data_is_prepared(tmp_path, monkeypatch
 
     monkeypatch.setattr(data_mod, "prepare_data", touched)
     monkeypatch.chdir(tmp_path)
-    rc = cli_train.main(["max_steps=30", f"cache_dir={tmp_path / 'cache'}"])
+    rc = falsify_main(["train", "max_steps=30", f"cache_dir={tmp_path / 'cache'}"])
     assert rc == 2
     assert "warmup_steps=30 is 100.0% of max_steps=30" in capsys.readouterr().out
     assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()

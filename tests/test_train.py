@@ -303,21 +303,21 @@ def _cli_args(tmp_path, **over):
 
 
 def test_cli_trains_prints_perplexity_and_resumes(tmp_path, capsys):
-    from falsify.cli.train import main
+    from falsify.cli import main
 
-    assert main(_cli_args(tmp_path)) == 0
+    assert main(["train", *_cli_args(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "perplexity" in out and "sample" in out
     # a finished run resumed by directory: nothing left to do, same exit code, no new steps
-    assert main(["--resume", str(tmp_path)]) == 0
+    assert main(["train", "--resume", str(tmp_path)]) == 0
     assert "resumed from" in capsys.readouterr().out
     assert C.latest_checkpoint(tmp_path).name == "step-00000006"
 
 
 def test_cli_errors_are_exit_code_2(tmp_path, capsys):
-    from falsify.cli.train import main
+    from falsify.cli import main
 
-    assert main(_cli_args(tmp_path, max_steps=100_000, warmup_steps=0)) == 2
+    assert main(["train", *_cli_args(tmp_path, max_steps=100_000, warmup_steps=0)]) == 2
     assert "unreachable" in capsys.readouterr().out
-    assert main(["save_every=25"]) == 2
+    assert main(["train", "save_every=25"]) == 2
     assert "unknown config field 'save_every'" in capsys.readouterr().out

@@ -34,6 +34,8 @@ import warnings
 
 import torch
 
+from falsify.cli.common import UsageError
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SIZES = {
     # hidden, layers, heads, kv heads, intermediate, vocab, seq, batch
@@ -201,7 +203,9 @@ def measure_memory(which: str, size: str, use_bnb: bool) -> dict:
 
 
 def memory_in_subprocess(which: str, size: str, use_bnb: bool) -> dict:
-    r = subprocess.run([sys.executable, "-m", "falsify.bench.finetune", "--measure", which,
+    # through `python -m falsify`, so that this module is imported by its own name, never
+    # re-executed as __main__ (falsify/bench/kernels.py says why that matters)
+    r = subprocess.run([sys.executable, "-m", "falsify", "bench", "finetune", "--measure", which,
                         "--size", size] + (["--bnb"] if use_bnb else []),
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -239,15 +243,22 @@ def run(size: str, steps: int, memory: bool) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="falsify bench finetune")
+def register(sub) -> None:
+    p = sub.add_parser("finetune", help="one QLoRA step, ours vs transformers + peft: "
+                                        "time, memory",
+                       description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=list(SIZES), default="small")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side")
     p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--measure", choices=["ours", "theirs"], help=argparse.SUPPRESS)
     p.add_argument("--bnb", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    p.set_defaults(func=cmd_finetune)
+
+
+def cmd_finetune(args) -> int:
+    if args.steps < 1:
+        raise UsageError(f"falsify bench finetune: --steps must be >= 1 (got {args.steps})")
     if args.measure:
         print(json.dumps(measure_memory(args.measure, args.size, args.bnb)))
         return 0
@@ -289,6 +300,3 @@ def main(argv=None) -> int:
             f"1/{nb['base_total_fp32'] / nb['base_total']:.2f}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

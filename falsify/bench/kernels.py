@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from falsify.cli.common import UsageError
+
 
 @dataclass
 class Case:
@@ -137,7 +139,10 @@ def _status(key: str) -> int:
 
 
 def measure_peak(kernel: str, label: str, which: str, quick: bool = False) -> int:
-    case = next(c for c in cases(quick) if c.kernel == kernel and c.label == label)
+    case = next((c for c in cases(quick) if c.kernel == kernel and c.label == label), None)
+    if case is None:
+        raise UsageError(f"no benchmark case {kernel!r} {label!r}"
+                         + (" in the --quick set" if quick else ""))
     args = case.setup()
     rss = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -147,8 +152,11 @@ def measure_peak(kernel: str, label: str, which: str, quick: bool = False) -> in
 
 
 def peak_in_subprocess(case: Case, which: str, quick: bool = False) -> int:
-    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", case.kernel,
-                        case.label, which] + (["--quick"] if quick else []),
+    # Through `python -m falsify`, which imports this module under its own name: the child
+    # measures the very case list the parent timed, never a second copy of the module loaded
+    # as __main__ (whose module-level state other modules' imports would not reach).
+    r = subprocess.run([sys.executable, "-m", "falsify", "bench", "kernels", "--measure",
+                        case.kernel, case.label, which] + (["--quick"] if quick else []),
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"peak measurement failed for {case.kernel} {case.label} {which}:\n"
@@ -156,8 +164,9 @@ def peak_in_subprocess(case: Case, which: str, quick: bool = False) -> int:
     return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="falsify bench kernels")
+def register(sub) -> None:
+    p = sub.add_parser("kernels", help="our torch kernels vs eager PyTorch: time and peak "
+                                       "memory", description=__doc__.split("\n")[0])
     p.add_argument("--measure", nargs=3, metavar=("KERNEL", "LABEL", "WHICH"),
                    help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
@@ -166,7 +175,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--format", choices=["table", "json"], default="table")
-    args = p.parse_args(argv)
+    p.set_defaults(func=cmd_kernels)
+
+
+def cmd_kernels(args) -> int:
     if args.measure:
         print(json.dumps({"peak_extra_bytes": measure_peak(*args.measure, args.quick)}))
         return 0
@@ -209,5 +221,7 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m falsify.bench.kernels ...` is `falsify bench kernels ...`
+    from falsify.cli import main
+
+    sys.exit(main(["bench", "kernels", *sys.argv[1:]]))

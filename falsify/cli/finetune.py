@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -48,9 +47,9 @@ BOOL_FLAGS = {"--train-on-prompt": "train_on_prompt", "--shuffle": "shuffle",
               "--double-quant": "double_quant", "--progress": "progress"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="falsify finetune",
+def register(sub) -> None:
+    p = sub.add_parser(
+        "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO)",
         description="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO) of our checkpoints "
                     "or an HF LLaMA directory; the adapter is written in the PEFT format.")
     for flag, key in VALUE_FLAGS.items():
@@ -71,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from a checkpoint (default: the latest in out_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override config fields, e.g. lora_r=16 lr=2e-4")
-    return p
+    p.intermixed = True  # key=value overrides may come before, between or after the flags
+    p.set_defaults(func=cmd_finetune)
 
 
 def _flag_overrides(args) -> list[str]:
@@ -163,9 +163,7 @@ def _clip(text: str, lines: int = 12) -> str:
                                        if len(parts) > lines else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    # intermixed: key=value overrides may come before, between or after the flags
-    args = build_parser().parse_intermixed_args(argv)
+def cmd_finetune(args) -> int:
     console = Console()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     cfg = None
@@ -193,6 +191,3 @@ def main(argv: list[str] | None = None) -> int:
     _summary(console, cfg, result)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

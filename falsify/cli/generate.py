@@ -9,8 +9,6 @@ used. Temperature 0 (the default) is greedy, so base+adapter and merged should a
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -26,9 +24,9 @@ from falsify.impl.llm.data import DataError
 from falsify.impl.llm.model import generate
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="falsify generate",
-                                description="sample from a base, base+adapter and a merged model")
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="sample from a checkpoint: base, +adapter, merged",
+                       description="sample from a base, base+adapter and a merged model")
     p.add_argument("--model", metavar="BASE", help="base model (our checkpoint or HF dir)")
     p.add_argument("--adapter", metavar="DIR", help="adapter written by `falsify finetune`")
     p.add_argument("--merged", metavar="DIR", help="merged model written by `falsify merge`")
@@ -41,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-base", action="store_true", help="skip the base model's sample")
     p.add_argument("--backend", default="auto", choices=("torch", "triton", "auto"))
-    return p
+    p.set_defaults(func=cmd_generate)
 
 
 def sample(model, tok, prompt: str, args) -> str:
@@ -57,8 +55,7 @@ def sample(model, tok, prompt: str, args) -> str:
     return data_mod.decode(tok, [t for t in out if t != eos])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def cmd_generate(args) -> int:
     console = Console()
     if not (args.model or args.adapter or args.merged):
         console.print("[bold red]error:[/] give --model, --adapter and/or --merged")
@@ -101,6 +98,3 @@ def main(argv: list[str] | None = None) -> int:
         console.print(Panel(Text(text), title=title, expand=False))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

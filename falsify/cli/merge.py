@@ -11,10 +11,8 @@ batch, against the fp32 op-order tolerance. Exit codes: 0 done, 2 error, 4 self-
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -30,9 +28,9 @@ from falsify.impl.llm.data import DataError
 U32 = 2.0**-24
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="falsify merge",
-                                description="merge a LoRA/QLoRA adapter into its base (fp32)")
+def register(sub) -> None:
+    p = sub.add_parser("merge", help="merge an adapter into a full-precision checkpoint (ours, HF)",
+                       description="merge a LoRA/QLoRA adapter into its base (fp32)")
     p.add_argument("--adapter", required=True, metavar="DIR",
                    help="adapter directory written by `falsify finetune`")
     p.add_argument("--model", metavar="BASE",
@@ -41,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="ours,hf",
                    help="comma-separated: ours, hf (default: both)")
     p.add_argument("--backend", default="auto", choices=("torch", "triton", "auto"))
-    return p
+    p.set_defaults(func=cmd_merge)
 
 
 def load_adapted(adapter: str | Path, model_path: str | None, backend: str, console=None):
@@ -91,8 +89,7 @@ def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict) -> Path
     return LM._atomic_dir(out, fill)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def cmd_merge(args) -> int:
     console = Console()
     layouts = [s.strip() for s in args.layout.split(",") if s.strip()]
     bad = [s for s in layouts if s not in ("ours", "hf")]
@@ -139,6 +136,3 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from falsify.cli.common import UsageError, add_common, emit
 
-def _load(paths, usage_error, mode=None):
+
+def _load(paths, mode=None):
     from falsify.harness.project import default_paths
     from falsify.harness.validate import validate
 
@@ -15,30 +17,30 @@ def _load(paths, usage_error, mode=None):
         # nothing loaded: an unreadable path, a bad file or an empty directory is a usage
         # error (exit 2) with the reason, never an empty, successful report
         why = "; ".join(str(f) for f in rep.findings) or "no contracts found"
-        raise usage_error(f"{why} (under {' '.join(map(str, paths))})")
+        raise UsageError(f"{why} (under {' '.join(map(str, paths))})")
     return rep
 
 
-def _ledger_path(args, usage_error) -> Path:
+def _ledger_path(args) -> Path:
     from falsify.harness.project import find_project
 
     if args.ledger:
         return Path(args.ledger)
     proj = find_project()
     if proj is None:
-        raise usage_error("no ledger: pass --ledger, or run inside a project (falsify.toml or "
+        raise UsageError("no ledger: pass --ledger, or run inside a project (falsify.toml or "
                           "[tool.falsify] in pyproject.toml; `falsify init` writes one)")
     return proj.ledger_path
 
 
-def cmd_generate(args, emit, usage_error) -> int:
+def cmd_generate(args) -> int:
     from falsify.harness import generate
     from falsify.harness.project import find_project, require_project
 
     # test modules go to --out or the project's `generated`; docs pages to the project's `docs`
     needs_project = not args.out or not (args.no_docs or args.check)
     proj = require_project("pv generate") if needs_project else find_project()
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     if rep.errors:
         for f in rep.errors:
             print(f)
@@ -77,19 +79,19 @@ def _write_docs(contracts, proj):
     return docs.write_site(contracts, cov, pages_dir=proj.docs_dir)
 
 
-def cmd_coverage(args, emit, usage_error) -> int:
+def cmd_coverage(args) -> int:
     from falsify.harness import coverage, ledger
 
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     contracts = [c for c in rep.contracts if c.mode == "native"]
     if args.status:
         contracts = [c for c in contracts if c.status == args.status]
     if not contracts:
-        raise usage_error("no native contracts selected")
+        raise UsageError("no native contracts selected")
     try:
-        data = ledger.load(_ledger_path(args, usage_error))
+        data = ledger.load(_ledger_path(args))
     except ledger.LedgerError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     cov = coverage.compute(contracts, data)
     covered, total = cov.overall()
     pct = 100.0 * covered / total if total else 100.0
@@ -100,19 +102,19 @@ def cmd_coverage(args, emit, usage_error) -> int:
     return 0
 
 
-def cmd_audit(args, emit, usage_error) -> int:
+def cmd_audit(args) -> int:
     from falsify.harness import audit, ledger
 
-    rep = _load(args.paths, usage_error)
+    rep = _load(args.paths)
     if args.checks_only:
         # what the contracts declare, no results: exit 1 on an equation × backend without a
         # check of a kind it needs (unbound public functions are warnings)
         results = [audit.audit_checks(c) for c in rep.contracts]
     else:
         try:
-            data = ledger.load(_ledger_path(args, usage_error))
+            data = ledger.load(_ledger_path(args))
         except ledger.LedgerError as e:
-            raise usage_error(str(e)) from None
+            raise UsageError(str(e)) from None
         results = [audit.audit(c, data) for c in rep.contracts]
     gaps = sum(len(r.gaps) for r in results)
     warnings = sum(len(r.warnings) for r in results)
@@ -123,14 +125,14 @@ def cmd_audit(args, emit, usage_error) -> int:
     return 1 if gaps else 0
 
 
-def register(sub, add_common, emit, usage_error) -> None:
+def register(sub) -> None:
     g = sub.add_parser("generate", help="write the project's generated tests and docs pages")
     add_common(g)
     g.add_argument("--check", action="store_true",
                    help="exit 1 if regenerating would change any file")
     g.add_argument("--out", default=None, help="output directory for test modules")
     g.add_argument("--no-docs", action="store_true", help="only the test modules")
-    g.set_defaults(func=lambda a: cmd_generate(a, emit, usage_error))
+    g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("coverage", help="obligation coverage from the results ledger")
     add_common(c)
@@ -138,7 +140,7 @@ def register(sub, add_common, emit, usage_error) -> None:
     c.add_argument("--ledger", default=None)
     c.add_argument("--status", choices=["complete", "draft"], default=None,
                    help="only contracts with this metadata.status")
-    c.set_defaults(func=lambda a: cmd_coverage(a, emit, usage_error))
+    c.set_defaults(func=cmd_coverage)
 
     a = sub.add_parser("audit", help="reference → equation → obligation → check → result chain")
     add_common(a)
@@ -146,4 +148,4 @@ def register(sub, add_common, emit, usage_error) -> None:
     a.add_argument("--checks-only", action="store_true",
                    help="no ledger: only equation × backend pairs lacking a check of a kind "
                         "they need (e.g. a backward with no gradient check); exit 1 on any")
-    a.set_defaults(func=lambda a_: cmd_audit(a_, emit, usage_error))
+    a.set_defaults(func=cmd_audit)

@@ -11,22 +11,14 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_VIOLATIONS = 0, 1
+from falsify.cli.common import EXIT_FAILED as EXIT_VIOLATIONS
+from falsify.cli.common import EXIT_OK, UsageError, add_common, contract_mode, emit
 
 
-class _Verb:
-    """What every verb needs from falsify/cli/pv.py, bound once at registration."""
-
-    emit = None
-    usage_error: type[Exception] = Exception
-
-
-def register(sub, add_common, emit, usage_error) -> None:
+def register(sub) -> None:
     """Add this module's subcommands to the `pv` parser."""
-    _Verb.emit, _Verb.usage_error = staticmethod(emit), usage_error
-
-    p = sub.add_parser("status", help="per contract: counts of equations, obligations, "
-                                      "checks, mutants, and the bindings")
+    p = sub.add_parser("status", help="per contract: equations, obligations, checks, "
+                                      "mutants, bindings")
     add_common(p)
     p.set_defaults(func=cmd_status)
 
@@ -43,8 +35,10 @@ def register(sub, add_common, emit, usage_error) -> None:
     add_common(p, fmt=("text", "latex", "json"))
     p.set_defaults(func=cmd_equations)
 
-    p = sub.add_parser("diff", help="what changed between two versions of a contract, and "
-                                    "whether the version bump is big enough")
+    p = sub.add_parser("diff", help="what changed between two contract versions; the bump "
+                                    "it needs",
+                       description="what changed between two versions of a contract, and "
+                                   "whether the version bump is big enough")
     p.add_argument("old", help="the previous version of the contract")
     p.add_argument("new", help="the new version of the contract")
     add_common(p, many=False)
@@ -54,25 +48,17 @@ def register(sub, add_common, emit, usage_error) -> None:
 # ------------------------------------------------------------------------------ loading
 
 
-def _mode(args) -> str | None:
-    if getattr(args, "strict", False) and getattr(args, "compat", False):
-        raise _Verb.usage_error("--strict and --compat are exclusive")
-    if getattr(args, "strict", False):
-        return "native"
-    return "compat" if getattr(args, "compat", False) else None
-
-
 def _check_paths(paths) -> None:
     """A path that is missing or unreadable is an I/O error (exit 2), not a bad contract."""
     from falsify.harness.model import resolve_arg
 
     for p in map(resolve_arg, paths):
         if not p.exists():
-            raise _Verb.usage_error(f"no such file or directory: {p}")
+            raise UsageError(f"no such file or directory: {p}")
         if not (p.is_file() or p.is_dir()):
-            raise _Verb.usage_error(f"not a file or directory: {p}")
+            raise UsageError(f"not a file or directory: {p}")
         if not os.access(p, os.R_OK):
-            raise _Verb.usage_error(f"permission denied: {p}")
+            raise UsageError(f"permission denied: {p}")
 
 
 def _load(args, paths, whole_space=False):
@@ -83,9 +69,9 @@ def _load(args, paths, whole_space=False):
 
     paths = default_paths(paths, whole_space)
     _check_paths(paths)
-    rep = load_all(paths, mode=_mode(args))
+    rep = load_all(paths, mode=contract_mode(args))
     if not rep.contracts and not rep.findings:
-        raise _Verb.usage_error(f"no contracts found under {' '.join(map(str, paths))}")
+        raise UsageError(f"no contracts found under {' '.join(map(str, paths))}")
     unreadable = [f for f in rep.findings if f.rule == "V001"]
     for f in unreadable:
         print(f"error: {f}", file=sys.stderr)
@@ -151,7 +137,7 @@ def cmd_status(args) -> int:
     unbound = [r["id"] for r in rows if not any(r["bindings"].values())]
     if unbound:
         text.append("no bindings: " + ", ".join(unbound))
-    _Verb.emit(args, {"contracts": rows, "errors": [f.as_dict() for f in unreadable]},
+    emit(args, {"contracts": rows, "errors": [f.as_dict() for f in unreadable]},
                "\n\n".join(text))
     return EXIT_VIOLATIONS if unreadable else EXIT_OK
 
@@ -178,8 +164,8 @@ def cmd_list(args) -> int:
                   [[r["id"], r["version"] or "?", r["status"], short(r["description"])]
                    for r in rows])
     unreadable = [f for f in rep.findings if f.rule == "V001"]
-    _Verb.emit(args, {"library": str(library_dir()), "contracts": rows,
-                      "errors": [f.as_dict() for f in unreadable]}, text)
+    emit(args, {"library": str(library_dir()), "contracts": rows,
+                "errors": [f.as_dict() for f in unreadable]}, text)
     return EXIT_VIOLATIONS if unreadable else EXIT_OK
 
 
@@ -211,10 +197,10 @@ def cmd_graph(args) -> int:
     if args.format == "json":
         payload = graph.as_dict(g)
         payload["errors"] = problems + [str(f) for f in unreadable]
-        _Verb.emit(args, payload, "")
+        emit(args, payload, "")
     else:
         render = {"text": graph.text, "dot": graph.dot, "mermaid": graph.mermaid}[args.format]
-        _Verb.emit(args, {}, render(g).rstrip("\n"))
+        emit(args, {}, render(g).rstrip("\n"))
     return EXIT_VIOLATIONS if (problems or unreadable) else EXIT_OK
 
 
@@ -279,10 +265,10 @@ def cmd_equations(args) -> int:
         payload = {"contracts": [{"id": c.id, "version": c.version, "equations": eqs}
                                  for c, eqs in per],
                    "errors": [f.as_dict() for f in unreadable]}
-        _Verb.emit(args, payload, "")
+        emit(args, payload, "")
     else:
         render = _equations_latex if args.format == "latex" else _equations_text
-        _Verb.emit(args, {}, "\n\n".join(render(c, eqs) for c, eqs in per))
+        emit(args, {}, "\n\n".join(render(c, eqs) for c, eqs in per))
     return EXIT_VIOLATIONS if unreadable else EXIT_OK
 
 
@@ -292,7 +278,7 @@ def cmd_equations(args) -> int:
 def _one(args, path):
     _check_paths([path])
     if Path(path).is_dir():
-        raise _Verb.usage_error(f"{path} is a directory; `pv diff` compares two contract files")
+        raise UsageError(f"{path} is a directory; `pv diff` compares two contract files")
     contracts, unreadable = _load(args, [path])
     return (contracts[0] if contracts else None), unreadable
 
@@ -304,11 +290,11 @@ def cmd_diff(args) -> int:
     new, bad_new = _one(args, args.new)
     if old is None or new is None:
         if args.format == "json":
-            _Verb.emit(args, {"errors": [f.as_dict() for f in bad_old + bad_new]}, "")
+            emit(args, {"errors": [f.as_dict() for f in bad_old + bad_new]}, "")
         return EXIT_VIOLATIONS
     res = diff(old, new)
     text = render_text(res)
     if res.problems:
         text += "\n" + "\n".join(f"error: {p}" for p in res.problems)
-    _Verb.emit(args, res.as_dict(), text)
+    emit(args, res.as_dict(), text)
     return EXIT_OK if res.ok else EXIT_VIOLATIONS

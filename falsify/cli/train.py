@@ -8,9 +8,7 @@ error, 3 Andon stop.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -36,9 +34,9 @@ from falsify.impl.llm.run import find_resume_checkpoint, train
 from falsify.impl.llm.trainer import AndonStop
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="falsify train",
+def register(sub) -> None:
+    p = sub.add_parser(
+        "train", help="pretrain a LLaMA-style model (default: tiny, on the stdlib)",
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
     p.add_argument("--config", metavar="FILE",
@@ -49,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "DIR, the latest checkpoint in out_dir")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override config fields, e.g. max_steps=100 lr=1e-3")
-    return p
+    p.set_defaults(func=cmd_train)
 
 
 def _resume_config(args) -> TrainConfig:
@@ -69,8 +67,7 @@ def _resume_config(args) -> TrainConfig:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def cmd_train(args) -> int:
     console = Console()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
@@ -110,6 +107,3 @@ def main(argv: list[str] | None = None) -> int:
                             expand=False))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Every command that `falsify --help`, `pv --help` or the README offers runs, end to end, at its
+smallest built-in settings, and does what it says (exit code, key line of output, files
+written). `SMOKE` names the test that runs each command; a command without one fails
+`test_every_command_has_a_smoke_test`, so a new verb cannot ship untried.
+
+Commands run as a user runs them (`python -m falsify ...`, `python -m falsify.cli.pv ...`) from
+a directory that is not this checkout, except the `pv` verbs, which run in-process through the
+same parser (`falsify.cli.pv.main`) because they are quick and many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from falsify.cli import build_parser as falsify_parser
+from falsify.cli.pv import build_parser as pv_parser
+from falsify.cli.pv import main as pv
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACTS = ROOT / "contracts"
+HERE = "tests/test_cli_smoke.py"
+
+SMOKE = {
+    "falsify run": f"{HERE}::test_run_mutants_coverage_audit",
+    "falsify mutants": f"{HERE}::test_run_mutants_coverage_audit",
+    "falsify bench kernels": f"{HERE}::test_bench_kernels_quick_with_memory_children",
+    "falsify bench train": "tests/test_train_bench.py::test_bench_train_runs_all_sides",
+    "falsify bench finetune":
+        "tests/test_finetune_bench.py::test_bench_finetune_table_with_memory_children",
+    "falsify train": f"{HERE}::test_train_config_file_then_resume_auto",
+    "falsify finetune":
+        "tests/test_finetune_default.py::test_default_finetune_completes_and_the_loss_falls",
+    "falsify merge": "tests/test_finetune_peft.py::"
+                     "test_merge_cli_writes_both_layouts_that_match_base_plus_adapter",
+    "falsify generate": "tests/test_finetune_peft.py::test_generate_cli_adapter_and_merged_agree",
+    "pv validate": f"{HERE}::test_pv_verbs",
+    "pv status": f"{HERE}::test_pv_verbs",
+    "pv graph": f"{HERE}::test_pv_verbs",
+    "pv equations": f"{HERE}::test_pv_verbs",
+    "pv diff": f"{HERE}::test_pv_verbs",
+    "pv generate": f"{HERE}::test_pv_verbs",
+    "pv coverage": f"{HERE}::test_run_mutants_coverage_audit",
+    "pv audit": f"{HERE}::test_run_mutants_coverage_audit",
+}
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> dict[str, str]:
+    """Every leaf command of `parser` ("falsify bench kernels"), with its one-line help."""
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                deeper = _subcommands(sub, f"{prefix} {name}")
+                out.update(deeper or {f"{prefix} {name}": helps[name]})
+    return out
+
+
+def _readme_commands() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    found = set()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for m in re.finditer(r"(?:^|&&\s*)(falsify|pv)\s+([a-z]+)(?:\s+([a-z|]+))?", block,
+                             re.M):
+            prog, verb, sub = m.groups()
+            if verb == "bench":
+                found |= {f"{prog} bench {s}" for s in (sub or "").split("|")}
+            else:
+                found.add(f"{prog} {verb}")
+    return found
+
+
+def _run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=cwd, env=dict(os.environ))
+    return r
+
+
+def test_every_command_has_a_smoke_test():
+    commands = set(_subcommands(falsify_parser(), "falsify")) | set(
+        _subcommands(pv_parser(), "pv"))
+    assert "falsify bench kernels" in commands and "pv validate" in commands
+    readme = _readme_commands()
+    assert {"falsify run", "falsify bench train", "pv audit"} <= readme
+    assert readme <= commands, f"the README shows commands that do not exist: {readme - commands}"
+    missing = commands - set(SMOKE)
+    assert not missing, f"commands without a smoke test (add one to SMOKE): {sorted(missing)}"
+    for command, node in SMOKE.items():
+        path, func = node.split("::")
+        mod = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert callable(getattr(mod, func, None)), f"{command}: no test {node}"
+
+
+def _verb_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The verbs directly under `parser`, with their one-line help."""
+    return {a.dest: a.help for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction) for a in action._choices_actions}
+
+
+def _help(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_verb_on_one_line(tmp_path, capsys, monkeypatch):
+    """`falsify --help` (as a user runs it), `falsify bench --help` and `pv --help` name every
+    verb with its help on the verb's own line, in an 80-column terminal."""
+    from falsify.cli import main as falsify
+
+    monkeypatch.setenv("COLUMNS", "80")
+    r = _run("falsify", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    bench = next(a.choices["bench"] for a in falsify_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction))
+    for text, parser in ((r.stdout, falsify_parser()),
+                         (_help(falsify, ["bench", "--help"], capsys), bench),
+                         (_help(pv, ["--help"], capsys), pv_parser())):
+        verbs = _verb_helps(parser)
+        assert len(verbs) >= 3
+        for verb, help_ in verbs.items():
+            assert re.search(rf"^\s+{verb}\s+{re.escape(help_)}$", text, re.M), \
+                f"no one-line entry for {verb!r}:\n{text}"
+    assert {"run", "mutants", "bench", "train", "finetune", "merge", "generate"} <= set(
+        _verb_helps(falsify_parser()))
+
+
+def test_usage_errors_are_one_line_exit_2(capsys):
+    from falsify.cli import main as falsify
+
+    for main, args, says in ((falsify, ["bogus"], "invalid choice: 'bogus'"),
+                             (falsify, ["bench"], "usage: falsify bench"),
+                             (falsify, ["bench", "kernels", "--bogus"],
+                              "falsify bench kernels: unrecognized arguments: --bogus"),
+                             (falsify, ["generate", "--prompt-file", "/nonexistent/p.txt",
+                                        "--model", "x"], "No such file or directory"),
+                             (pv, ["status", "--strict", "--compat"], "exclusive")):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, (args, err)
+
+
+def test_pv_verbs(tmp_path, capsys):
+    """The README's tour of `pv`, on this repository's contracts."""
+    def run(*args):
+        rc = pv(list(args))
+        return rc, capsys.readouterr().out
+
+    rc, out = run("validate", str(CONTRACTS))
+    assert rc == 0 and re.search(r"^0 error\(s\), \d+ warning\(s\) in \d+ contract\(s\)$", out,
+                                 re.M)
+    rc, out = run("status", str(CONTRACTS))
+    assert rc == 0 and re.search(r"^softmax-kernel-v1\s+\d+\.\d+\.\d+\s+native", out, re.M)
+    rc, out = run("graph", str(CONTRACTS), "--format", "mermaid")
+    assert rc == 0 and out.startswith("graph TD") and '["softmax-kernel-v1"]' in out
+    rc, out = run("equations", str(CONTRACTS / "softmax-kernel-v1.yaml"), "--format", "latex")
+    assert rc == 0 and "\\section*{softmax-kernel-v1}" in out
+    # a new contract version that drops a mutant without a major bump is refused (exit 1)
+    old = CONTRACTS / "softmax-kernel-v1.yaml"
+    new = tmp_path / "softmax-kernel-v1.yaml"
+    new.write_text(old.read_text().replace("MUT-SM-004", "MUT-SM-004x"))
+    rc, out = run("diff", str(old), str(new))
+    assert rc == 1 and "mutant removed" in out and "required bump: major" in out
+    rc, out = run("diff", str(old), str(old))
+    assert rc == 0 and "no changes" in out
+    rc, out = run("generate", str(CONTRACTS), "--check")
+    assert rc == 0 and "generated files are up to date" in out
+    gen = tmp_path / "gen"
+    rc, out = run("generate", str(old), "--out", str(gen), "--no-docs")
+    assert rc == 0 and (gen / "test_softmax_kernel_v1.py").is_file()
+    assert re.search(r"^\d+ test module\(s\) changed, \d+ in all; 0 docs page", out, re.M)
+
+
+def test_run_mutants_coverage_audit(tmp_path, capsys):
+    """`falsify run` (plain and with --bind), `falsify mutants`, then `pv coverage` and `pv audit`
+    on the ledger they wrote (never the project's own ledger)."""
+    ledger = tmp_path / "ledger.json"
+    r = _run("falsify", "run", "softmax-kernel-v1", "--backend", "reference", "-n", "1",
+             "--ledger", str(ledger), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"coverage: \d+/\d+ obligations covered", r.stdout + r.stderr)
+    assert ledger.is_file()
+    bound = tmp_path / "ledger-bind.json"
+    r = _run("falsify", "run", "softmax-kernel-v1", "--backend", "torch", "-n", "1",
+             "--bind", "softmax.torch=falsify.impl.torch.softmax:softmax",
+             "--ledger", str(bound), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    entries = json.loads(bound.read_text())["runs"].values()
+    assert any(e["backend"] == "torch" and e["outcome"] == "passed" for e in entries)
+    r = _run("falsify", "mutants", "softmax-kernel-v1", "-n", "1", "--ledger", str(ledger),
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"mutants: (\d+) of \1 killed", r.stdout)
+
+    contract = str(CONTRACTS / "softmax-kernel-v1.yaml")
+    assert pv(["coverage", contract, "--ledger", str(ledger)]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"^coverage: (\d+)/(\d+) obligations covered", out, re.M)
+    assert m and 0 < int(m[1]) <= int(m[2])
+    if int(m[1]) < int(m[2]):  # reference only: the torch/triton obligations are not run
+        assert pv(["coverage", contract, "--ledger", str(ledger), "--min", "100"]) == 1
+        assert "is below --min 100%" in capsys.readouterr().out
+    rc = pv(["audit", contract, "--ledger", str(ledger)])
+    out = capsys.readouterr().out
+    gaps = out.count("GAP ")
+    assert rc == (1 if gaps else 0) and "softmax-kernel-v1" in out
+
+
+def test_bench_kernels_quick_with_memory_children(tmp_path):
+    """Every case of `falsify bench kernels --quick`, its peak memory measured in the child
+    process (`python -m falsify bench kernels --measure ...`), which must find every case the
+    parent timed."""
+    r = _run("falsify", "bench", "kernels", "--quick", "--repeats", "1", "--format", "json",
+             cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout)
+    from falsify.bench.kernels import cases
+
+    assert [(x["kernel"], x["shape"]) for x in rows] == [(c.kernel, c.label)
+                                                         for c in cases(quick=True)]
+    assert "fused_linear_cross_entropy" in {x["kernel"] for x in rows}
+    for x in rows:
+        assert x["ours_ms"] > 0 and x["base_ms"] > 0
+        assert x["time_ratio"] == pytest.approx(x["ours_ms"] / x["base_ms"])
+        assert x["ours_peak_mb"] >= 0 and x["base_peak_mb"] > 0
+
+
+def test_train_config_file_then_resume_auto(tmp_path):
+    """`falsify train --config FILE key=value`, then `falsify train --resume auto` of the same
+    run: the second finds the finished run and does no more steps."""
+    import yaml
+
+    out = tmp_path / "run"
+    # the smallest run that trains, evaluates and checkpoints: a 2-layer model of width 64 on
+    # synthetic tokens
+    cfg = {"model": "tiny", "vocab_size": 512, "hidden_size": 64, "num_layers": 2,
+           "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 192, "seq_len": 32,
+           "corpus": "synthetic", "synthetic_tokens": 60_000, "batch_size": 4, "grad_accum": 2,
+           "lr": 3e-3, "lr_min": 3e-4, "eval_interval": 2, "eval_batches": 2,
+           "save_interval": 2, "progress": False, "sample_tokens": 0, "threads": 1,
+           "out_dir": str(out)}
+    (tmp_path / "my.yaml").write_text(yaml.safe_dump(cfg))
+    r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"trained 2 steps, [\d,]+ tokens", r.stdout)
+    assert re.search(r"validation loss \d+\.\d+, perplexity \d+\.\d+", r.stdout)
+    from falsify.impl.llm.checkpoint import latest_checkpoint
+
+    assert latest_checkpoint(out).name == "step-00000002"
+    r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",
+             "--resume", "auto", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "trained 2 steps" in r.stdout
+
+
+
+def test_finetune_overrides_may_come_between_flags():
+    """`falsify finetune lr=1e-3 --rank 8 seed=1`: key=value overrides before, between and
+    after the flags all reach the command (the verb's parser is intermixed)."""
+    args = falsify_parser().parse_args(["finetune", "lr=1e-3", "--rank", "8", "seed=1",
+                                        "--data", "a.jsonl", "batch_size=2"])
+    assert args.overrides == ["lr=1e-3", "seed=1", "batch_size=2"]
+    assert (args.lora_r, args.data, args.func.__name__) == ("8", ["a.jsonl"], "cmd_finetune")
