@@ -19,7 +19,7 @@ from falsify.cli.common import Parser, UsageError
 def build_parser():
     import argparse
 
-    from falsify.cli import run
+    from falsify.cli import run, soak
 
     p = Parser(prog="falsify", description=__doc__.splitlines()[0],
                formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,6 +31,7 @@ def build_parser():
                       "  bench      kernels | train | finetune: ours vs the baseline, one run")
     sub = p.add_subparsers(dest="cmd", parser_class=Parser)
     run.register(sub)
+    soak.register(sub)
     return p
 
 

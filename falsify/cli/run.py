@@ -162,7 +162,7 @@ def _results_table(contracts, ledger_data, backends, console):
     console.print(t)
 
 
-def _print_failures(contracts, entries, console):
+def _print_failures(contracts, entries, console, seed=None):
     by_id = {c.id: c for c in contracts}
     for e in entries:
         if e["outcome"] in ("passed", "skipped"):
@@ -182,6 +182,11 @@ def _print_failures(contracts, entries, console):
                 console.print(f"    {line}", markup=False)
         if t and t.if_fails:
             console.print(f"  diagnosis (if_fails): {t.if_fails}", markup=False)
+        if seed is not None:
+            from falsify.cli.soak import repro_command
+
+            console.print(f"  reproduce: {repro_command(e['contract'], seed, e['nodeid'])}",
+                          markup=False)
 
 
 def cmd_run(args) -> int:
@@ -199,6 +204,13 @@ def cmd_run(args) -> int:
         keep = backends + [b for b in SYMBOLIC if b not in backends]
     profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else "fast")
     env = {"FALSIFY_PROFILE": profile}
+    from falsify.cli.soak import SEED_ENV, resolve_seed
+
+    seed, origin = resolve_seed(args.seed)
+    if seed is not None:
+        env[SEED_ENV] = str(seed)
+        console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
+                      f"falsify run {' '.join(args.contracts)} --seed {seed}".replace("  ", " "))
     ledger_path = Path(args.ledger) if args.ledger else ledger.default_path()
     if binds:
         env["FALSIFY_BIND"] = json.dumps(binds)
@@ -221,7 +233,7 @@ def cmd_run(args) -> int:
     # them written by concurrent runs while this one was in flight
     selected = {c.id for c in contracts}
     new = [e for e in pytest_plugin.LAST_SESSION["runs"] if e["contract"] in selected]
-    _print_failures(contracts, new, console)
+    _print_failures(contracts, new, console, seed)
     if args.format == "json":
         print(json.dumps({"entries": new, "exit": rc}, indent=1, default=str))
     else:
@@ -294,6 +306,9 @@ def register(sub) -> None:
                    help="check another implementation against a contract without editing it")
     r.add_argument("--ledger", default=None)
     r.add_argument("-k", default=None, help="pytest -k expression to select checks")
+    r.add_argument("--seed", default=None, metavar="N|commit",
+                   help="hypothesis seed for every check (reproducible exploration); 'commit' "
+                        "derives it from `git rev-parse HEAD`")
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("mutants", help="run every declared mutant; a survivor is a failure")
     m.add_argument("contracts", nargs="*")
