@@ -143,14 +143,20 @@ def _messages(ledger: Path) -> dict[str, str]:
 
 def cmd_soak(args) -> int:
     from falsify.cli.run import _ensure_generated, _select
+    from falsify.harness.model import CONTRACTS_DIR
 
     if args.minutes <= 0:
         raise UsageError(f"--minutes {args.minutes}: must be > 0")
+    # the budget counts from the start, validation and generation included; a round stopped at
+    # the deadline gets GRACE_S to exit, so that is kept in hand
+    end = time.monotonic() + 60.0 * args.minutes - GRACE_S
     contracts = _select(args.contracts)
     if not contracts:
         raise UsageError("no native contract to soak")
     modules = dict(zip([c.id for c in contracts], _ensure_generated(contracts)))
-    end = time.monotonic() + 60.0 * args.minutes
+    # how `falsify run` names each contract again: its id when it is a native one, else its file
+    names = {c.id: c.id if Path(c.path).resolve().parent == CONTRACTS_DIR.resolve()
+             else str(c.path) for c in contracts}
     order = [c.id for c in contracts]
     start = secrets.randbelow(len(order))  # a long soak and a short one cover different ones
     rounds: list[Round] = []
@@ -174,7 +180,7 @@ def cmd_soak(args) -> int:
                 print(f"  FAILED {node}", file=sys.stderr)
                 if msgs.get(node):
                     print(f"    {msgs[node]}", file=sys.stderr)
-                print(f"    reproduce: {repro_command(cid, seed, node, args.backend)}",
+                print(f"    reproduce: {repro_command(names[cid], seed, node, args.backend)}",
                       file=sys.stderr, flush=True)
             if not r.cut and r.rc not in (0, 1, 5):  # 2-4: interrupted, internal, usage
                 print(f"  pytest exited {r.rc} (collection or internal error) for {cid}",
