@@ -291,7 +291,8 @@ def arbitrate(fn, args: dict, pick, got: float, ref: float, dtype: str) -> Verdi
         def dist(x):
             x = float(x)
             if not math.isfinite(x) or not mp.isfinite(t):
-                return 0.0 if x == t else math.inf
+                same = x == t or (math.isnan(x) and mp.isnan(t))
+                return 0.0 if same else math.inf
             return float(abs(mp.mpf(x) - t) / unit)
 
         return Verdict(method, mp.nstr(t, 25), dist(got), dist(ref), dtype)

@@ -33,7 +33,7 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: st
                f"max |err| = {np.nanmax(np.where(np.isfinite(err), err, np.inf)):.3g}")
         evidence = dict(index=list(i), got=float(got[i]), reference=float(ref[i]),
                         atol=atol, rtol=rtol, tolerance=terms or None)
-        if judge is not None:
+        if judge is not None and final_run():
             v = judge(i, float(got[i]), float(ref[i]))
             msg += f"; {v.sentence()}"
             evidence["arbiter"] = v.evidence()
@@ -42,6 +42,18 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: st
         e = CheckFailed(msg)
         e.evidence = evidence
         raise e
+
+
+def final_run() -> bool:
+    """False while hypothesis is still searching or shrinking (hundreds of failing calls, each
+    would re-run the reference in mpmath); True for the reported replay and outside hypothesis."""
+    from hypothesis.control import current_build_context
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        return bool(current_build_context().is_final)
+    except InvalidArgument:  # not inside a hypothesis test: a direct call, always reported
+        return True
 
 
 def judge_for(fn, args: dict, pick_output, dtype: str):
