@@ -186,7 +186,7 @@ def _print_failures(contracts, entries, console, seed=None):
             from falsify.cli.soak import repro_command
 
             console.print(f"  reproduce: {repro_command(e['contract'], seed, e['nodeid'])}",
-                          markup=False)
+                          markup=False, soft_wrap=True)
 
 
 def cmd_run(args) -> int:
@@ -210,7 +210,8 @@ def cmd_run(args) -> int:
     if seed is not None:
         env[SEED_ENV] = str(seed)
         console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
-                      f"falsify run {' '.join(args.contracts)} --seed {seed}".replace("  ", " "))
+                      f"falsify run {' '.join(args.contracts)} --seed {seed}".replace("  ", " "),
+                      soft_wrap=True)  # one line, to copy
     ledger_path = Path(args.ledger) if args.ledger else ledger.default_path()
     if binds:
         env["FALSIFY_BIND"] = json.dumps(binds)
