@@ -162,7 +162,7 @@ def _results_table(contracts, ledger_data, backends, console):
     console.print(t)
 
 
-def _print_failures(contracts, entries, console, seed=None):
+def _print_failures(contracts, entries, console, seed=None, flags=""):
     by_id = {c.id: c for c in contracts}
     for e in entries:
         if e["outcome"] in ("passed", "skipped"):
@@ -185,8 +185,8 @@ def _print_failures(contracts, entries, console, seed=None):
         if seed is not None:
             from falsify.cli.soak import repro_command
 
-            console.print(f"  reproduce: {repro_command(e['contract'], seed, e['nodeid'])}",
-                          markup=False, soft_wrap=True)
+            line = repro_command(e["contract"], seed, e["nodeid"], flags=flags)
+            console.print(f"  reproduce: {line}", markup=False, soft_wrap=True)
 
 
 def cmd_run(args) -> int:
@@ -207,10 +207,12 @@ def cmd_run(args) -> int:
     from falsify.cli.soak import SEED_ENV, resolve_seed
 
     seed, origin = resolve_seed(args.seed)
+    flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
     if seed is not None:
         env[SEED_ENV] = str(seed)
         console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
-                      f"falsify run {' '.join(args.contracts)} --seed {seed}".replace("  ", " "),
+                      f"falsify run {' '.join(args.contracts)} --seed {seed} {flags}".strip()
+                      .replace("  ", " "),
                       soft_wrap=True)  # one line, to copy
     ledger_path = Path(args.ledger) if args.ledger else ledger.default_path()
     if binds:
@@ -234,7 +236,7 @@ def cmd_run(args) -> int:
     # them written by concurrent runs while this one was in flight
     selected = {c.id for c in contracts}
     new = [e for e in pytest_plugin.LAST_SESSION["runs"] if e["contract"] in selected]
-    _print_failures(contracts, new, console, seed)
+    _print_failures(contracts, new, console, seed, flags)
     if args.format == "json":
         print(json.dumps({"entries": new, "exit": rc}, indent=1, default=str))
     else:

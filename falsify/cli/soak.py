@@ -60,11 +60,14 @@ def resolve_seed(text: str | None) -> tuple[int | None, str]:
     return n, "given"
 
 
-def repro_command(contract: str, seed: int, nodeid: str, backend: str | None = None) -> str:
-    """The one line that reruns a single check of a seeded run."""
+def repro_command(contract: str, seed: int, nodeid: str, backend: str | None = None,
+                  flags: str = "") -> str:
+    """The one line that reruns a single check of a seeded run (`flags`: the run's --bind and
+    --thorough, which change what is checked or how much)."""
     test = nodeid.split("::")[-1].split("[")[0]
     b = f" --backend {backend}" if backend else ""
-    return f"falsify run {contract} --seed {seed}{b} -k {test}"
+    f = f" {flags}" if flags else ""
+    return f"falsify run {contract} --seed {seed}{b}{f} -k {test}"
 
 
 @dataclass
