@@ -91,17 +91,25 @@ NAMED_EPS = {"eps64": EPS["float64"], "eps32": EPS["float32"], "eps16": EPS["flo
              "epsbf16": EPS["bfloat16"]}
 
 
+# The smallest normal number of each dtype: below it values are subnormal (gradual underflow,
+# absolute spacing tiny·eps) or flushed to zero (FTZ/DAZ on GPUs and some CPU modes), so an
+# absolute error up to `tiny` there is the dtype's, not the kernel's.
+NAMED_TINY = {"tiny64": 2.0 ** -1022, "tiny32": 2.0 ** -126, "tiny16": 2.0 ** -14,
+              "tinybf16": 2.0 ** -126}
+
+
 def eps_names(dtype: str) -> dict:
-    """`eps` and `eps_dtype` (the case dtype's epsilon; float32's for integer cases) and the
-    named epsilons. Callers that also bind input arguments drop `eps` when one is named so."""
+    """`eps` and `eps_dtype` (the case dtype's epsilon; float32's for integer cases), the
+    named epsilons and the named smallest normals (`tiny32`, ...). Callers that also bind input
+    arguments drop `eps` when one is named so."""
     e = EPS.get(dtype, EPS["float32"])
-    return dict(NAMED_EPS, eps=e, eps_dtype=e)
+    return dict(NAMED_EPS, **NAMED_TINY, eps=e, eps_dtype=e)
 
 
 # Names the harness binds in expressions. An input dim, argument, check param or `call:` key
 # may not take one (it would hide it, or be hidden), except an argument or `call:` key named
 # `eps`: kernels take one, so there the bare `eps` is withdrawn instead (see `eps_names`).
-HARNESS_NAMES = frozenset(SAFE_NAMES) | frozenset(NAMED_EPS) | {
+HARNESS_NAMES = frozenset(SAFE_NAMES) | frozenset(NAMED_EPS) | frozenset(NAMED_TINY) | {
     "eps", "eps_dtype", "dtype", "args", "y", "outs", "z", "zs", "y1", "y2", "outs1", "outs2",
     "x2", "tol", "rtol", "ref_max", "stats", "samples"}
 
@@ -115,10 +123,20 @@ def names_in(src: str) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def scalar_args(args: dict) -> dict:
+    """The numeric scalar arguments (const or choices: a learning rate, a temperature) a
+    tolerance may name, without names the harness binds (an argument `eps` would hide the
+    dtype epsilon, so tolerances never see it)."""
+    return {k: float(v) for k, v in args.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k not in HARNESS_NAMES}
+
+
 def tolerance_value(val, dtype: str, dims: dict, ref_max: float = 1.0) -> float:
     """A tolerance number: a literal, or an expression in `eps`/`eps_dtype` (of the dtype),
-    `eps64`/`eps32`/`eps16`/`epsbf16`, the case's dimension symbols and `ref_max`
-    (max |reference output|). Tolerances never see input arguments, so `eps` is unambiguous."""
+    `eps64`/`eps32`/`eps16`/`epsbf16`, `tiny32`..., the case's dimension symbols, its scalar
+    arguments (`scalar_args`) and `ref_max` (max |reference output|). An argument named `eps`
+    is never seen, so `eps` is unambiguous."""
     if isinstance(val, (int, float)):
         return float(val)
     env = dict(dims)

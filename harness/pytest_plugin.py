@@ -157,6 +157,8 @@ def pytest_runtest_makereport(item, call):
         first = str(exc.value).splitlines()[0] if str(exc.value) else ""
         base["message"] = f"{exc.typename}: {first}"[:1000]
         base["example"] = _example(exc)
+        if getattr(exc.value, "evidence", None):  # the arbiter's verdict and tolerance terms
+            base["evidence"] = exc.value.evidence
     if check:
         kw = check.kwargs
         c = runtime.contract(kw["contract"])

@@ -181,7 +181,10 @@ class Ctx:
         return a
 
     def tol(self, case: cases.Case, ref_max: float = 1.0) -> tuple[float, float]:
-        return tolerance(self.spec, case.dtype, case.dims, ref_max)
+        # scalar arguments (lr_max, a scale) set the size of intermediates a tolerance may
+        # depend on; `eps` stays the dtype epsilon (expr.scalar_args leaves harness names out)
+        return tolerance(self.spec, case.dtype, {**expr.scalar_args(case.args), **case.dims},
+                         ref_max)
 
     def env(self, case: cases.Case, **extra) -> dict:
         """Names visible to predicates and relations: the arguments the function was called
@@ -301,19 +304,60 @@ def max_examples(c: Contract, t: Check, backend: str) -> int:
     return n
 
 
-def check_settings(contract_ref: str | Contract, check_id: str, backend: str) -> settings:
+SEED_ENV = "FALSIFY_SEED"  # an integer: hypothesis draws from it instead of fresh randomness
+
+
+def run_seed() -> int | None:
+    """The seed every check's search starts from, or None for fresh randomness (the `fast` and
+    `thorough` profiles) or the derandomized `ci` profile. One number reproduces a whole run:
+    `falsify run --seed N` (or FALSIFY_SEED=N with pytest) draws the same examples again."""
+    raw = os.environ.get(SEED_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise RuntimeError(f"{SEED_ENV}={raw!r}: expected an integer") from None
+
+
+def example_database():
+    """Failing examples are kept under the project (.falsify/hypothesis, beside the ledger) and
+    replayed first on the next run; the derandomized `ci` profile keeps none (every run is the
+    same examples), a seeded run keeps one so a red CI run's minimal example survives it.
+    Outside a project (plain pytest on loose files) hypothesis' own default applies."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    m = handover.active()
+    root = Path(m.project_root) if m is not None else None
+    if root is None:
+        p = project.find_project()
+        root = p.root if p else None
+    if root is None:
+        return settings.default.database
+    return DirectoryBasedExampleDatabase(root / ".falsify" / "hypothesis")
+
+
+def check_settings(contract_ref: str | Contract, check_id: str, backend: str):
+    """The check's hypothesis settings, as a decorator; with FALSIFY_SEED it also fixes the
+    seed (hypothesis' `@seed`), so a seeded run draws the same examples every time."""
+    from hypothesis import seed as fix_seed
+
     c = contract(contract_ref)
     t = _check(c, check_id)
-    ci = profile_name() == "ci"
-    return settings(
+    n = run_seed()
+    derandomize = profile_name() == "ci" and n is None
+    s = settings(
         max_examples=max_examples(c, t, backend),
         deadline=None,  # interpreted Triton and CI machines make wall-clock deadlines noise
-        derandomize=ci,  # CI: the same examples every run
-        database=None if ci else settings.default.database,
+        derandomize=derandomize,  # CI: the same examples every run
+        database=None if derandomize else example_database(),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                HealthCheck.filter_too_much, HealthCheck.large_base_example],
         print_blob=True,
     )
+    if n is None:
+        return s
+    return lambda test: fix_seed(n)(s(test))
 
 
 def strategy(contract_ref: str | Contract, check_id: str, variant: str):

@@ -191,6 +191,12 @@ def tolerance_envs(input_spec: dict | None) -> list[dict]:
         choices = v.get("choices") if isinstance(v, dict) else v if isinstance(v, list) else [v]
         if isinstance(choices, list) and choices and all(num(c) for c in choices):
             lo[k], hi[k] = min(choices), max(choices)
+    args = spec.get("args") if isinstance(spec.get("args"), dict) else {}
+    for k, a in args.items():  # scalar arguments a tolerance may name (expr.scalar_args)
+        vals = ([a["const"]] if "const" in a else a.get("choices")) if isinstance(a, dict) else 0
+        if (isinstance(vals, list) and vals and all(num(c) for c in vals)
+                and k not in expr.HARNESS_NAMES):
+            lo[k], hi[k] = min(vals), max(vals)
     examples = spec.get("examples") if isinstance(spec.get("examples"), list) else []
     envs = [{**lo, **{k: v for k, v in ex.items() if num(v)}} for ex in examples
             if isinstance(ex, dict)]

@@ -29,6 +29,7 @@ VERBS = (  # the order of `falsify --help`
     "falsify.cli.merge",     # merge
     "falsify.cli.generate",  # generate
     "falsify.cli.init",      # init
+    "falsify.cli.soak",      # soak
 )
 
 

@@ -11,6 +11,7 @@ Exit codes: 0 all passed, 1 a check failed or a mutant survived, 2 usage error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -169,6 +170,24 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _seeded(seed: int | None):
+    """FALSIFY_SEED for this run's pytest and its xdist workers (a process setting, like
+    FALSIFY_TRITON: plain pytest reads it the same way), restored afterwards."""
+    from falsify.harness.runtime import SEED_ENV
+
+    old = os.environ.get(SEED_ENV)
+    if seed is not None:
+        os.environ[SEED_ENV] = str(seed)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(SEED_ENV, None)
+        else:
+            os.environ[SEED_ENV] = old
+
+
 def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
     """`--changed`: the tests whose last result passed (a mutant: was killed) against the
     current contract text and implementation source (manifest `reuse` keys)."""
@@ -227,7 +246,7 @@ def _results_table(contracts, ledger_data, backends, console):
     console.print(t)
 
 
-def _print_failures(contracts, entries, console):
+def _print_failures(contracts, entries, console, seed=None, flags=""):
     by_id = {c.id: c for c in contracts}
     for e in entries:
         if e["outcome"] in ("passed", "skipped"):
@@ -247,6 +266,11 @@ def _print_failures(contracts, entries, console):
                 console.print(f"    {line}", markup=False)
         if t and t.if_fails:
             console.print(f"  diagnosis (if_fails): {t.if_fails}", markup=False)
+        if seed is not None:
+            from falsify.cli.soak import repro_command
+
+            line = repro_command(e["contract"], seed, e["nodeid"], flags=flags)
+            console.print(f"  reproduce: {line}", markup=False, soft_wrap=True)
 
 
 def _print_survivors(mutants, console):
@@ -298,6 +322,15 @@ def cmd_run(args) -> int:
                 else list(proj.backends))
     keep = backends + [b for b in SYMBOLIC if b not in backends]
     profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else proj.profile)
+    from falsify.cli.soak import resolve_seed
+
+    seed, origin = resolve_seed(args.seed)
+    flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
+    if seed is not None:
+        console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
+                      f"falsify run {' '.join(args.contracts)} --seed {seed} {flags}".strip()
+                      .replace("  ", " "),
+                      soft_wrap=True)  # one line, to copy
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
     bind_note = None
     if binds:
@@ -322,7 +355,8 @@ def cmd_run(args) -> int:
         console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
                       "and implementation are unchanged", markup=False)
     manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
-    rc, session = _pytest(modules, manifest, extra, args.workers, console)
+    with _seeded(seed):
+        rc, session = _pytest(modules, manifest, extra, args.workers, console)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
         rc = 0
     data = ledger.load(ledger_path)
@@ -331,7 +365,7 @@ def cmd_run(args) -> int:
     selected = {c.id for c in contracts}
     runs = [e for e in session["runs"] if e["contract"] in selected]
     muts = [e for e in session["mutants"] if e["contract"] in selected]
-    _print_failures(contracts, runs, console)
+    _print_failures(contracts, runs, console, seed, flags)
     _print_survivors(muts, console)
     if args.format == "json":
         print(json.dumps({"entries": runs, "mutants": muts, "exit": rc}, indent=1, default=str))
@@ -408,6 +442,9 @@ def register(sub) -> None:
     r.add_argument("--changed", action="store_true",
                    help="re-run only the checks (and mutants) whose contract or implementation "
                         "source changed since their last passing result; reuse the rest")
+    r.add_argument("--seed", default=None, metavar="N|commit",
+                   help="hypothesis seed for every check (reproducible exploration); 'commit' "
+                        "derives it from `git rev-parse HEAD`")
     r.set_defaults(func=cmd_run)
     m = sub.add_parser("mutants", help="run every declared mutant; a survivor is a failure")
     m.add_argument("contracts", nargs="*")

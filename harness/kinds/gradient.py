@@ -14,6 +14,10 @@
     check       |D(h) − g_i| ≤ 2·truncation + 3·ρ/h + backward.
   A wrong formula errs by O(|g|), orders of magnitude above every term for smooth functions;
   near a kink (relu, max) D(h) and D(2h) disagree and the check widens there, honestly.
+  An output that is not finite at x (a mean over no counted token is NaN by definition) has
+  no derivative: it is left out of L, so the reference backward must pass it no gradient
+  (torch's rule too). A non-finite D(h), D(2h) or tolerance after that is a harness error
+  (`FiniteDifferenceError`), never a pass or a failure of the implementation.
 - torch/triton backends: autograd through the bound forward (which may be our own
   torch.autograd.Function) with the same dy, compared with the reference backward under the
   check's per-dtype tolerance. A `wrt` argument that receives no gradient fails the check.
@@ -24,7 +28,7 @@ import math
 import numpy as np
 
 from falsify.harness import backends, cases
-from falsify.harness.kinds.parity import compare
+from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
 from falsify.harness.runtime import CheckFailed
 
 FD_COORDS = 24
@@ -35,6 +39,11 @@ H0 = EPS64 ** (1.0 / 3.0)
 # (or backward) per output element: a few dozen correctly rounded operations on the path to
 # each output. The reduction L = Σ f·dy adds its own ⌈log2 N⌉ + 1 (pairwise summation).
 FWD_ULPS = 64
+
+
+class FiniteDifferenceError(RuntimeError):
+    """The finite-difference estimate or its tolerance is not a finite number: the check
+    cannot judge the backward at this point (not an AssertionError: an error, not a failure)."""
 
 
 def _upstream(shape, seed, dtype):
@@ -55,9 +64,10 @@ def _ref_backward(ctx, case, dy):
     return {k: np.asarray(v, np.float64) for k, v in grads.items()}
 
 
-def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy) -> float:
+def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=None) -> float:
     """(L(x + h·e_i) − L(x − h·e_i)) / (actual step): x ± h is rounded, and dividing by the
-    step actually taken removes the eps·|x_i|/h error of dividing by 2h."""
+    step actually taken removes the eps·|x_i|/h error of dividing by 2h. `keep` masks the
+    outputs in L (those finite at x)."""
     x0 = float(args[w][idx])
     hi, lo = x0 + h, x0 - h
     vals = []
@@ -66,7 +76,9 @@ def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy) -> flo
         a[w] = args[w].copy()
         a[w][idx] = xs
         y_h = backends.outputs(backends.call(fwd, **a))[0]
-        vals.append(float((y_h * dy).sum()))
+        prod = np.asarray(y_h * dy)
+        prod = prod if keep is None else prod[keep]
+        vals.append(float(prod.sum()))
     return (vals[0] - vals[1]) / (hi - lo)
 
 
@@ -100,9 +112,14 @@ def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
         for fi in flat_idx:
             idx = np.unravel_index(fi, x.shape)
             h = H0 * max(1.0, abs(float(x[idx])))
-            d1 = central_difference(ref_fwd, args64, w, idx, h, dy)
-            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dy)
+            d1 = central_difference(ref_fwd, args64, w, idx, h, dy, finite)
+            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dy, finite)
             tol = fd_tolerance(d1, d2, h, rho, g_round)
+            if not all(map(math.isfinite, (d1, d2, tol))):
+                raise FiniteDifferenceError(
+                    f"d/d{w}{tuple(int(i) for i in idx)}: finite differences are not finite "
+                    f"(D(h) = {d1!r}, D(2h) = {d2!r}, tolerance {tol!r}, step {h:.3g}): the "
+                    "forward leaves the finite range within one step of x; no judgement")
             if not abs(d1 - g[fi]) <= tol:
                 raise CheckFailed(
                     f"d/d{w}{tuple(int(i) for i in idx)}: reference backward {g[fi]!r} vs "
@@ -138,4 +155,8 @@ def run(ctx, case):
         ref = ref_grads[w]
         finite = ref[np.isfinite(ref)]
         atol, rtol = ctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
-        compare(backends.to_numpy(g), ref, atol, rtol, f"d/d{w}")
+        bwd = ctx.fn(equation=ctx.spec["backward"], backend="reference")
+        judge = judge_for(bwd, dict(ctx.ref_args(case), dy=dy),
+                          lambda outs, idx, w=w: outs[w][idx], case.dtype)
+        compare(backends.to_numpy(g), ref, atol, rtol, f"d/d{w}", judge,
+                tolerance_terms(ctx, case, atol, rtol))

@@ -8,11 +8,16 @@ filled with the sentinel, so a kernel that never writes it fails the comparison.
 
 import numpy as np
 
-from falsify.harness import backends
+from falsify.harness import arbiter, backends
+from falsify.harness.cases import FLOAT_DTYPES
 from falsify.harness.runtime import CheckFailed
 
 
-def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: str) -> None:
+def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: str,
+            judge=None, terms: str = "") -> None:
+    """|got − ref| ≤ atol + rtol·|ref| elementwise. On failure, `judge(index, got, ref)` (a
+    harness.arbiter Verdict) says which side is closer to the truth, and `terms` how the
+    tolerance was derived; both go into the CheckFailed message and its `evidence`."""
     if got.shape != ref.shape:
         raise CheckFailed(f"{what}: shape {got.shape} != reference {ref.shape}")
     with np.errstate(invalid="ignore"):
@@ -22,11 +27,56 @@ def compare(got: np.ndarray, ref: np.ndarray, atol: float, rtol: float, what: st
         ok = both_nan | same_inf | (err <= atol + rtol * np.abs(ref))
     if not ok.all():
         bad = np.argwhere(~ok)
-        i = tuple(bad[0])
-        raise CheckFailed(
-            f"{what}: {len(bad)} of {ok.size} element(s) differ beyond atol={atol:.3g}, "
-            f"rtol={rtol:.3g}; first at {i}: got {got[i]!r}, reference {ref[i]!r}, "
-            f"max |err| = {np.nanmax(np.where(np.isfinite(err), err, np.inf)):.3g}")
+        i = tuple(int(k) for k in bad[0])
+        msg = (f"{what}: {len(bad)} of {ok.size} element(s) differ beyond atol={atol:.3g}, "
+               f"rtol={rtol:.3g}; first at {i}: got {got[i]!r}, reference {ref[i]!r}, "
+               f"max |err| = {np.nanmax(np.where(np.isfinite(err), err, np.inf)):.3g}")
+        evidence = dict(index=list(i), got=float(got[i]), reference=float(ref[i]),
+                        atol=atol, rtol=rtol, tolerance=terms or None)
+        if judge is not None and final_run():
+            v = judge(i, float(got[i]), float(ref[i]))
+            msg += f"; {v.sentence()}"
+            evidence["arbiter"] = v.evidence()
+        if terms:
+            msg += f"\n  tolerance: {terms}"
+        e = CheckFailed(msg)
+        e.evidence = evidence
+        raise e
+
+
+def final_run() -> bool:
+    """False while hypothesis is still searching or shrinking (hundreds of failing calls, each
+    would re-run the reference in mpmath); True for the reported replay and outside hypothesis."""
+    from hypothesis.control import current_build_context
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        return bool(getattr(current_build_context(), "is_final", True))
+    except InvalidArgument:  # not inside a hypothesis test: a direct call, always reported
+        return True
+
+
+def judge_for(fn, args: dict, pick_output, dtype: str):
+    """A `judge` for compare: re-runs the reference `fn` on `args` in high precision at the
+    failing element (pick_output(outputs, index) selects it)."""
+    if dtype not in FLOAT_DTYPES:
+        return None
+
+    def judge(index, got, ref):
+        return arbiter.arbitrate(fn, args, lambda outs: pick_output(outs, index), got, ref,
+                                 dtype)
+
+    return judge
+
+
+def tolerance_terms(ctx, case, atol: float, rtol: float) -> str:
+    """The declared tolerance for this dtype with its values: what the derivation allowed."""
+    tol = ctx.spec.get("tolerance") or {}
+    entry = tol.get(case.dtype) or {}
+    parts = [f"{k} = {entry[k]} = {v:.3g}" if isinstance(entry.get(k), str) else f"{k} = {v:.3g}"
+             for k, v in (("atol", atol), ("rtol", rtol)) if k in entry or v]
+    why = " ".join(str(tol.get("why", "")).split())
+    return "; ".join(parts) + (f" (why: {why})" if why else "")
 
 
 def run(ctx, case):
@@ -61,4 +111,7 @@ def run(ctx, case):
         finite = ref[i][np.isfinite(ref[i])]
         ref_max = float(np.abs(finite).max()) if finite.size else 0.0
         atol, rtol = ctx.tol(case, ref_max)
-        compare(got[i], ref[i], atol, rtol, f"output {i}")
+        judge = judge_for(ref_fn, ctx.ref_args(case),
+                          lambda outs, idx, i=i: outs[i][idx], case.dtype)
+        compare(got[i], ref[i], atol, rtol, f"output {i}", judge,
+                tolerance_terms(ctx, case, atol, rtol))

@@ -1,0 +1,212 @@
+"""`falsify soak`: keep drawing fresh hypothesis seeds over the contracts until the time is up.
+
+Each round runs one contract's checks (round-robin, so every contract comes round) under a new
+seed in a child pytest, with the time left as its budget: the child is stopped at the deadline,
+so the soak ends within the minutes given. A failing check is reported with the one command
+that reproduces it (`falsify run CONTRACT --seed N -k TEST`): with a fixed seed every check
+draws the same examples again (harness/runtime.py `check_settings`).
+
+Exit codes: 0 nothing failed, 1 a check failed (or errored), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from falsify.cli.common import UsageError
+
+SEED_ENV = "FALSIFY_SEED"
+# pytest -v prints one line per test: "path::test_name PASSED [ 12%]"
+_RESULT = re.compile(r"^(?P<node>\S+::\S+) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+GRACE_S = 5.0  # after SIGTERM at the deadline, before SIGKILL
+
+
+def commit_seed(cwd: Path | None = None) -> tuple[int, str]:
+    """A 32-bit seed derived from the checked-out commit of the project in `cwd`, and the
+    commit: every CI run of one commit explores the same examples, each new commit new ones."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError(f"--seed commit: `git rev-parse HEAD` failed here ({e}); "
+                         "give a number instead") from None
+    digest = hashlib.sha256(f"falsify-seed:{head}".encode()).hexdigest()
+    return int(digest[:8], 16), head
+
+
+def resolve_seed(text: str | None) -> tuple[int | None, str]:
+    """`--seed N` (decimal or 0x...) or `--seed commit`; returns (seed, where it came from)."""
+    if text is None:
+        return None, ""
+    if text == "commit":
+        n, head = commit_seed()
+        return n, f"from commit {head[:12]}"
+    try:
+        n = int(text, 0)
+    except ValueError:
+        raise UsageError(f"--seed {text!r}: expected an integer or 'commit'") from None
+    if not 0 <= n < 2**32:
+        raise UsageError(f"--seed {n}: must be in [0, 2^32)")
+    return n, "given"
+
+
+def repro_command(contract: str, seed: int, nodeid: str, backend: str | None = None,
+                  flags: str = "") -> str:
+    """The one line that reruns a single check of a seeded run (`flags`: the run's --bind and
+    --thorough, which change what is checked or how much)."""
+    test = nodeid.split("::")[-1].split("[")[0]
+    b = f" --backend {backend}" if backend else ""
+    f = f" {flags}" if flags else ""
+    return f"falsify run {contract} --seed {seed}{b}{f} -k {test}"
+
+
+@dataclass
+class Round:
+    contract: str
+    seed: int
+    ran: int = 0
+    failures: list[str] = field(default_factory=list)  # node ids
+    cut: bool = False  # stopped at the deadline before it finished
+    rc: int = 0
+
+
+def _run_round(module: Path, contract: str, seed: int, budget_s: float, manifest: Path) -> Round:
+    """One contract's checks under `seed` in a child pytest, stopped at `budget_s`; the run
+    manifest names the contract's file, the `fast` profile, the backends and the round's
+    ledger, as `falsify run` hands them over."""
+    import queue
+    import threading
+
+    r = Round(contract, seed)
+    env = dict(os.environ, FALSIFY_SEED=str(seed))
+    cmd = [sys.executable, "-m", "pytest", str(module), "-v", "-p", "no:cacheprovider",
+           "-p", "no:benchmark", "--falsify-manifest", str(manifest), "--tb=no"]
+    # a process group of its own, so the deadline stops pytest and anything it started
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + budget_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            r.cut = True
+            break
+        try:
+            line = lines.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        m = _RESULT.match(line.strip())
+        if m and m["outcome"] != "SKIPPED":
+            r.ran += 1
+            if m["outcome"] in ("FAILED", "ERROR"):
+                r.failures.append(m["node"])
+    if r.cut and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    r.rc = proc.wait()
+    return r
+
+
+def _messages(ledger: Path) -> dict[str, str]:
+    """nodeid → the failure's first line, from the round's ledger (written when it finishes)."""
+    from falsify.harness import ledger as ledger_mod
+
+    if not ledger.exists():
+        return {}
+    try:
+        data = ledger_mod.load(ledger)
+    except Exception:  # a round cut at the deadline may leave none: messages are a bonus
+        return {}
+    return {e.get("nodeid", ""): e.get("message") or "" for e in data["runs"].values()
+            if e.get("outcome") not in ("passed", "skipped")}
+
+
+def cmd_soak(args) -> int:
+    from falsify.cli.run import _ensure_generated, _manifest, _select
+    from falsify.harness import handover
+    from falsify.harness.project import require_project, resolve_id
+
+    if args.minutes <= 0:
+        raise UsageError(f"--minutes {args.minutes}: must be > 0")
+    # the budget counts from the start, validation and generation included; a round stopped at
+    # the deadline gets GRACE_S to exit, so that is kept in hand
+    end = time.monotonic() + 60.0 * args.minutes - GRACE_S
+    proj = require_project("falsify soak")
+    contracts = _select(args.contracts, proj)
+    if not contracts:
+        raise UsageError("no native contract to soak")
+    by_id = {c.id: c for c in contracts}
+    modules = dict(zip(by_id, _ensure_generated(contracts, proj)))
+    # how `falsify run` names each contract again: its id where the id resolves to this file
+    # (the project's or the library's), else its path
+    names = {c.id: c.id if resolve_id(c.id, proj) == Path(c.path) else str(c.path)
+             for c in contracts}
+    # z3 and CrossHair draw nothing from the seed: a soak spends its time on the drawn checks
+    backends = (args.backend or "reference,torch,triton").split(",")
+    order = [c.id for c in contracts]
+    start = secrets.randbelow(len(order))  # a long soak and a short one cover different ones
+    rounds: list[Round] = []
+    failures: list[tuple[Round, str]] = []
+    print(f"falsify soak: {len(order)} contract(s), {args.minutes:g} min, a fresh seed per "
+          "round", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="falsify-soak-") as tmp:
+        k = 0
+        while (left := end - time.monotonic()) > 1.0:  # the clock between rounds
+            cid = order[(start + k) % len(order)]
+            seed = secrets.randbits(32)
+            ledger = Path(tmp) / f"round-{k}.json"
+            manifest = handover.write(Path(tmp) / f"round-{k}.manifest.json", handover.Manifest(
+                **_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger),
+                results=str(Path(tmp) / f"round-{k}.results.json")))
+            r = _run_round(modules[cid], cid, seed, left, manifest)
+            rounds.append(r)
+            msgs = _messages(ledger)
+            state = "cut at the deadline" if r.cut else "done"
+            print(f"round {k + 1}: {cid} seed {seed}: {r.ran} check(s), "
+                  f"{len(r.failures)} failure(s) ({state})", file=sys.stderr, flush=True)
+            for node in r.failures:
+                failures.append((r, node))
+                print(f"  FAILED {node}", file=sys.stderr)
+                if msgs.get(node):
+                    print(f"    {msgs[node]}", file=sys.stderr)
+                print(f"    reproduce: {repro_command(names[cid], seed, node, args.backend)}",
+                      file=sys.stderr, flush=True)
+            if not r.cut and r.rc not in (0, 1, 5):  # 2-4: interrupted, internal, usage
+                print(f"  pytest exited {r.rc} (collection or internal error) for {cid}",
+                      file=sys.stderr, flush=True)
+                failures.append((r, f"{cid}: pytest exit {r.rc}"))
+            k += 1
+    checks = sum(r.ran for r in rounds)
+    print(f"soak: {len(rounds)} seed(s) drawn, {checks} check(s) run, {len(failures)} "
+          f"failure(s) in {args.minutes:g} min")
+    return 1 if failures else 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("soak", help="draw fresh seeds over the contracts until the time is up")
+    s.add_argument("contracts", nargs="*", help="contract ids or files (default: all)")
+    s.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget (default 5)")
+    s.add_argument("--backend", default=None, help="comma-separated: reference,torch,triton")
+    s.set_defaults(func=cmd_soak)

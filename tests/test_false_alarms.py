@@ -1,0 +1,120 @@
+"""The false alarms fresh runs raised on correct code, each pinned at its exact failing case.
+
+- lr-schedule FALSIFY-LRS-001: step 575 of T = 576 (W = 0, lr_max = 3e-4, lr_min = 0); the
+  result is 7e-6·lr_max, its rounding error of lr_max's scale (the tolerance is 8·eps·lr_max).
+- adamw FALSIFY-AW-007: v = 1.46e-41, a float32 subnormal, g = 0: β2·v rounds on the subnormal
+  grid (2^-149 apart), 5e-5 relative; the predicate allows tiny32 absolute below the normals.
+- kd-loss FALSIFY-KD-002 (and cross-entropy FALSIFY-CE-004): R = 1 with its only label
+  ignored: L is NaN by definition, the gradient 0; the finite differences leave the undefined
+  output out instead of producing a NaN tolerance.
+The contracts also pin these cases as `examples:` (run by the generated tests on every backend).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from falsify.harness import cases, runtime
+from falsify.harness.kinds import gradient
+from tests.test_harness_fixes import contract_dict, first_case, load, run_check
+
+
+def _lrs_case():
+    return cases.Case("float64", {"n": 1, "W": 0, "T": 576},
+                      dict(step=np.array([575]), lr_max=3.0e-4, lr_min=0.0), {}, 1)
+
+
+def test_lrs_end_of_decay_is_within_the_derived_bound():
+    c = _lrs_case()
+    runtime.execute("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch", "float64", c)
+    # the case is the one that failed: the old bound 8·eps·ref_max is smaller than the error
+    from falsify.impl.torch.lr_schedule import lr_at_step
+    from falsify.reference.lr_schedule import lr_at
+
+    got, ref = lr_at_step(575, 0, 576, 3.0e-4, 0.0), float(lr_at(np.array([575]), 0, 576,
+                                                                     3.0e-4, 0.0)[0])
+    err = abs(got - ref)
+    assert err > 8 * np.finfo(np.float64).eps * ref
+    assert err <= 8 * np.finfo(np.float64).eps * 3.0e-4
+
+
+def test_lrs_bound_still_catches_a_one_step_shift():
+    from falsify.harness import backends
+
+    with backends.overriding("lr-schedule-kernel-v1:lr_at.torch",
+                             "tests.test_false_alarms:_shifted"):
+        with pytest.raises(runtime.CheckFailed, match="arbiter"):
+            runtime.execute("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch", "float64",
+                            _lrs_case())
+
+
+def _shifted(step, warmup, total, lr_max, lr_min):
+    """The schedule evaluated one step late: a real off-by-one."""
+    from falsify.impl.torch.lr_schedule import lr_at
+
+    return lr_at(step - 1, warmup, total, lr_max, lr_min)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+@pytest.mark.parametrize("beta2", [0.999, 0.95])
+def test_adamw_subnormal_v_is_in_the_domain(backend, beta2):
+    v = np.array([[1.460012869980027e-41, 2.0 ** -149]], np.float32)
+    c = cases.Case("float32", {"r": 1, "c": 2},
+                   dict(param=np.array([[0.5, -0.5]], np.float32),
+                        grad=np.zeros((1, 2), np.float32), m=np.zeros((1, 2), np.float32), v=v,
+                        step=10, lr=0.001, beta1=0.9, beta2=beta2, eps=1.0e-8,
+                        weight_decay=0.01), {}, 1)
+    runtime.execute("adamw-kernel-v1", "FALSIFY-AW-007", backend, "float32", c)
+
+
+def _all_ignored_kd(dtype):
+    return cases.Case(dtype, {"R": 1, "V": 1},
+                      dict(student_logits=np.zeros((1, 1), cases.NP_STORAGE[dtype]),
+                           teacher_logits=np.full((1, 1), 0.5, cases.NP_STORAGE[dtype]),
+                           labels=np.array([-1]), temperature=2.0, alpha=0.5, ignore_index=-1),
+                      {}, 1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_kd_no_counted_token_has_zero_gradient(backend, dtype):
+    runtime.execute("kd-loss-kernel-v1", "FALSIFY-KD-002", backend, dtype, _all_ignored_kd(dtype))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+def test_ce_mean_with_no_counted_token(backend):
+    c = cases.Case("float32", {"T": 1, "V": 5},
+                   dict(logits=np.linspace(-3, 3, 5, dtype=np.float32)[None],
+                        labels=np.array([-1]), ignore_index=-1, reduction="mean", z_loss=0.0,
+                        label_smoothing=0.1), {}, 1)
+    runtime.execute("cross-entropy-kernel-v1", "FALSIFY-CE-004", backend, "float32", c)
+
+
+def test_fd_demands_zero_gradient_for_an_undefined_output(tmp_path):
+    """An output NaN at x passes no gradient: a backward that passes one still fails."""
+    c, case = _fd_contract(tmp_path, "nan_mean", "nan_mean_backward_leaks", (0.5, 1.0))
+    with pytest.raises(runtime.CheckFailed, match="central difference"):
+        run_check(c, 0, "reference", "float32", case)
+    c, case = _fd_contract(tmp_path, "nan_mean", "nan_mean_backward", (0.5, 1.0))
+    run_check(c, 0, "reference", "float32", case)
+
+
+def test_non_finite_finite_differences_are_an_error_not_a_verdict(tmp_path):
+    # exp overflows within one step of x = 709.78 (h ≈ 4e-3): D(h) = inf
+    c, case = _fd_contract(tmp_path, "exp", "exp_backward", (709.78, 709.78))
+    case = first_case(c, 0, "float64")
+    with pytest.raises(gradient.FiniteDifferenceError, match="not finite") as e:
+        run_check(c, 0, "reference", "float64", case)
+    assert not runtime.is_falsification(e.value)
+
+
+def _fd_contract(tmp_path, fwd, bwd, values):
+    inp = {"dtypes": ["float32", "float64"], "dims": {"m": [1, 4]},
+           "args": {"x": {"shape": ["m"], "values": list(values)}},
+           "examples": [{"m": 3}]}
+    fns = {fwd: {"reference": f"tests.fixtures.alarm_fns:{fwd}"},
+           "bwd": {"reference": f"tests.fixtures.alarm_fns:{bwd}"}}
+    c = load(tmp_path, contract_dict(fns, {"rows": inp}, [
+        {"kind": "gradient", "input": "rows", "equation": fwd, "wrt": ["x"], "backward": "bwd"}]))
+    return c, first_case(c, 0, "float64" if fwd == "exp" else "float32")

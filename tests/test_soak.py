@@ -1,0 +1,123 @@
+"""`falsify soak` and seeded runs: fresh seeds until the time is up, every failure with the one
+command that reproduces it, and FALSIFY_SEED making a check's examples repeatable."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+
+from falsify.harness import runtime
+from tests.test_check_semantics import contract_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FNS = "tests.fixtures.alarm_fns"
+
+
+def _contract_dir(tmp_path, predicate: str):
+    inp = {"dtypes": ["float64"], "dims": {"m": [1, 8]},
+           "args": {"x": {"shape": ["m"], "values": [-1.0, 1.0]}}, "examples": [{"m": 1}]}
+    data = contract_dict({"f": {"reference": f"{FNS}:identity"}}, {"rows": inp},
+                         [{"kind": "property", "input": "rows", "predicate": predicate}])
+    cdir = tmp_path / "contracts"
+    cdir.mkdir()
+    path = cdir / "fix-kernel-v1.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # a temporary project whose own code includes the fixture functions (tests/)
+    (tmp_path / "falsify.toml").write_text('generated = "gen"\nledger = "l.json"\n')
+    (tmp_path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
+    env = dict(os.environ, FALSIFY_QUIET="1", COLUMNS="200", FALSIFY_TEST_CWD=str(tmp_path))
+    env.pop("CI", None)
+    return path, env
+
+
+def _falsify(args, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "falsify.cli", *args],
+                          cwd=env["FALSIFY_TEST_CWD"], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
+    # |x| < 0.9 is false for most drawn x ∈ [−1, 1]: the planted bug every seed finds
+    path, env = _contract_dir(tmp_path, "np.all(np.abs(x) < 0.9)")
+    t0 = time.monotonic()
+    r = _falsify(["soak", str(path), "--minutes", "0.4"], env)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert elapsed < 0.4 * 60 + 10  # the budget holds (plus the interpreter's start-up)
+    summary = r.stdout.strip().splitlines()[-1]
+    assert summary.startswith("soak: ") and "seed(s) drawn" in summary
+    assert "check(s) run" in summary and " 0 failure(s)" not in summary
+    repro = next(line.split("reproduce: ", 1)[1] for line in r.stderr.splitlines()
+                 if "reproduce: " in line)
+    assert repro.startswith(f"falsify run {path} --seed ") and " -k test_" in repro
+    again = _falsify(shlex.split(repro)[1:] + ["-n", "1"], env)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "reproduce: falsify run" in again.stdout + again.stderr  # printed by run too
+
+
+def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
+    path, env = _contract_dir(tmp_path, "np.all(np.abs(x) <= 1.0)")
+    t0 = time.monotonic()
+    r = _falsify(["soak", str(path), "--minutes", "0.3"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 0.3 * 60 + 10
+    assert "0 failure(s)" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["soak", "--minutes", "0"], ["run", "--seed", "abc"]])
+def test_bad_soak_and_seed_arguments_are_usage_errors(args):
+    r = _falsify(args, dict(os.environ, FALSIFY_QUIET="1"))
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def _drawn(monkeypatch, seed: str | None) -> list:
+    if seed is None:
+        monkeypatch.delenv(runtime.SEED_ENV, raising=False)
+    else:
+        monkeypatch.setenv(runtime.SEED_ENV, seed)
+    monkeypatch.setenv(runtime.PROFILE_ENV, "fast")
+    seen = []
+    cid, chk = "lr-schedule-kernel-v1", "FALSIFY-LRS-001"
+
+    @runtime.check_settings(cid, chk, "torch")
+    @given(case=runtime.strategy(cid, chk, "float64"))
+    def draw(case):
+        seen.append((case.dims["n"], case.dims["W"], case.dims["T"], case.seed))
+
+    draw()
+    return seen
+
+
+def test_a_seed_draws_the_same_examples_and_another_seed_others(monkeypatch):
+    a, b = _drawn(monkeypatch, "12345"), _drawn(monkeypatch, "12345")
+    assert a == b and len(a) >= 10
+    assert _drawn(monkeypatch, "54321") != a
+
+
+def test_seeded_ci_runs_are_not_derandomized(monkeypatch):
+    monkeypatch.setenv(runtime.PROFILE_ENV, "ci")
+    monkeypatch.setenv(runtime.SEED_ENV, "7")
+    deco = runtime.check_settings("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch")
+    assert callable(deco) and not hasattr(deco, "derandomize")  # seed + settings decorator
+    monkeypatch.delenv(runtime.SEED_ENV)
+    s = runtime.check_settings("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch")
+    assert s.derandomize and s.database is None
+
+
+def test_commit_seed_is_stable_per_commit():
+    from falsify.cli.soak import commit_seed
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: there is no commit to derive a seed from")
+    n1, head = commit_seed(ROOT)
+    n2, _ = commit_seed(ROOT)
+    assert n1 == n2 and 0 <= n1 < 2**32 and len(head) == 40
