@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from falsify.harness import arbiter, runtime
-from tests.test_harness_fixes import contract_dict, first_case, load, run_check
+from tests.test_check_semantics import contract_dict, first_case, load, run_check
 
 FNS = "tests.fixtures.arbiter_fns"
 

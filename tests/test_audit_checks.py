@@ -10,7 +10,9 @@ import pytest
 
 from falsify.cli.pv import main
 from falsify.harness import audit
-from falsify.harness.model import ROOT, load_contract
+from falsify.harness.model import load_contract
+
+ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
 FNS = "tests.fixtures.kernels.torch.audit_fns"
 PARITY = """

@@ -17,7 +17,7 @@ import pytest
 
 from falsify.harness import cases, runtime
 from falsify.harness.kinds import gradient
-from tests.test_harness_fixes import contract_dict, first_case, load, run_check
+from tests.test_check_semantics import contract_dict, first_case, load, run_check
 
 
 def _lrs_case():

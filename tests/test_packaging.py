@@ -31,9 +31,11 @@ SOFTMAX = """import torch
 
 
 def softmax(x):
-    z = x - x.amax(dim=-1, keepdim=True)
-    e = torch.exp(z)
-    return e / e.sum(dim=-1, keepdim=True)
+    # accumulate in fp32 and round once, as the contract's fp16 tolerance (half an ulp of the
+    # output) requires: an fp16 row sum over thousands of terms is off by more than that
+    xf = x.float()
+    e = torch.exp(xf - xf.amax(dim=-1, keepdim=True))
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
 """
 BUGGY = """import torch
 
@@ -103,6 +105,8 @@ def _files(pkg: Path) -> set[str]:
 
 def _check_archives(steps: Steps, wheel: Path, sdist: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
+    steps.expect("falsify/impl/llm/sft/stdlib-docstrings.jsonl" in names,
+                 "wheel: the fine-tuning set `falsify finetune` defaults to is missing")
     for want in LIBRARY + TEMPLATES:
         steps.expect(any(re.fullmatch(rf"falsify/(.+/)?{re.escape(want)}", n) for n in names),
                      f"wheel: {want} missing from {wheel.name}")

@@ -58,7 +58,8 @@ def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
     assert "check(s) run" in summary and " 0 failure(s)" not in summary
     repro = next(line.split("reproduce: ", 1)[1] for line in r.stderr.splitlines()
                  if "reproduce: " in line)
-    assert repro.startswith(f"falsify run {path} --seed ") and " -k test_" in repro
+    # the contract is the project's own, so the command names it by id
+    assert repro.startswith("falsify run fix-kernel-v1 --seed ") and " -k test_" in repro
     again = _falsify(shlex.split(repro)[1:] + ["-n", "1"], env)
     assert again.returncode == 1, again.stdout + again.stderr
     assert "reproduce: falsify run" in again.stdout + again.stderr  # printed by run too
@@ -74,8 +75,10 @@ def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["soak", "--minutes", "0"], ["run", "--seed", "abc"]])
-def test_bad_soak_and_seed_arguments_are_usage_errors(args):
-    r = _falsify(args, dict(os.environ, FALSIFY_QUIET="1"))
+def test_bad_soak_and_seed_arguments_are_usage_errors(tmp_path, args):
+    (tmp_path / "contracts").mkdir()
+    (tmp_path / "falsify.toml").write_text('generated = "gen"\n')
+    r = _falsify(args, dict(os.environ, FALSIFY_QUIET="1", FALSIFY_TEST_CWD=str(tmp_path)))
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -84,7 +87,7 @@ def _drawn(monkeypatch, seed: str | None) -> list:
         monkeypatch.delenv(runtime.SEED_ENV, raising=False)
     else:
         monkeypatch.setenv(runtime.SEED_ENV, seed)
-    monkeypatch.setenv(runtime.PROFILE_ENV, "fast")
+    monkeypatch.delenv("CI", raising=False)  # this checkout's profile: fast
     seen = []
     cid, chk = "lr-schedule-kernel-v1", "FALSIFY-LRS-001"
 
@@ -104,7 +107,7 @@ def test_a_seed_draws_the_same_examples_and_another_seed_others(monkeypatch):
 
 
 def test_seeded_ci_runs_are_not_derandomized(monkeypatch):
-    monkeypatch.setenv(runtime.PROFILE_ENV, "ci")
+    monkeypatch.setenv("CI", "true")  # the derandomized ci profile
     monkeypatch.setenv(runtime.SEED_ENV, "7")
     deco = runtime.check_settings("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch")
     assert callable(deco) and not hasattr(deco, "derandomize")  # seed + settings decorator

@@ -151,8 +151,7 @@ def _next_steps(kernel: str, files) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("init", help="set up falsify in this project: config, a contract, "
-                                    "stubs, CI workflow, pre-commit")
+    p = sub.add_parser("init", help="scaffold a project: config, contract, stubs, CI, pre-commit")
     p.add_argument("--kernel", default="mykernel",
                    help="kernel name: contracts/NAME-kernel-v1.yaml, PACKAGE/NAME.py "
                         "(default: mykernel)")

@@ -22,8 +22,7 @@ def register(sub) -> None:
     add_common(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("list", help="the contract library shipped with falsify: id, version, "
-                                    "status, description")
+    p = sub.add_parser("list", help="the contract library shipped with falsify")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_list)
 

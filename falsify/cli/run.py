@@ -418,8 +418,7 @@ def cmd_mutants(args) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("run", help="run the contracts' checks and mutants (generates tests "
-                                   "if needed)")
+    r = sub.add_parser("run", help="run the contracts' checks and mutants, report coverage")
     r.add_argument("contracts", nargs="*",
                    help="contract ids (the project's or the library's) or files "
                         "(default: the project's contracts)")

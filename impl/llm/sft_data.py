@@ -54,8 +54,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 CHAT_HEADER = "<|{role}|>\n"
 CHAT_TURN_END = "\n"
 
-SHIPPED_DATASET = Path(__file__).resolve().parents[2] / "data" / "sft" / \
-    "stdlib-docstrings.jsonl"
+SHIPPED_DATASET = Path(__file__).resolve().parent / "sft" / "stdlib-docstrings.jsonl"
 
 FORMATS = ("chat", "prompt_response", "text", "preference")
 

@@ -154,7 +154,7 @@ def _scale(g: torch.Tensor, dst: torch.Tensor, norm_coef: torch.Tensor, name: st
                                      src.stride(1), out.stride(0), out.stride(1), BLOCK=block)
 
 
-def _clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
+def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
     """In-place global-norm clip of a list of tensors; returns the pre-clip norm (0-d fp32)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     grads = list(grads)
