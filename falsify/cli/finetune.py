@@ -4,8 +4,8 @@
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
 the pretraining loop on the standard library, then QLoRA-fine-tunes it on the shipped
 docstring -> body dataset (impl/llm/sft/stdlib-docstrings.jsonl) for 60 steps, printing the
-loss and the held-out loss before and after, and samples from the base and the adapted model (the demo's
-settings, `DEMO`, are printed and each can be overridden).
+loss and the held-out loss before and after, and samples from the base and the adapted model
+(the demo's settings, `DEMO`, are printed and each can be overridden).
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
 last and win. Exit codes: 0 done, 2 config/data/preflight error, 3 Andon stop.
 """
