@@ -11,15 +11,14 @@ says what to write; that is the intended first state.
 
 from __future__ import annotations
 
-import os
 import re
 import string
 import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 from falsify.cli.common import UsageError
+from falsify.harness.generate import atomic_write
 
 KERNEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a Python module name and a contract equation
 
@@ -62,18 +61,6 @@ def _package(root: Path, explicit: str | None) -> tuple[str, Path, str]:
         if d.is_dir():
             return name, d, how
     return name, root / name, how
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _config(root: Path) -> tuple[Path, str | None]:
@@ -122,13 +109,13 @@ def cmd_init(args) -> int:
     if cfg_text is None:
         kept.append(cfg)
     else:
-        _atomic_write(cfg, cfg_text)
+        atomic_write(cfg, cfg_text)
         wrote.append(cfg)
     for path, text in files:
         if path.exists():
             kept.append(path)
         else:
-            _atomic_write(path, text)
+            atomic_write(path, text)
             wrote.append(path)
     print(f"falsify init: kernel {kernel}, {chosen}")
     for p in wrote:
