@@ -34,14 +34,15 @@ def _contract_dir(tmp_path, predicate: str):
     # a temporary project whose own code includes the fixture functions (tests/)
     (tmp_path / "falsify.toml").write_text('generated = "gen"\nledger = "l.json"\n')
     (tmp_path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
-    env = dict(os.environ, FALSIFY_QUIET="1", COLUMNS="200", FALSIFY_TEST_CWD=str(tmp_path))
+    env = dict(os.environ, FALSIFY_QUIET="1", COLUMNS="200")
     env.pop("CI", None)
     return path, env
 
 
-def _falsify(args, env, timeout=300):
+def _falsify(args, env, cwd, timeout=300):
+    """`falsify ARGS` run from `cwd`, the temporary project."""
     return subprocess.run([sys.executable, "-m", "falsify.cli", *args],
-                          cwd=env["FALSIFY_TEST_CWD"], env=env, capture_output=True, text=True,
+                          cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -49,7 +50,7 @@ def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
     # |x| < 0.9 is false for most drawn x ∈ [−1, 1]: the planted bug every seed finds
     path, env = _contract_dir(tmp_path, "np.all(np.abs(x) < 0.9)")
     t0 = time.monotonic()
-    r = _falsify(["soak", str(path), "--minutes", "0.4"], env)
+    r = _falsify(["soak", str(path), "--minutes", "0.4"], env, tmp_path)
     elapsed = time.monotonic() - t0
     assert r.returncode == 1, r.stdout + r.stderr
     assert elapsed < 0.4 * 60 + 10  # the budget holds (plus the interpreter's start-up)
@@ -60,7 +61,7 @@ def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
                  if "reproduce: " in line)
     # the contract is the project's own, so the command names it by id
     assert repro.startswith("falsify run fix-kernel-v1 --seed ") and " -k test_" in repro
-    again = _falsify(shlex.split(repro)[1:] + ["-n", "1"], env)
+    again = _falsify(shlex.split(repro)[1:] + ["-n", "1"], env, tmp_path)
     assert again.returncode == 1, again.stdout + again.stderr
     assert "reproduce: falsify run" in again.stdout + again.stderr  # printed by run too
 
@@ -68,7 +69,7 @@ def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
 def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
     path, env = _contract_dir(tmp_path, "np.all(np.abs(x) <= 1.0)")
     t0 = time.monotonic()
-    r = _falsify(["soak", str(path), "--minutes", "0.3"], env)
+    r = _falsify(["soak", str(path), "--minutes", "0.3"], env, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert time.monotonic() - t0 < 0.3 * 60 + 10
     assert "0 failure(s)" in r.stdout
@@ -78,7 +79,7 @@ def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
 def test_bad_soak_and_seed_arguments_are_usage_errors(tmp_path, args):
     (tmp_path / "contracts").mkdir()
     (tmp_path / "falsify.toml").write_text('generated = "gen"\n')
-    r = _falsify(args, dict(os.environ, FALSIFY_QUIET="1", FALSIFY_TEST_CWD=str(tmp_path)))
+    r = _falsify(args, dict(os.environ, FALSIFY_QUIET="1"), tmp_path)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
 
 
