@@ -7,13 +7,13 @@ holds everything the pytest plugin and the runtime need to know about the run:
 
     {"version": 1,
      "project_root": "/abs/project",          # put on sys.path: the project's own modules
-     "contracts": {"<id>": {"path": "/abs/x.yaml", "sha256": "..."}},
+     "contracts": {"<id>": {"path": "<absolute path>.yaml", "sha256": "..."}},
      "binds": {"softmax.torch": "mymod:fn"},   # `--bind` overrides (EQUATION.BACKEND)
      "profile": "fast",                        # hypothesis profile (fast | ci | thorough)
      "backends": ["reference", "torch", ...],  # backends whose tests are kept
      "select": "checks",                       # checks | mutants | all
-     "ledger": "/abs/.falsify/ledger.json",    # where the controller merges the results
-     "results": "/abs/tmp/results.json",       # this session's entries, for the command
+     "ledger": "<project>/.falsify/ledger.json",# where the controller merges the results
+     "results": "<run tmp dir>/results.json",  # this session's entries, for the command
      "reuse": ["run:<ledger key>", ...]}       # `--changed`: passing results kept, not re-run
 
 The plugin activates the manifest in each process (`activate`); the runtime reads the profile,
