@@ -6,13 +6,13 @@ JSON file, written atomically into a private temporary directory) and starts pyt
 holds everything the pytest plugin and the runtime need to know about the run:
 
     {"version": 1,
-     "project_root": "/abs/project",          # put on sys.path: the project's own modules
+     "project_root": "<project>",             # put on sys.path: the project's own modules
      "contracts": {"<id>": {"path": "<absolute path>.yaml", "sha256": "..."}},
      "binds": {"softmax.torch": "mymod:fn"},   # `--bind` overrides (EQUATION.BACKEND)
      "profile": "fast",                        # hypothesis profile (fast | ci | thorough)
      "backends": ["reference", "torch", ...],  # backends whose tests are kept
      "select": "checks",                       # checks | mutants | all
-     "ledger": "<project>/.falsify/ledger.json",# where the controller merges the results
+     "ledger": "<project>/.falsify/ledger.json",  # where the controller merges the results
      "results": "<run tmp dir>/results.json",  # this session's entries, for the command
      "reuse": ["run:<ledger key>", ...]}       # `--changed`: passing results kept, not re-run
 
