@@ -14,7 +14,8 @@ holds everything the pytest plugin and the runtime need to know about the run:
      "select": "checks",                       # checks | mutants | all
      "ledger": "<project>/.falsify/ledger.json",  # where the controller merges the results
      "results": "<run tmp dir>/results.json",  # this session's entries, for the command
-     "reuse": ["run:<ledger key>", ...]}       # `--changed`: passing results kept, not re-run
+     "reuse": ["run:<ledger key>", ...],       # `--changed`: passing results kept, not re-run
+     "example_db": "<dir>" | null}             # hypothesis' example database (null: the project's)
 
 The plugin activates the manifest in each process (`activate`); the runtime reads the profile,
 the binds and the contract table from `active()` and nothing else. At session end the
@@ -51,6 +52,7 @@ class Manifest:
     ledger: str | None = None
     results: str | None = None
     reuse: list[str] = field(default_factory=list)
+    example_db: str | None = None
     version: int = VERSION
 
     def contract_path(self, contract_id: str) -> Path | None:

@@ -324,10 +324,14 @@ def example_database():
     """Failing examples are kept under the project (.falsify/hypothesis, beside the ledger) and
     replayed first on the next run; the derandomized `ci` profile keeps none (every run is the
     same examples), a seeded run keeps one so a red CI run's minimal example survives it.
-    Outside a project (plain pytest on loose files) hypothesis' own default applies."""
+    A manifest may name another (`falsify soak` gives each round its own, so that the round's
+    seed alone explains its failures). Outside a project (plain pytest on loose files)
+    hypothesis' own default applies."""
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     m = handover.active()
+    if m is not None and m.example_db:
+        return DirectoryBasedExampleDatabase(m.example_db)
     root = Path(m.project_root) if m is not None else None
     if root is None:
         p = project.find_project()
@@ -335,6 +339,26 @@ def example_database():
     if root is None:
         return settings.default.database
     return DirectoryBasedExampleDatabase(root / ".falsify" / "hypothesis")
+
+
+def _pin_local_constants() -> None:
+    """Make what a seed draws independent of what the process has imported.
+
+    Hypothesis mixes into its draws constants it finds in every *local* module loaded so far
+    (`providers._get_local_constants`). That pool differs between a soak round, a
+    `falsify run -k TEST`, and xdist workers that ran other tests first, so one seed drew
+    different examples in each and a reported seed did not reproduce. Under a seed the pool is
+    pinned empty (hypothesis' built-in constants still apply). The hook is private: if a
+    hypothesis release moves it, tests/test_soak.py's module-loading test fails."""
+    from hypothesis.internal.conjecture import providers
+
+    if getattr(providers, "_falsify_pinned", False) or not hasattr(
+            providers, "_get_local_constants"):  # older hypothesis: no local constants
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    providers.CONSTANTS_CACHE.cache.clear()
+    providers._falsify_pinned = True
 
 
 def check_settings(contract_ref: str | Contract, check_id: str, backend: str):
@@ -345,6 +369,8 @@ def check_settings(contract_ref: str | Contract, check_id: str, backend: str):
     c = contract(contract_ref)
     t = _check(c, check_id)
     n = run_seed()
+    if n is not None:
+        _pin_local_constants()
     derandomize = profile_name() == "ci" and n is None
     s = settings(
         max_examples=max_examples(c, t, backend),

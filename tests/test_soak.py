@@ -107,6 +107,21 @@ def test_a_seed_draws_the_same_examples_and_another_seed_others(monkeypatch):
     assert _drawn(monkeypatch, "54321") != a
 
 
+def test_a_seed_draws_the_same_examples_whatever_modules_are_loaded(monkeypatch, tmp_path):
+    # hypothesis also draws constants it finds in the process's local modules, so what one seed
+    # drew depended on what the process had imported: a soak round and the `falsify run -k`
+    # that should reproduce it drew different examples. Loading a module full of integers
+    # between two seeded draws must not change them.
+    seeds = [str(s) for s in range(1, 9)]
+    before = [_drawn(monkeypatch, s) for s in seeds]
+    mod = tmp_path / "falsify_seed_consts.py"
+    mod.write_text("".join(f"C{i} = {v}\n" for i, v in enumerate(
+        [*range(1, 300), *(2**k - 1 for k in range(8, 33)), *(3**k for k in range(6, 20))])))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("falsify_seed_consts")
+    assert before == [_drawn(monkeypatch, s) for s in seeds]
+
+
 def test_seeded_ci_runs_are_not_derandomized(monkeypatch):
     monkeypatch.setenv("CI", "true")  # the derandomized ci profile
     monkeypatch.setenv(runtime.SEED_ENV, "7")

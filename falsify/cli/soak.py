@@ -4,7 +4,9 @@ Each round runs one contract's checks (round-robin, so every contract comes roun
 seed in a child pytest, with the time left as its budget: the child is stopped at the deadline,
 so the soak ends within the minutes given. A failing check is reported with the one command
 that reproduces it (`falsify run CONTRACT --seed N -k TEST`): with a fixed seed every check
-draws the same examples again (harness/runtime.py `check_settings`).
+draws the same examples again (harness/runtime.py `check_settings`). Each round keeps its own
+example database: a failure one round saved is not replayed in the next, where it would be
+reported under a seed that does not reproduce it.
 
 Exit codes: 0 nothing failed, 1 a check failed (or errored), 2 usage error.
 """
@@ -179,7 +181,8 @@ def cmd_soak(args) -> int:
             ledger = Path(tmp) / f"round-{k}.json"
             manifest = handover.write(Path(tmp) / f"round-{k}.manifest.json", handover.Manifest(
                 **_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger),
-                results=str(Path(tmp) / f"round-{k}.results.json")))
+                results=str(Path(tmp) / f"round-{k}.results.json"),
+                example_db=str(Path(tmp) / f"round-{k}.examples")))
             r = _run_round(modules[cid], cid, seed, left, manifest)
             rounds.append(r)
             msgs = _messages(ledger)
