@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5ffbef1d7fe7beba77656af1f980185121bb63822b0f4292bab3644ced479851"
+SHA256 = "7fa4cc29663a27751570d1e54d667d380ce14dc5d946292ee409da03d485d71c"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
