@@ -135,6 +135,10 @@ def test_scaffold_fails_on_the_stubs_then_goes_green(project, capsys):
     text = failed.stdout + failed.stderr
     assert "FAILED" in text and "is the stub `falsify init` wrote" in text
     assert "minimal falsifying input" in text and "diagnosis (if_fails)" in text
+    # the stub fails every check, so its mutant "dies" too: the summary says that is no evidence
+    both = _run(project, *fals, check_rc=1)
+    said = " ".join((both.stdout + both.stderr).split())
+    assert "mutants 1/1 killed (1 only by checks that fail on the implementation too" in said
 
     (project / f"userpkg/{KERNEL}_reference.py").write_text(REFERENCE)
     (project / f"userpkg/{KERNEL}.py").write_text(TORCH)

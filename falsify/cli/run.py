@@ -297,6 +297,9 @@ def _summary(contracts, data, runs, mutants, select, bind_note, keep) -> str:
         return (f"{checks}; mutants not run (--no-mutants), so no obligation coverage figure: "
                 "`falsify run` without --no-mutants runs both")
     killed = sum(e["outcome"] == "killed" for e in mutants)
+    hollow = len(hollow_kills(runs, mutants))
+    hollow_note = (f" ({hollow} only by checks that fail on the implementation too: no "
+                   "evidence until those pass)") if hollow else ""
     covered, total = coverage.compute(contracts, data).overall()
     pct = 100.0 * covered / total if total else 100.0
     skipped = sorted({r.backend for c in contracts for t in c.checks for r in planned(c, t)}
@@ -304,7 +307,17 @@ def _summary(contracts, data, runs, mutants, select, bind_note, keep) -> str:
     why = (f" ({', '.join(skipped)} not run: not in --backend or the project's `backends`)"
            if skipped else "")
     return (f"coverage: {covered}/{total} obligations covered ({pct:.1f}%){why}, counting "
-            f"checks and mutants; {checks}; mutants {killed}/{len(mutants)} killed")
+            f"checks and mutants; {checks}; mutants {killed}/{len(mutants)} killed{hollow_note}")
+
+
+def hollow_kills(runs, mutants) -> list[dict]:
+    """Killed mutants whose killing check (`killed_by`: CHECK/backend/variant) failed in the
+    same run on the real implementation: a stub or broken kernel fails every check, so its
+    mutants "die" without showing that the check can tell a bug from correct code."""
+    failing = {(e["contract"], f"{e['check']}/{e['backend']}/{e['variant']}") for e in runs
+               if e["outcome"] in ("failed", "error", "unproven")}
+    return [e for e in mutants if e["outcome"] == "killed"
+            and (e["contract"], e.get("killed_by")) in failing]
 
 
 def cmd_run(args) -> int:
