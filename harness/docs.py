@@ -461,10 +461,19 @@ def is_generated(path: Path) -> bool:
 
 
 def _rel(p: Path) -> str:
-    try:
-        return Path(p).resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        return Path(p).as_posix()
+    """A contract's path as the reader's repository names it: relative to falsify's checkout
+    for the shipped library, to the user's project for its own contracts; never a path of the
+    machine the pages were built on."""
+    from falsify.harness import project
+
+    p = Path(p).resolve()
+    proj = project.find_project()
+    for root in ([proj.root] if proj else []) + [ROOT]:
+        try:
+            return p.relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            continue
+    return p.name
 
 
 def _backend_cell(outcomes: list[str] | None) -> str:

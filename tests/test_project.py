@@ -311,3 +311,16 @@ def test_a_generated_module_refuses_a_contract_changed_since(tmp_path):
     r = sh(proj, "pytest", "tests/generated", "-p", "no:cacheprovider", "--collect-only", "-q")
     assert r.returncode != 0
     assert "changed since its test module was generated" in r.stdout + r.stderr
+
+
+def test_docs_pages_name_a_project_contract_by_its_project_path(tmp_path, monkeypatch):
+    from falsify.harness import docs
+    from falsify.harness.runtime import load
+
+    proj = _project(tmp_path)
+    path = _copy("gelu-kernel-v1", proj / "contracts", "mygelu-kernel-v1")
+    monkeypatch.chdir(proj)
+    pages = docs.render_site([load(path)])
+    page = next(text for name, text in pages.items() if "mygelu" in name)
+    assert "`contracts/mygelu-kernel-v1.yaml`" in page
+    assert str(tmp_path) not in "".join(pages.values())  # no path of the building machine
