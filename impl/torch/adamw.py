@@ -26,6 +26,11 @@ import torch
 
 from falsify.reference.adamw import check_hyperparameters
 
+# adamw_multi is the training loop's update (impl/llm/ops.py) and AdamW its optimizer
+# (impl/llm/trainer.py): adamw_step calls adamw_multi on every path, and adamw_run steps an
+# AdamW driving adamw_multi (optimizer_run), so every check of the bindings runs both.
+__all__ = ["adamw_step", "adamw_run", "adamw_multi", "AdamW"]
+
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

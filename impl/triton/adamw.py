@@ -34,6 +34,10 @@ from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.adamw import check_tensors, optimizer_run, step_scalars
 from falsify.reference.adamw import check_hyperparameters
 
+# adamw_multi is the training loop's update on this backend (impl/llm/ops.py): the bound
+# adamw_run hands it to the AdamW optimizer class, which calls it on every step.
+__all__ = ["adamw_step", "adamw_run", "adamw_multi"]
+
 MAX_BLOCK = 1024  # elements per program: a power of two (tl.arange), 4 KiB of fp32 per operand
 
 

@@ -28,6 +28,10 @@ from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.grad_clip import check_grads
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
+# clip_grad_norm_ is the training loop's clip on this backend (impl/llm/ops.py): the bound
+# clip_grad_norm clips its copies with it on every path.
+__all__ = ["clip_grad_norm", "clip_grad_norm_"]
+
 MAX_BLOCK = 1024  # elements per partial: power of two
 REDUCE_BLOCK = 256  # partials merged per iteration of the norm kernel
 
