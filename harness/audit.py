@@ -181,8 +181,9 @@ def _loaded_globals(code: types.CodeType) -> set[str]:
 def _reached(roots, modules: set[str]) -> dict[int, object]:
     """What the roots' code loads as globals (id -> object), following the functions and
     classes defined in `modules` that it reaches: a binding's own helpers, the methods of a
-    class it instantiates, an autograd.Function's forward and backward. Static: a global the
-    code loads counts as called (it is on some path of every check that runs the binding)."""
+    class it instantiates, an autograd.Function's forward and backward. Static and generous: a
+    global the code loads counts as called whichever branch loads it; that the binding calls it
+    on every check path is what the note beside the module's `__all__` claims."""
     reached: dict[int, object] = {}
     seen: set[int] = set()
     todo = list(roots)
