@@ -12,14 +12,24 @@ nothing about a backward ("forward checked, backward not"). An equation has a ba
 gradient check differentiates it, when the contract has `<equation>_backward`, or when a
 torch/triton binding runs through a torch.autograd.Function.
 
-`export_findings` (warnings) lists the public callables of the kernel's own modules
-(`<package>.torch.<kernel>`, `<package>.triton.<kernel>`) that no binding and no check names:
-code in the kernel's namespace that no check calls directly — bind it, or make it private.
+`export_findings` (warnings): every public function an implementation exports is bound to some
+equation or named by a check, or it is private. It reads the kernel's own modules
+(`<package>.torch.<kernel>`, `<package>.triton.<kernel>`). A module's exports are its `__all__`,
+Python's own declaration of a module's public API: each callable listed there must be bound,
+named by a check (a static check's kernel, a `run:` probe's argument, ...), or called by one of
+the contract's bindings (directly, or through other functions and classes of the kernel's
+modules: a binding that is a thin wrapper over the entry point the application calls, so every
+check of the binding runs it); a name in `__all__` that the module does not define is a finding
+too, and helpers left out of `__all__` are not candidates. A module without `__all__` is held to
+the older rule: every public (no leading underscore) callable defined in it must be bound or
+named by a check — bind it, make it private, or declare the module's API in `__all__`.
 """
 
 from __future__ import annotations
 
 import dis
+import inspect
+import types
 from dataclasses import dataclass, field
 
 from falsify.harness.coverage import obligation_status
@@ -159,10 +169,54 @@ def _defined_in(obj) -> str | None:
     return getattr(inner if callable(inner) else obj, "__module__", None)
 
 
+def _loaded_globals(code: types.CodeType) -> set[str]:
+    """The global names a code object loads, nested functions and comprehensions included."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _loaded_globals(const)
+    return names
+
+
+def _reached(roots, modules: set[str]) -> dict[int, object]:
+    """What the roots' code loads as globals (id -> object), following the functions and
+    classes defined in `modules` that it reaches: a binding's own helpers, the methods of a
+    class it instantiates, an autograd.Function's forward and backward. Static and generous: a
+    global the code loads counts as called whichever branch loads it; that the binding calls it
+    on every check path is what the note beside the module's `__all__` claims."""
+    reached: dict[int, object] = {}
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, type):
+            for member in vars(obj).values():
+                member = getattr(member, "__func__", getattr(member, "fget", member))
+                if callable(member):
+                    todo.append(member)
+            continue
+        fn = inspect.unwrap(obj) if callable(obj) else obj
+        code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+        if code is None or env is None:
+            continue
+        for name in _loaded_globals(code):
+            target = env.get(name)
+            if target is None:
+                continue
+            reached[id(target)] = target
+            if callable(target) and _defined_in(target) in modules:
+                todo.append(target)
+    return reached
+
+
 def export_findings(c: Contract) -> list[str]:
-    """Public callables defined in the kernel's torch/triton module that the contract names
-    nowhere (no binding, no check's kernel or probe): bind them or make them private (a
-    leading underscore)."""
+    """The kernel's torch/triton modules' exports that the contract leaves unchecked (see the
+    module docstring): with `__all__`, its callables that no binding and no check names and no
+    binding calls, and its names the module does not define; without, every public callable
+    defined there that no binding and no check names."""
     import importlib
 
     if c.mode != "native":
@@ -177,18 +231,38 @@ def export_findings(c: Contract) -> list[str]:
                       if b in OPTIMIZED and ":" in ref
                       for mod in [ref.split(":", 1)[0]]
                       if mod.split(".")[-2:] == [b, c.kernel or ""]})
-    out = []
+    loaded = {}
     for mod in modules:
         try:
-            m = importlib.import_module(mod)
+            loaded[mod] = importlib.import_module(mod)
         except Exception:  # noqa: BLE001 — an unimportable binding is V012's finding
             continue
-        for n, obj in vars(m).items():
-            if (n.startswith("_") or not callable(obj) or _defined_in(obj) != mod
-                    or f"{mod}:{n}" in named):
+    roots = [fn for eq in c.equations.values() for b, ref in eq.bindings.items()
+             if b in OPTIMIZED and ref.split(":", 1)[0] in loaded
+             for fn in [_resolve(ref)] if fn is not None]
+    reached: dict[int, object] | None = None  # computed once, for the first module with __all__
+    out = []
+    for mod, m in loaded.items():
+        if not hasattr(m, "__all__"):
+            for n, obj in vars(m).items():
+                if (n.startswith("_") or not callable(obj) or _defined_in(obj) != mod
+                        or f"{mod}:{n}" in named):
+                    continue
+                out.append(f"{mod}:{n} is public but bound to no equation of {c.id}: bind it, "
+                           f"rename it _{n}, or declare the module's API in __all__")
+            continue
+        if reached is None:
+            reached = _reached(roots, set(loaded))
+        for n in m.__all__:
+            if not isinstance(n, str) or not hasattr(m, n):
+                out.append(f"{mod}:{n} is public (in __all__) but {mod} does not define it")
                 continue
-            out.append(f"{mod}:{n} is public but bound to no equation of {c.id}: bind it "
-                       f"or rename it _{n}")
+            obj = getattr(m, n)
+            if not callable(obj) or f"{mod}:{n}" in named or id(obj) in reached:
+                continue
+            out.append(f"{mod}:{n} is public (in __all__) but bound to no equation of {c.id}, "
+                       f"named by no check and called by no binding: bind it, or drop it from "
+                       f"__all__ (and rename it _{n} unless another module imports it)")
     return out
 
 

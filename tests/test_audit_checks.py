@@ -1,6 +1,7 @@
 """`pv audit --checks-only`: an equation with a backward needs a gradient check on every
-backend it binds (forward checked, backward not is a gap, exit 1), and a public function of a
-bound implementation module that the contract names nowhere is reported."""
+backend it binds (forward checked, backward not is a gap, exit 1), and an export of a bound
+implementation module (its `__all__`, or without one every public function) that the contract
+leaves unchecked is reported."""
 
 from __future__ import annotations
 
@@ -120,13 +121,74 @@ def test_bound_but_never_executed_is_a_gap(tmp_path):
 
 
 def test_unbound_public_export_is_reported(tmp_path):
+    """A module without `__all__`: every public callable defined there is an export."""
     _, c = load(tmp_path, contract_text("square", PARITY + GRADIENT))
     found = audit.export_findings(c)
     names = sorted(f.split(" ")[0] for f in found)
     # bound functions are fine; helper is named only as a mutant's replacement, which is no
-    # binding; _Square and _private_helper are private
+    # binding; _Square and _private_helper are private. square_nograd calls the bound square,
+    # which does not help it: without __all__ there is no thin-wrapper rule.
     assert names == [f"{FNS}:helper", f"{FNS}:square_nograd"], found
     assert not any("_private_helper" in f or "_Square" in f for f in found)
+    assert all("declare the module's API in __all__" in f for f in found), found
+
+
+EXPORTS = "tests.fixtures.kernels.torch.audit_exports"
+EXPORTS_CONTRACT = f"""metadata:
+  version: 1.0.0
+  description: "audit fixture: a module with __all__"
+  references: ["none needed"]
+  kernel: audit_exports
+  status: draft
+equations:
+  square:
+    formula: "x²"
+    bindings:
+      reference: {EXPORTS}:square_ref
+      torch: {EXPORTS}:{{binding}}
+inputs:
+  xs:
+    dtypes: [float32]
+    dims: {{{{n: [1, 8]}}}}
+    args:
+      x: {{{{shape: [n], values: [-2.0, 2.0]}}}}
+proof_obligations:
+  - {{{{id: SQ-EQV-001, type: equivalence, property: "x²", applies_to: square}}}}
+falsification_tests:
+  - id: FALSIFY-SQ-001
+    rule: parity
+    prediction: "x² matches the reference"
+    obligation: SQ-EQV-001
+    check:
+      kind: parity
+      input: xs
+      tolerance: {{{{why: "one rounding", float32: {{{{rtol: "eps"}}}}}}}}
+mutants:
+  - {{{{id: MUT-SQ-001, obligation: SQ-EQV-001, replaces: square.torch, with: {EXPORTS}:helper,
+     description: "identity"}}}}
+"""
+
+
+def test_all_declares_the_exports(tmp_path):
+    """With `__all__`, its names are the candidates: an unbound export and an undefined name
+    are reported; a helper left out of `__all__` is not (though public and unbound), nor a
+    constant, nor the entry point the bound function wraps."""
+    _, c = load(tmp_path, EXPORTS_CONTRACT.format(binding="square"))
+    found = audit.export_findings(c)
+    names = sorted(f.split(" ")[0] for f in found)
+    assert names == [f"{EXPORTS}:missing", f"{EXPORTS}:unbound_export"], found
+    assert any("missing is public (in __all__) but" in f and "does not define it" in f
+               for f in found), found
+    assert not any("helper" in f for f in found), found
+
+
+def test_a_wrapped_export_is_covered_only_through_its_binding(tmp_path):
+    """`square_inplace` counts as checked because the bound `square` calls it; bind
+    `square_inplace` itself instead and `square`, now unbound and calling nothing exported,
+    is the finding."""
+    _, c = load(tmp_path, EXPORTS_CONTRACT.format(binding="square_inplace"))
+    names = sorted(f.split(" ")[0] for f in audit.export_findings(c))
+    assert names == [f"{EXPORTS}:missing", f"{EXPORTS}:square", f"{EXPORTS}:unbound_export"]
 
 
 def test_cli_exit_status(tmp_path, capsys):

@@ -46,6 +46,8 @@ def vs_torch_adamw(backend, dtype, steps, lr, beta1, beta2, eps, weight_decay, s
     if dtype != "float32":
         raise ValueError("the torch.optim comparison runs fp32 parameters (optimizer states are "
                          "fp32 on every backend)")
+    from falsify.impl.torch.adamw import init_state
+
     impl = _impl(backend)
     gen = torch.Generator().manual_seed(seed + 1)
     init = [torch.randn(s, generator=gen) for s in SHAPES]
@@ -56,7 +58,7 @@ def vs_torch_adamw(backend, dtype, steps, lr, beta1, beta2, eps, weight_decay, s
                             foreach=False)
     opt_l2 = torch.optim.Adam(l2, lr=lr, betas=(beta1, beta2), eps=eps,
                               weight_decay=weight_decay, foreach=False)
-    ms, vs = impl.init_state(ours)
+    ms, vs = init_state(ours)  # the zero state the AdamW class starts from, on either backend
     max_err = max_param = max_update = 0.0
     for t, gs in enumerate(_grad_stream(steps, seed), start=1):
         before = [p.detach().clone() for p in ref]

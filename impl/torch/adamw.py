@@ -1,6 +1,7 @@
 """AdamW in PyTorch: the multi-tensor update the training loop runs (`adamw_multi`, through
-the `AdamW` optimizer class; impl/llm/ops.py binds it), and the single-tensor functional
-binding the contract calls, which runs the same `adamw_multi`.
+the `AdamW` optimizer class; impl/llm/ops.py binds it), and the contract's bindings over them:
+the single-tensor functional step runs the same `adamw_multi`, the multi-step run steps the
+`AdamW` class itself (`optimizer_run`, which the Triton run uses too).
 
 The update is torch's fused AdamW kernel (torch._fused_adamw_: one pass per parameter reading
 θ, g, m, v and writing θ, m, v — what torch.optim.AdamW(fused=True) runs; on one CPU thread a
@@ -24,6 +25,11 @@ import math
 import torch
 
 from falsify.reference.adamw import check_hyperparameters
+
+# adamw_multi is the training loop's update (impl/llm/ops.py) and AdamW its optimizer
+# (impl/llm/trainer.py): adamw_step calls adamw_multi on every path, and adamw_run steps an
+# AdamW driving adamw_multi (optimizer_run), so every check of the bindings runs both.
+__all__ = ["adamw_step", "adamw_run", "adamw_multi", "AdamW"]
 
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -108,15 +114,27 @@ def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
 def adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay):
     """len(grads) steps from zero state; returns the final (param, m, v)."""
     check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
+    return optimizer_run(param, grads, lr, beta1, beta2, eps, weight_decay, "torch", adamw_multi)
+
+
+def optimizer_run(param, grads, lr, beta1, beta2, eps, weight_decay, backend, update):
+    """`adamw_run` as the training loop runs it: the `AdamW` optimizer over one parameter,
+    stepped once per gradient, with the backend's `update` (impl/llm/trainer.py passes its Ops
+    bundle's). The optimizer keeps the state (zero-initialised) and the step count; the
+    contract's run checks therefore check the class, not a sibling of it."""
     if grads.dim() != param.dim() + 1 or tuple(grads.shape[1:]) != tuple(param.shape):
         raise ValueError(f"grads must have shape [steps, *{tuple(param.shape)}], "
                          f"got {tuple(grads.shape)}")
     p = param.detach().clone()
-    (m,), (v,) = init_state([p])
-    for t in range(1, grads.shape[0] + 1):
-        adamw_multi([p], [grads[t - 1].detach()], [m], [v], t, lr, beta1, beta2, eps,
-                    weight_decay)
-    return p, m, v
+    opt = AdamW([p], lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                backend=backend, update=update)
+    for g in grads:
+        p.grad = g.detach()
+        opt.step()
+    st = opt.state[p]
+    if not st:  # no gradient, no step: the zero state
+        (st["exp_avg"],), (st["exp_avg_sq"],) = init_state([p])
+    return p, st["exp_avg"], st["exp_avg_sq"]
 
 
 class AdamW(torch.optim.Optimizer):

@@ -40,6 +40,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from falsify.impl.launch import next_power_of_2_clamped
 from falsify.impl.torch.gemm import internal_overlap, may_overlap
 
+__all__ = ["attention", "flash_attention"]
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 128  # largest query/key tile: peak memory per step is B·Hq·MAX_BLOCK² fp32 scores
 

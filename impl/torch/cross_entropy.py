@@ -22,6 +22,8 @@ import torch
 
 from falsify.reference.cross_entropy import REDUCTIONS
 
+__all__ = ["cross_entropy", "cross_entropy_grad"]
+
 TOKEN_CHUNK = 1024
 VOCAB_CHUNK = 2048
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -10,6 +10,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+__all__ = ["dpo_loss", "dpo_grad"]
+
 
 def check_dpo_args(*logps, beta):
     if any(not isinstance(t, torch.Tensor) for t in logps):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["embedding"]
+
 
 def check_args(ids, table, out=None):
     if not isinstance(table, torch.Tensor) or not table.is_floating_point() or table.dim() != 2:

@@ -25,6 +25,8 @@ import torch
 from falsify.impl.launch import next_power_of_2
 from falsify.impl.torch import cross_entropy as ce
 
+__all__ = ["fused_linear_cross_entropy"]
+
 CHUNK_ELEMENTS = 1 << 22  # one [C, V] fp32 block ≤ 16 MiB (C = 128 rows at V = 32768)
 
 

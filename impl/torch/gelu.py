@@ -13,6 +13,8 @@ import math
 
 import torch
 
+__all__ = ["gelu", "gelu_gap"]
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

@@ -20,6 +20,8 @@ import numbers
 
 import torch
 
+__all__ = ["gemm"]
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from falsify.impl.torch.grad_clip import clip_grad_norm_
 
+__all__ = ["accumulation_step", "accumulate_grad"]
+
 
 def accumulation_step(params, micro_batches, loss_sum_fn, optimizer, max_norm, clip_eps):
     """One optimizer step over a list of micro-batches.

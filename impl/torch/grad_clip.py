@@ -26,6 +26,10 @@ import torch
 
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
+# clip_grad_norm_ is the training loop's clip (impl/llm/ops.py): the bound clip_grad_norm
+# clips its copies with it on every path, so every check of the binding runs it.
+__all__ = ["clip_grad_norm", "clip_grad_norm_"]
+
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

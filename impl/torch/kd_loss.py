@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+__all__ = ["kd_loss", "kd_loss_from_topk"]
+
 
 def check_kd_args(student_logits, labels, temperature, alpha):
     if not isinstance(student_logits, torch.Tensor) or student_logits.dim() != 2:

@@ -16,6 +16,8 @@ import torch
 
 from falsify.reference.lora import lora_scale
 
+__all__ = ["lora_linear", "lora_merge", "lora_init"]
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -25,6 +25,11 @@ from falsify.reference.lr_schedule import (
     schedule_phase,
 )
 
+# set_lr is the training loop's per-step call (impl/llm/ops.py) and lr_at_step the rate
+# impl/llm/trainer.py reads: the bound lr_at runs set_lr for every step it returns, and
+# set_lr computes each rate with lr_at_step, so every check of the binding runs both.
+__all__ = ["lr_at", "set_lr", "lr_at_step"]
+
 
 def lr_at_step(step: int, warmup: int, total: int, lr_max: float, lr_min: float) -> float:
     """The learning rate at integer step ≥ 0 (0-based: step 0 is the first update)."""

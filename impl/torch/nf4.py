@@ -29,6 +29,10 @@ from falsify.reference.nf4 import (
     ZERO_CODE,
 )
 
+# check_blocksize validates the blocksize of a LoRA config (impl/llm/lora_model.py): the
+# bound nf4_quantize and nf4_dequantize call it first on every path.
+__all__ = ["nf4_quantize", "nf4_dequantize", "nf4_roundtrip", "check_blocksize"]
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -17,6 +17,8 @@ from falsify.impl.torch import lora as _lora
 from falsify.impl.torch import nf4 as _nf4
 from falsify.reference.lora import lora_scale
 
+__all__ = ["qlora_linear"]
+
 
 def check_args(x, packed, absmax, shape, blocksize, a, b, r, absmax2, offset):
     """Validate the NF4 state against shape/blocksize and the LoRA shapes, before any work."""

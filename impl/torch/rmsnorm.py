@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["rmsnorm", "rmsnorm_forward"]
+
 
 def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None = None):
     """Shape/dtype rules shared by the torch and Triton backends; raises before any work."""

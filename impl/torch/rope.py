@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["rope", "rope_grouped_and_per_head"]
+
 
 def check_args(x, pos, theta, out=None):
     """Shape/dtype rules shared by the torch and Triton backends; raises before any work."""

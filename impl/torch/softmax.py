@@ -2,6 +2,8 @@
 
 import torch
 
+__all__ = ["softmax"]
+
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     # fp16/bf16 inputs: reduce in fp32 (a half-precision sum of 4k terms loses ~3 digits),

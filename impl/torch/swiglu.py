@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+__all__ = ["swiglu", "silu", "swiglu_backward_inplace"]
+
 
 def _float_tensor(name, t):
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():

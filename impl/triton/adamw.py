@@ -31,8 +31,12 @@ import triton
 import triton.language as tl
 
 from falsify.impl.launch import cdiv, next_power_of_2_capped
-from falsify.impl.torch.adamw import check_tensors, init_state, step_scalars
+from falsify.impl.torch.adamw import check_tensors, optimizer_run, step_scalars
 from falsify.reference.adamw import check_hyperparameters
+
+# adamw_multi is the training loop's update on this backend (impl/llm/ops.py): the bound
+# adamw_run hands it to the AdamW optimizer class, which calls it on every step.
+__all__ = ["adamw_step", "adamw_run", "adamw_multi"]
 
 MAX_BLOCK = 1024  # elements per program: a power of two (tl.arange), 4 KiB of fp32 per operand
 
@@ -185,14 +189,9 @@ def adamw_multi(params, grads, ms, vs, step, lr, beta1, beta2, eps, weight_decay
 
 
 def adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay):
-    """len(grads) steps from zero state; returns the final (param, m, v)."""
+    """len(grads) steps from zero state; returns the final (param, m, v). Runs the training
+    loop's path: the `AdamW` optimizer class driving this module's `adamw_multi`, which launches
+    `adamw_step` in place once per tensor."""
     check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
-    if grads.dim() != param.dim() + 1 or tuple(grads.shape[1:]) != tuple(param.shape):
-        raise ValueError(f"grads must have shape [steps, *{tuple(param.shape)}], "
-                         f"got {tuple(grads.shape)}")
-    p = param.detach().clone()
-    (m,), (v,) = init_state([p])
-    for t in range(1, grads.shape[0] + 1):
-        adamw_step(p, grads[t - 1], m, v, t, lr, beta1, beta2, eps, weight_decay, out=p,
-                   m_out=m, v_out=v)
-    return p, m, v
+    return optimizer_run(param, grads, lr, beta1, beta2, eps, weight_decay, "triton",
+                         adamw_multi)

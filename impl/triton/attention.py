@@ -33,6 +33,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.attention import check_args
 
+__all__ = ["attention", "flash_attention"]
+
 MAX_HEAD_DIM = 256  # one tile spans the whole head dimension
 
 

@@ -28,6 +28,8 @@ import triton.language as tl
 from falsify.impl.launch import next_power_of_2_capped
 from falsify.impl.torch.cross_entropy import check_ce_args, reduce_rows
 
+__all__ = ["cross_entropy", "cross_entropy_grad"]
+
 MAX_BLOCK_V = 1024  # vocabulary chunk per loop iteration: a power of two
 
 

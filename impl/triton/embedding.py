@@ -23,6 +23,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.embedding import check_args
 
+__all__ = ["embedding"]
+
 MAX_BLOCK = 1024
 
 

@@ -24,6 +24,8 @@ from falsify.impl.torch.fused_linear_cross_entropy import (
 )
 from falsify.impl.triton import cross_entropy as xce
 
+__all__ = ["fused_linear_cross_entropy"]
+
 
 def _block(z, labels, scale, ignore_index, z_loss, label_smoothing):
     """Per-chunk CE with the Triton kernels: the forward kernel gives (loss, lse); with

@@ -26,6 +26,8 @@ from falsify.impl.torch.gelu import (
     check_args,
 )
 
+__all__ = ["gelu", "gelu_gap"]
+
 MAX_BLOCK = 1024
 
 

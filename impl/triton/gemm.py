@@ -32,6 +32,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.gemm import check_args
 
+__all__ = ["gemm"]
+
 # Triton computes offsets in int32: every element a kernel touches must sit below 2^31
 # elements from its base pointer (falsify/proofs/gemm.py proves masked offsets stay below the
 # view's extent, and the wrapper refuses views whose extent passes this bound).

@@ -28,6 +28,10 @@ from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.grad_clip import check_grads
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
+# clip_grad_norm_ is the training loop's clip on this backend (impl/llm/ops.py): the bound
+# clip_grad_norm clips its copies with it on every path.
+__all__ = ["clip_grad_norm", "clip_grad_norm_"]
+
 MAX_BLOCK = 1024  # elements per partial: power of two
 REDUCE_BLOCK = 256  # partials merged per iteration of the norm kernel
 
@@ -169,19 +173,19 @@ def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
 
 
 def clip_grad_norm(g0, g1, g2, max_norm, eps, error_if_nonfinite, out=None):
-    """Functional form on three tensors: (g0', g1', g2', norm). `out` (optional) receives g0'."""
+    """Functional form on three tensors: (g0', g1', g2', norm). `out` (optional) receives g0'.
+    The gradients are copied and the copies clipped in place by `clip_grad_norm_`, the training
+    loop's call, so every check of this binding runs it (the copy costs one extra pass; this
+    form is the contract's, not the loop's)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     grads = [g0, g1, g2]
     check_grads(grads)
     if out is not None and (out.shape != g0.shape or out.dtype != g0.dtype):
         raise ValueError(f"out: expected shape {tuple(g0.shape)} and dtype {g0.dtype}, got "
                          f"{tuple(out.shape)}, {out.dtype}")
-    nc = _total_norm_and_coef(grads, max_norm, eps)
-    if error_if_nonfinite and not bool(torch.isfinite(nc[0])):
-        raise NonFiniteGradNorm(f"total gradient norm is {nc[0].item()}; gradients left "
-                                "unchanged")
     dsts = [torch.empty_like(g0) if out is None else out, torch.empty_like(g1),
             torch.empty_like(g2)]
-    for i, (g, d) in enumerate(zip(grads, dsts)):
-        _scale(g, d, nc, f"g{i}")
-    return dsts[0], dsts[1], dsts[2], nc[0]
+    for g, d in zip(grads, dsts):
+        d.copy_(g)
+    norm = clip_grad_norm_(dsts, max_norm, eps, error_if_nonfinite)
+    return dsts[0], dsts[1], dsts[2], norm

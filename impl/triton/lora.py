@@ -32,6 +32,8 @@ from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch import lora as _t
 from falsify.reference.lora import lora_scale
 
+__all__ = ["lora_linear", "lora_merge"]
+
 MIN_TILE = 16  # tl.dot needs every block dimension ≥ 16
 MAX_TILE = 64
 BLOCK_K = 32

@@ -32,6 +32,8 @@ import falsify.impl.triton
 from falsify.impl.launch import cdiv, log2_exact
 from falsify.impl.torch import nf4 as _t
 
+__all__ = ["nf4_quantize", "nf4_dequantize", "nf4_roundtrip"]
+
 QUANT_TILE = 4096  # elements per quantize program (G blocks of `blocksize`)
 DEQUANT_BYTES = 2048  # bytes per dequantize program (4096 elements)
 ABSMAX_TILE = 256  # absmax values per decode program (= the double-quant blocksize)

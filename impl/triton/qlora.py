@@ -29,6 +29,8 @@ from falsify.impl.triton import lora as _lora
 from falsify.impl.triton import nf4 as _nf4
 from falsify.reference.lora import lora_scale
 
+__all__ = ["qlora_linear"]
+
 launch_config = _lora.launch_config  # same tiles and grid as the dense LoRA GEMM
 
 

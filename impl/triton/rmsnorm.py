@@ -25,6 +25,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rmsnorm import check_args
 
+__all__ = ["rmsnorm", "rmsnorm_forward"]
+
 # Upper bound on backward programs: each writes one fp32 partial dw row (programs × n × 4 bytes).
 MAX_BWD_PROGRAMS = 64
 

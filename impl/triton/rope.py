@@ -24,6 +24,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rope import check_args, rope_tables
 
+__all__ = ["rope", "rope_grouped_and_per_head"]
+
 GROUP = 4  # heads per program
 
 

@@ -17,6 +17,8 @@ import triton.language as tl
 
 from falsify.impl.launch import next_power_of_2
 
+__all__ = ["softmax"]
+
 
 def launch_config(m, n):
     """m programs (one per row) × BLOCK lanes, BLOCK ≥ n a power of two (tl.arange needs one).

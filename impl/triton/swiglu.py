@@ -27,6 +27,8 @@ import triton.language as tl
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.swiglu import _float_tensor, check_args, check_inplace_args, check_out
 
+__all__ = ["swiglu", "silu", "swiglu_backward_inplace"]
+
 MAX_BLOCK = 1024
 
 
