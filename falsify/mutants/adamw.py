@@ -138,3 +138,20 @@ def eps_inside_sqrt(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay
     denom = (v2 / (1 - beta2 ** step)).add_(eps).sqrt_()
     p.addcdiv_(m2, denom, value=-lr / (1 - beta1 ** step))
     return p.to(param.dtype), m2, v2
+
+
+def triton_loop_update_step_stuck(param, grads, lr, beta1, beta2, eps, weight_decay):
+    """Triton `adamw_run` with the training loop's multi-tensor update (`adamw_multi`) passing
+    t = 1 on every step: bias correction never decays. Before `adamw_run` drove the `AdamW`
+    class with `adamw_multi`, no contract check reached this function and the bug survived."""
+    from unittest import mock
+
+    from falsify.impl.triton import adamw as ta
+
+    real = ta.adamw_multi
+
+    def stuck(params, grads_, ms, vs, step, *rest):
+        return real(params, grads_, ms, vs, 1, *rest)
+
+    with mock.patch.object(ta, "adamw_multi", stuck):
+        return ta.adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay)

@@ -123,3 +123,22 @@ def no_clamp_at_one(g0, g1, g2, max_norm, eps, error_if_nonfinite):
     norm = total_norm(gs)
     coef = torch.where(torch.isfinite(norm), max_norm / (norm + eps), torch.ones_like(norm))
     return _finish(gs, coef, norm)
+
+
+def triton_loop_clip_skips_last(g0, g1, g2, max_norm, eps, error_if_nonfinite, out=None):
+    """Triton `clip_grad_norm` whose in-place clip (`clip_grad_norm_`, the training loop's call)
+    leaves the last tensor of the list unscaled. Before the functional form clipped through
+    `clip_grad_norm_`, no contract check reached that function and the bug survived."""
+    from unittest import mock
+
+    real = tg.clip_grad_norm_
+
+    def skips_last(grads, *rest):
+        grads = list(grads)
+        keep = grads[-1].clone()
+        norm = real(grads, *rest)
+        grads[-1].copy_(keep)
+        return norm
+
+    with mock.patch.object(tg, "clip_grad_norm_", skips_last):
+        return tg.clip_grad_norm(g0, g1, g2, max_norm, eps, error_if_nonfinite, out=out)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "bd89e65ff42389c2416e2fc4a3533cfc06cfe889e8fd1bb808cdde94c5735faa"
+SHA256 = "439c4f792d40d54e83db9c41884880821fffbc7a718c8fbd57289d541bcdcbc9"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -435,3 +435,9 @@ def test_mut_aw_005():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-AW-006", obligation="AW-EQV-001", backend="torch")
 def test_mut_aw_006():
     rt.assert_killed(CONTRACT, "MUT-AW-006")
+
+
+# MUT-AW-007 → AW-EQV-002: the training loop's Triton multi-tensor update (adamw_multi) steps with t = 1 every time: bias correction never decays
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-AW-007", obligation="AW-EQV-002", backend="triton")
+def test_mut_aw_007():
+    rt.assert_killed(CONTRACT, "MUT-AW-007")

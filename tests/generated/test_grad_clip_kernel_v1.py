@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4139562e41be88bab253156c3ac5fa03a9057160616a9652805e04cc028a2347"
+SHA256 = "ac68ad399547157cca24bdf20c934ed1da52c5416f0294a00a8be3f05c3d1d3a"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -420,3 +420,9 @@ def test_mut_clip_006():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CLIP-005", obligation="CLIP-EQV-001", backend="triton")
 def test_mut_clip_005():
     rt.assert_killed(CONTRACT, "MUT-CLIP-005")
+
+
+# MUT-CLIP-007 → CLIP-EQV-001: the training loop's Triton in-place clip (clip_grad_norm_) leaves the last tensor of the list unscaled
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CLIP-007", obligation="CLIP-EQV-001", backend="triton")
+def test_mut_clip_007():
+    rt.assert_killed(CONTRACT, "MUT-CLIP-007")
