@@ -328,8 +328,16 @@ def _equations(out: _Out, a: Contract, b: Contract):
                         "dtype now checked without a GPU")
             else:
                 out.text(s, name, f"gpu_only.{dt}", ga[dt], gb[dt])
+        oa, ob = _as_list(x.get("outputs")), _as_list(y.get("outputs"))
+        if oa != ob:  # names checks use: appending is new vocabulary, anything else renames
+            if ob[:len(oa)] == oa:
+                out.add(s, name, "added", "outputs", oa or None, ob, "minor",
+                        "output names added")
+            else:
+                out.add(s, name, "changed", "outputs", oa, ob, "major",
+                        "outputs renamed, removed or reordered")
         known = {"formula", "domain", "codomain", "latex", "derivation", "invariants",
-                 "bindings", "gpu_only"}
+                 "bindings", "gpu_only", "outputs"}
         for k in sorted((set(x) | set(y)) - known, key=str):
             out.opaque(s, name, str(k), x.get(k), y.get(k), why="unclassified field changed")
 

@@ -500,7 +500,9 @@ def _equation(c: Contract, eq) -> list[str]:
         L += [f"- **Domain**: {text(eq.domain)}"]
     if eq.codomain:
         L += [f"- **Codomain**: {text(eq.codomain)}"]
-    if eq.domain or eq.codomain:
+    if eq.outputs:
+        L += ["- **Outputs**: " + ", ".join(f"{i} = {code(n)}" for i, n in enumerate(eq.outputs))]
+    if eq.domain or eq.codomain or eq.outputs:
         L += [""]
     if eq.invariants:
         L += ["**Invariants**", ""] + [f"- {text(i)}" for i in eq.invariants] + [""]

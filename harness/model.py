@@ -58,6 +58,7 @@ class Equation:
     derivation: str | None = None
     bindings: dict[str, str] = field(default_factory=dict)
     gpu_only: dict[str, str] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)  # names of a tuple's outputs, in order
 
 
 @dataclass
@@ -300,6 +301,8 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
             bindings={k: v for k, v in (e.get("bindings") or {}).items() if isinstance(v, str)}
             if isinstance(e.get("bindings"), dict) else {},
             gpu_only=dict(e.get("gpu_only") or {}) if isinstance(e.get("gpu_only"), dict) else {},
+            outputs=[o for o in e["outputs"] if isinstance(o, str)]
+            if isinstance(e.get("outputs"), list) else [],
         )
     prefix = _prefix(stem, data)
     obligations, counters = [], {}

@@ -41,6 +41,39 @@ def equation_of(contract: Contract, check: Check) -> str | None:
     return None
 
 
+def output_index(eq, entry) -> int:
+    """One entry of a check's `outputs` as an index into the equation's outputs: an index as
+    is, a name looked up in the equation's `outputs`. ValueError (the message the validator
+    reports as V018) for a name the equation does not declare, or an index past its names."""
+    names = list(eq.outputs) if eq is not None else []
+    where = f"equation {eq.name!r}" if eq is not None else "the equation"
+    declared = (f"declared: {', '.join(names)}" if names
+                else f"it declares none: list them in equations.{eq.name}.outputs"
+                if eq is not None else "it declares none")
+    if isinstance(entry, str):
+        if entry not in names:
+            raise ValueError(f"{entry!r} is not an output of {where} ({declared})")
+        return names.index(entry)
+    if names and entry >= len(names):
+        raise ValueError(f"index {entry} is past the {len(names)} outputs of {where} "
+                         f"({declared})")
+    return int(entry)
+
+
+def upstream_name(eq, index: int) -> str:
+    """The keyword under which a gradient check passes output `index`'s upstream gradient to
+    the reference backward: `dy` for the first output (every backward takes it), `d<name>`
+    for a later one (`dlse`), so a later output must be named in the equation's `outputs`."""
+    if index == 0:
+        return "dy"
+    names = list(eq.outputs) if eq is not None else []
+    if index >= len(names):
+        where = f"equations.{eq.name}.outputs" if eq is not None else "the equation's outputs"
+        raise ValueError(f"output {index} has no name: a gradient check passes its upstream "
+                         f"gradient as d<name>, so list the outputs' names in {where}")
+    return "d" + names[index]
+
+
 def backends_of(contract: Contract, check: Check) -> list[str]:
     spec = check.spec or {}
     kind = spec.get("kind")

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 
 from falsify.harness import backends, cases, expr, handover, project
 from falsify.harness.model import Check, Contract, load_contract
-from falsify.harness.plan import INPUT_KINDS, equation_of, runs
+from falsify.harness.plan import INPUT_KINDS, equation_of, output_index, runs
 
 if sys.version_info < (3, 11):  # hypothesis depends on the backport there
     from exceptiongroup import BaseExceptionGroup
@@ -156,6 +156,16 @@ class Ctx:
     @property
     def input_spec(self) -> dict:
         return self.contract.inputs.get(self.spec.get("input", ""), {})
+
+    def output_indices(self, default) -> list[int]:
+        """The check's `outputs` as indices (a name is looked up in the equation's `outputs`),
+        or `default` when it names none. A name the equation does not declare is a contract
+        error (ValueError; `pv validate` reports it as V018), never a failure."""
+        sel = self.spec.get("outputs")
+        if not sel:
+            return list(default)
+        eq = self.contract.equations.get(self.equation)
+        return [output_index(eq, e) for e in sel]
 
     def fn(self, equation: str | None = None, backend: str | None = None):
         return backends.function(self.contract, equation or self.equation,

@@ -35,6 +35,7 @@ W105 is also reported in native mode (a prose-only test counts for nothing, but 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -51,7 +52,14 @@ from falsify.harness.model import (
     json_path,
     load_contract,
 )
-from falsify.harness.plan import INPUT_KINDS, REQUIRED_FIELDS, equation_of, runs
+from falsify.harness.plan import (
+    INPUT_KINDS,
+    REQUIRED_FIELDS,
+    equation_of,
+    output_index,
+    runs,
+    upstream_name,
+)
 from falsify.harness.project import find_project, id_space
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
@@ -419,6 +427,64 @@ def _check_names(ctx, c: Contract, t, base, fname, inp) -> None:
                     "`args['eps']` for the argument")
 
 
+def _check_outputs(ctx, c: Contract, t, base, fname, eq, inp, allow_import,
+                   import_bindings) -> None:
+    """V018 for `check.outputs`: every entry an output of the equation (a declared name, or an
+    index within its names), none twice; for a gradient check, every later output named (its
+    upstream gradient is passed as `d<name>`), that keyword not already an argument, and the
+    reference backward accepting it."""
+    spec = t.spec
+    seen, selected = {}, []
+    for j, entry in enumerate(spec["outputs"]):
+        path, field_ = base + ("check", "outputs", j), f"{fname}.check.outputs[{j}]"
+        try:
+            i = output_index(eq, entry)
+        except ValueError as e:
+            ctx.add("V018", path, field_, f"{t.id}: outputs: {e}")
+            continue
+        if i in seen:
+            ctx.add("V018", path, field_, f"{t.id}: outputs: {entry!r} names output {i} again "
+                                          f"(as {seen[i]!r})")
+            continue
+        seen[i] = entry
+        selected.append((j, i))
+    if spec.get("kind") != "gradient":
+        return
+    taken = set(inp.get("args") or {}) if isinstance(inp, dict) else set()
+    taken |= set(spec["call"]) if isinstance(spec.get("call"), dict) else set()
+    names = {}
+    for j, i in selected:
+        path, field_ = base + ("check", "outputs", j), f"{fname}.check.outputs[{j}]"
+        try:
+            name = upstream_name(eq, i)
+        except ValueError as e:
+            ctx.add("V018", path, field_, f"{t.id}: outputs: {e}")
+            continue
+        if i and name in taken:
+            ctx.add("V018", path, field_, f"{t.id}: outputs: the upstream gradient of output "
+                                          f"{i} is passed to the backward as {name!r}, which "
+                                          "is already an argument of the call")
+            continue
+        if i:
+            names[name] = j
+    bwd = c.equations.get(spec.get("backward") or "")
+    ref = bwd.bindings.get("reference") if bwd is not None else None
+    if not (names and ref and import_bindings):
+        return
+    fn, _ = resolve_binding(ref, allow_import)
+    try:
+        params = inspect.signature(fn).parameters if fn is not None else None
+    except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+        params = None
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    for name, j in names.items():
+        if name not in params:
+            ctx.add("V018", base + ("check", "outputs", j), f"{fname}.check.outputs[{j}]",
+                    f"{t.id}: outputs: the reference backward {ref} takes no {name!r}, the "
+                    f"upstream gradient of output {spec['outputs'][j]!r}")
+
+
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
     kind = spec.get("kind")
@@ -448,6 +514,8 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
             if not runs(c, t):
                 ctx.add("V018", base + ("check",), fname + ".check",
                         f"{t.id}: runs on no backend (equation {eqname!r} has no usable binding)")
+            if isinstance(spec.get("outputs"), list):
+                _check_outputs(ctx, c, t, base, fname, eq, inp, allow_import, import_bindings)
         for key in ("backward", "inverse"):
             if spec.get(key) and spec[key] not in c.equations:
                 ctx.add("V018", base + ("check", key), f"{fname}.check.{key}",

@@ -11,6 +11,8 @@ Backward (G_o = ∂L/∂o; dP = G_o·vᵀ; Δ_i = Σ_j P_ij·dP_ij; the softmax 
 dS = P ⊙ (dP − Δ)):
     ∂L/∂v_j = Σ_i P_ij·G_o,i        ∂L/∂q_i = scale·Σ_j dS_ij·k_j
     ∂L/∂k_j = scale·Σ_i dS_ij·q_i   summed over the G query heads that share a key/value head.
+When the loss also reads lse (G_lse = ∂L/∂lse = dlse): ∂lse_i/∂s_ij = P_ij adds dlse_i·P_ij to
+dS_ij, i.e. Δ_i = Σ_j P_ij·dP_ij − dlse_i in the same formula (v does not enter lse).
 """
 
 import math
@@ -64,8 +66,9 @@ def attention(q, k, v, causal=True, scale=None, out=None):
     return flash_attention(q, k, v, causal, scale, out)[0]
 
 
-def attention_backward(q, k, v, causal=True, scale=None, out=None, dy=None):
-    """{q, k, v} gradients for upstream dy = ∂L/∂o, from the explicit softmax Jacobian."""
+def attention_backward(q, k, v, causal=True, scale=None, out=None, dy=None, dlse=None):
+    """{q, k, v} gradients for upstream dy = ∂L/∂o and, when given, dlse = ∂L/∂lse
+    ([B, Hq, S]; flash_attention's second output), from the explicit softmax Jacobian."""
     q = np.asarray(q, np.float64)
     k = np.asarray(k, np.float64)
     v = np.asarray(v, np.float64)
@@ -75,6 +78,8 @@ def attention_backward(q, k, v, causal=True, scale=None, out=None, dy=None):
     kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     dp = go @ np.swapaxes(vv, -1, -2)
     delta = (p * dp).sum(axis=-1, keepdims=True)
+    if dlse is not None:  # ∂lse_i/∂s_ij = P_ij: dS_ij += P_ij·dlse_i
+        delta = delta - np.asarray(dlse, np.float64)[..., None]
     ds = p * (dp - delta)
     dq = scale * (ds @ kk)
     dk_rep = scale * (np.swapaxes(ds, -1, -2) @ q)

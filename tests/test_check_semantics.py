@@ -2,8 +2,9 @@
 expressions (an argument named `eps` next to the dtype epsilon, the named epsilons, dims in
 statistical predicates, harness names that may not be inputs), `call:` keys that replace input
 arguments, `poison` on 0-d outputs, `special` integers, `{choices}` dims, the finite-difference
-tolerance (wide enough for float64 rounding, tight enough for a slightly wrong backward), and
-`falsify run` reporting only the contracts it ran.
+tolerance (wide enough for float64 rounding, tight enough for a slightly wrong backward), a
+gradient check over several outputs (`outputs:`), and `falsify run` reporting only the
+contracts it ran.
 
 Each test builds its contract around tests/fixtures/harness_fns.py and runs the real check kind
 in-process (or, for the CLI, the real `falsify` command), so they cost seconds.
@@ -278,6 +279,62 @@ def test_fd_still_catches_a_slightly_wrong_backward(tmp_path):
     with pytest.raises(runtime.CheckFailed, match="central difference"):
         run_check(c, 0, "reference", "float32", case)
     c, case = _fd_contract(tmp_path, "cube", "cube_backward")
+    run_check(c, 0, "reference", "float32", case)
+
+
+# ---------------------------------------------------------------- gradient over several outputs
+def _pair_contract(tmp_path, bwd, torch_fn="pair", outputs=("y", "total"), expect_errors=False):
+    """pair(x) = (x², Σx) with its outputs named; one gradient check over `outputs`."""
+    inp = {"dtypes": ["float32"], "dims": {"m": [1, 16]},
+           "args": {"x": {"shape": ["m"], "values": [-2.0, 2.0]}}, "examples": [{"m": 7}]}
+    fns = {"pair": {"reference": f"{FNS}:pair", "torch": f"{FNS}:{torch_fn}"},
+           "pair_backward": {"reference": f"{FNS}:{bwd}"}}
+    chk = {"kind": "gradient", "input": "rows", "equation": "pair", "wrt": ["x"],
+           "backward": "pair_backward",
+           "tolerance": {"why": "two roundings of 2·x·dy, and Σx's gradient is exact",
+                         "float32": {"atol": "4 * eps * ref_max"}}}
+    if outputs is not None:
+        chk["outputs"] = list(outputs)
+    data = contract_dict(fns, {"rows": inp}, [chk])
+    data["equations"]["pair"]["outputs"] = ["y", "total"]
+    return load(tmp_path, data, expect_errors=expect_errors)
+
+
+def test_gradient_outputs_must_be_outputs_of_the_equation(tmp_path):
+    rep = _pair_contract(tmp_path, "pair_backward", outputs=["y", "totl"], expect_errors=True)
+    assert [(f.rule, f.field) for f in rep.errors] == [
+        ("V018", "falsification_tests[0].check.outputs[1]")], rep.errors
+    assert "'totl' is not an output of equation 'pair' (declared: y, total)" in str(
+        rep.errors[0])
+    # an index past the declared names, and a name given twice
+    rep = _pair_contract(tmp_path, "pair_backward", outputs=[0, 2], expect_errors=True)
+    assert "index 2 is past the 2 outputs" in str(rep.errors), rep.errors
+    rep = _pair_contract(tmp_path, "pair_backward", outputs=["total", 1], expect_errors=True)
+    assert "names output 1 again" in str(rep.errors), rep.errors
+    # the reference backward must accept the second output's upstream gradient, `dtotal`
+    rep = _pair_contract(tmp_path, "pair_backward_without_dtotal", expect_errors=True)
+    assert any(f.rule == "V018" and "takes no 'dtotal'" in f.message for f in rep.errors), \
+        rep.errors
+
+
+def test_gradient_over_two_outputs_catches_a_backward_that_drops_the_second(tmp_path):
+    c = _pair_contract(tmp_path, "pair_backward")
+    case = first_case(c, 0, "float32")
+    for backend in ("reference", "torch"):
+        run_check(c, 0, backend, "float32", case)
+    # the reference backward drops dtotal: finite differences of x²·dy + Σx·dtotal disagree
+    c = _pair_contract(tmp_path, "pair_backward_ignores_total")
+    with pytest.raises(runtime.CheckFailed, match="central difference"):
+        run_check(c, 0, "reference", "float32", case)
+    # the implementation's backward drops it: autograd disagrees with the reference
+    c = _pair_contract(tmp_path, "pair_backward", torch_fn="pair_torch_ignores_total")
+    with pytest.raises(runtime.CheckFailed, match="d/dx"):
+        run_check(c, 0, "torch", "float32", case)
+    # ... which a check over the first output alone (the default) cannot see
+    c = _pair_contract(tmp_path, "pair_backward", torch_fn="pair_torch_ignores_total",
+                       outputs=None)
+    run_check(c, 0, "torch", "float32", case)
+    c = _pair_contract(tmp_path, "pair_backward_ignores_total", outputs=None)
     run_check(c, 0, "reference", "float32", case)
 
 

@@ -217,3 +217,90 @@ def torch_flash_dk_unscaled_scores(q, k, v, causal=True, scale=None, out=None):
     if out is not None:
         return ta.flash_attention(q, k, v, causal, scale, out)
     return _FlashDkUnscaled.apply(q, k, v, bool(causal), scale)
+
+
+class _FlashIgnoresDlse(torch.autograd.Function):
+    """The project's tiled torch Function with the lse branch of the backward dropped: the
+    upstream gradient of lse never reaches Δ, so a loss on lse gets no gradient through it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o32, lse = ta.forward(q, k, v, causal, scale)
+        o = o32.to(q.dtype)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cfg = (causal, scale)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = ta.backward(q, k, v, o, lse, do, None, *ctx.cfg)  # dlse dropped
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def torch_flash_ignores_dlse(q, k, v, causal=True, scale=None, out=None):
+    """flash_attention (torch) whose backward ignores dlse: o, lse and the o-only gradients
+    are exactly right, so only a gradient check that puts an upstream gradient on lse fails."""
+    *_, scale = ta.check_args(q, k, v, causal, scale, out)
+    if out is not None:
+        return ta.flash_attention(q, k, v, causal, scale, out)
+    return _FlashIgnoresDlse.apply(q, k, v, bool(causal), scale)
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel_adds_dlse(o_ptr, do_ptr, dlse_ptr, delta_ptr,
+                                         sob, soh, sos, sod, sdob, sdoh, sdos, sdod,
+                                         H, S, D,
+                                         HAS_DLSE: tl.constexpr, BLOCK_M: tl.constexpr,
+                                         BLOCK_D: tl.constexpr):
+    """The backward preprocess with the sign of the lse term flipped: Δ = rowsum(dO ⊙ O) +
+    dlse instead of − dlse."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < S
+    mask = mask_m[:, None] & (offs_d < D)[None, :]
+    o = tl.load(o_ptr + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :] * sdod,
+                 mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta += tl.load(dlse_ptr + bh.to(tl.int64) * S + offs_m, mask=mask_m, other=0.0)
+    tl.store(delta_ptr + bh.to(tl.int64) * S + offs_m, delta, mask=mask_m)
+
+
+class _FlashAddsDlseTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = xa.launch_forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cfg = (causal, scale)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        do = torch.zeros_like(o) if do is None else do.to(o.dtype)
+        dq, dk, dv = xa.launch_backward(q, k, v, o, lse, do, dlse, *ctx.cfg,
+                                        preprocess_kernel=attn_bwd_preprocess_kernel_adds_dlse)
+        return dq, dk, dv, None, None
+
+
+def triton_flash_adds_dlse(q, k, v, causal=True, scale=None, out=None):
+    """flash_attention (Triton) whose backward preprocess adds dlse to Δ instead of
+    subtracting it: with dlse = None (a loss on o only) the kernel is the right one, so only a
+    gradient check that puts an upstream gradient on lse fails."""
+    *_, scale = ta.check_args(q, k, v, causal, scale, out, max_head_dim=xa.MAX_HEAD_DIM)
+    causal = bool(causal)
+    if out is not None or not (torch.is_grad_enabled()
+                               and any(t.requires_grad for t in (q, k, v))):
+        return xa.flash_attention(q, k, v, causal, scale, out)
+    return _FlashAddsDlseTriton.apply(q, k, v, causal, scale)

@@ -1,26 +1,38 @@
 """gradient: backward passes against the float64 reference backward.
 
+- Which outputs: L = Σ_k Σ f_k(x)·dy_k over the outputs the check's `outputs` names (indices,
+  or names from the equation's `outputs`; default: the first output only), each with its own
+  random non-uniform dy_k rounded to the case dtype (the first output's drawn from the case
+  seed, as with a single output; a later output k's from (seed, k)). The reference backward
+  receives the forward's arguments plus `dy` = dy_0 (zeros when the first output is not
+  selected) and `d<name>` = dy_k for each selected later output (`dlse` for an output named
+  `lse`).
 - reference backend: the reference backward (the contract's `backward` equation) is checked
   against central finite differences of the reference forward, in float64, on up to
-  FD_COORDS coordinates per argument, with L(x) = Σ f(x)·dy for a random non-uniform dy.
-  The tolerance is derived per coordinate, not a fixed ratio (contracts/FORMAT.md,
-  "Finite differences", has the derivation):
+  FD_COORDS coordinates per argument. The tolerance is derived per coordinate, not a fixed
+  ratio (contracts/FORMAT.md, "Finite differences", has the derivation), with K the number of
+  selected outputs and N_k the size of output k:
     step        h = eps64^(1/3)·max(1, |x_i|), and the step actually taken divides;
-    truncation  D(h) − L' = h²·L'''/6 + O(h^4), estimated (Richardson) as |D(2h) − D(h)|/3;
-    rounding    each L is evaluated with error ≤ ρ = (⌈log2 N⌉ + 1 + FWD_ULPS)·u·Σ m_j·|dy_j|
-                (u = eps64/2, m_j = max(|f_j|, max|input|, 1): outputs formed by cancellation
-                carry their intermediates' rounding), so D(h) carries ≤ ρ/h, D(2h) ≤ ρ/(2h);
-    backward    the reference gradient's own rounding, ≤ (⌈log2 N⌉ + FWD_ULPS)·u·max|g|;
+    truncation  D(h) − L' = h²·L‴/6 + O(h^4), estimated (Richardson) as |D(2h) − D(h)|/3;
+    rounding    each L is evaluated with error ≤ ρ = Σ_k (⌈log2 N_k⌉ + K + FWD_ULPS)·u·
+                Σ_j m_kj·|dy_kj| (u = eps64/2, m_kj = max(|f_kj|, max|input|, 1): outputs
+                formed by cancellation carry their intermediates' rounding; ⌈log2 N_k⌉ + 1 for
+                output k's pairwise sum, K − 1 for adding the K partial sums), so D(h) carries
+                ≤ ρ/h, D(2h) ≤ ρ/(2h);
+    backward    the reference gradient's own rounding, ≤ (⌈log2 max N_k⌉ + K − 1 + FWD_ULPS)·
+                u·max|g| (K − 1 more additions where the upstream gradients meet);
     check       |D(h) − g_i| ≤ 2·truncation + 3·ρ/h + backward.
-  A wrong formula errs by O(|g|), orders of magnitude above every term for smooth functions;
-  near a kink (relu, max) D(h) and D(2h) disagree and the check widens there, honestly.
-  An output that is not finite at x (a mean over no counted token is NaN by definition) has
-  no derivative: it is left out of L, so the reference backward must pass it no gradient
-  (torch's rule too). A non-finite D(h), D(2h) or tolerance after that is a harness error
-  (`FiniteDifferenceError`), never a pass or a failure of the implementation.
+  With K = 1 these are the single-output terms. A wrong formula errs by O(|g|), orders of
+  magnitude above every term for smooth functions; near a kink (relu, max) D(h) and D(2h)
+  disagree and the check widens there, honestly.
+  An output element that is not finite at x (a mean over no counted token is NaN by
+  definition) has no derivative: it is left out of L, so the reference backward must pass it
+  no gradient (torch's rule too). A non-finite D(h), D(2h) or tolerance after that is a
+  harness error (`FiniteDifferenceError`), never a pass or a failure of the implementation.
 - torch/triton backends: autograd through the bound forward (which may be our own
-  torch.autograd.Function) with the same dy, compared with the reference backward under the
-  check's per-dtype tolerance. A `wrt` argument that receives no gradient fails the check.
+  torch.autograd.Function) from the selected outputs with the same dy_k, compared with the
+  reference backward under the check's per-dtype tolerance. A `wrt` argument that receives no
+  gradient, or a selected output that is not differentiable, fails the check.
 """
 
 import math
@@ -29,6 +41,7 @@ import numpy as np
 
 from falsify.harness import backends, cases
 from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
+from falsify.harness.plan import upstream_name
 from falsify.harness.runtime import CheckFailed
 
 FD_COORDS = 24
@@ -53,9 +66,29 @@ def _upstream(shape, seed, dtype):
     return cases.round_to(rng.standard_normal(shape), dtype).astype(np.float64)
 
 
-def _ref_backward(ctx, case, dy):
+def _upstreams(outs: list, selected: list[int], case) -> dict[int, np.ndarray]:
+    """{output index: dy} for the selected outputs. The first output's dy comes from the case
+    seed (as with a single output), a later output k's from (seed, k): independent draws."""
+    if max(selected) >= len(outs):  # the contract names an output the reference lacks
+        raise ValueError(f"the reference returned {len(outs)} output(s); the check "
+                         f"differentiates output {max(selected)}")
+    dtype = case.dtype if case.dtype in cases.FLOAT_DTYPES else "float64"
+    return {k: _upstream(outs[k].shape, case.seed if k == 0 else [case.seed, k], dtype)
+            for k in selected}
+
+
+def _backward_kwargs(ctx, outs: list, dys: dict) -> dict:
+    """The upstream gradients as the reference backward's keywords: `dy` for the first output
+    (zeros when it is not selected: L does not depend on it), `d<name>` for a later one."""
+    eq = ctx.contract.equations.get(ctx.equation)
+    kw = {"dy": dys[0] if 0 in dys else np.zeros_like(outs[0])}
+    kw.update({upstream_name(eq, k): dy for k, dy in dys.items() if k})
+    return kw
+
+
+def _ref_backward(ctx, case, upstream: dict):
     bwd = ctx.fn(equation=ctx.spec["backward"], backend="reference")
-    grads = backends.call(bwd, **ctx.ref_args(case), dy=dy)
+    grads = backends.call(bwd, **ctx.ref_args(case), **upstream)
     if not isinstance(grads, dict):
         raise CheckFailed("reference backward must return {arg: gradient}")
     missing = [w for w in ctx.spec["wrt"] if w not in grads]
@@ -65,9 +98,12 @@ def _ref_backward(ctx, case, dy):
 
 
 def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=None) -> float:
-    """(L(x + h·e_i) − L(x − h·e_i)) / (actual step): x ± h is rounded, and dividing by the
-    step actually taken removes the eps·|x_i|/h error of dividing by 2h. `keep` masks the
-    outputs in L (those finite at x)."""
+    """(L(x + h·e_i) − L(x − h·e_i)) / (actual step), L = Σ_k Σ f_k·dy_k: x ± h is rounded,
+    and dividing by the step actually taken removes the eps·|x_i|/h error of dividing by 2h.
+    `dy` is the first output's upstream gradient, or {output index: dy}; `keep` (likewise one
+    mask, or {output index: mask}) masks the outputs in L (those finite at x)."""
+    dys = dy if isinstance(dy, dict) else {0: dy}
+    keeps = keep if isinstance(keep, dict) else {k: keep for k in dys}
     x0 = float(args[w][idx])
     hi, lo = x0 + h, x0 - h
     vals = []
@@ -75,10 +111,13 @@ def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=N
         a = dict(args)
         a[w] = args[w].copy()
         a[w][idx] = xs
-        y_h = backends.outputs(backends.call(fwd, **a))[0]
-        prod = np.asarray(y_h * dy)
-        prod = prod if keep is None else prod[keep]
-        vals.append(float(prod.sum()))
+        outs = backends.outputs(backends.call(fwd, **a))
+        total = 0.0
+        for k in sorted(dys):  # each output's pairwise sum, then the K partial sums in order
+            prod = np.asarray(outs[k] * dys[k])
+            prod = prod if keeps.get(k) is None else prod[keeps[k]]
+            total += float(prod.sum())
+        vals.append(total)
     return (vals[0] - vals[1]) / (hi - lo)
 
 
@@ -89,12 +128,15 @@ def fd_tolerance(d1: float, d2: float, h: float, rho: float, g_round: float) -> 
     return 2.0 * abs(d2 - d1) / 3.0 + 3.0 * rho / h + g_round
 
 
-def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
+def _check_fd(ctx, case, args64, outs: dict, dys: dict, ref_grads) -> None:
+    """Central differences of L = Σ_k Σ f_k·dy_k over the selected outputs (`outs`: {index:
+    value at x}) against the reference gradients."""
     ref_fwd = ctx.fn(backend="reference")
     rng = np.random.default_rng(case.seed ^ 0x5EED)
     u = EPS64 / 2
-    finite = np.isfinite(y0)
-    levels = math.ceil(math.log2(max(int(y0.size), 1)))
+    n_out = len(dys)
+    finite = {k: np.isfinite(y) for k, y in outs.items()}
+    levels = {k: math.ceil(math.log2(max(int(y.size), 1))) for k, y in outs.items()}
     # An output computed by cancellation (KL ≈ 0, logsumexp − z_y, x − max x) carries the
     # rounding of its intermediates, not of its own value: those are of the inputs' magnitude,
     # or of unit scale (probabilities, log V) — all-zero logits give KL = 0 from O(1) terms.
@@ -102,18 +144,23 @@ def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
     xscale = max((float(np.abs(v).max()) for v in args64.values()
                   if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size), default=0.0)
     xscale = max(xscale, 1.0)
-    mag = np.maximum(np.abs(y0[finite]), xscale)
-    rho = (levels + 1 + FWD_ULPS) * u * float((mag * np.abs(dy[finite])).sum())
+    # Output k's pairwise sum costs ⌈log2 N_k⌉ + 1 levels, adding the K partial sums K − 1.
+    rho = 0.0
+    for k, y in outs.items():
+        mag = np.maximum(np.abs(y[finite[k]]), xscale)
+        rho += ((levels[k] + n_out + FWD_ULPS) * u
+                * float((mag * np.abs(dys[k][finite[k]])).sum()))
+    g_levels = max(levels.values()) + n_out - 1
     for w in ctx.spec["wrt"]:
         x = args64[w]
         flat_idx = rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False)
         g = ref_grads[w].reshape(-1)
-        g_round = (levels + FWD_ULPS) * u * (float(np.abs(g).max()) if g.size else 0.0)
+        g_round = (g_levels + FWD_ULPS) * u * (float(np.abs(g).max()) if g.size else 0.0)
         for fi in flat_idx:
             idx = np.unravel_index(fi, x.shape)
             h = H0 * max(1.0, abs(float(x[idx])))
-            d1 = central_difference(ref_fwd, args64, w, idx, h, dy, finite)
-            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dy, finite)
+            d1 = central_difference(ref_fwd, args64, w, idx, h, dys, finite)
+            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dys, finite)
             tol = fd_tolerance(d1, d2, h, rho, g_round)
             if not all(map(math.isfinite, (d1, d2, tol))):
                 raise FiniteDifferenceError(
@@ -131,23 +178,34 @@ def _check_fd(ctx, case, args64, y0, dy, ref_grads) -> None:
 def run(ctx, case):
     ref_fwd = ctx.fn(backend="reference")
     args64 = ctx.ref_args(case)
-    y0 = backends.outputs(backends.call(ref_fwd, **args64))[0]
-    dy = _upstream(y0.shape, case.seed, case.dtype if case.dtype in cases.FLOAT_DTYPES
-                   else "float64")
-    ref_grads = _ref_backward(ctx, case, dy)
+    outs = backends.outputs(backends.call(ref_fwd, **args64))
+    selected = ctx.output_indices([0])
+    dys = _upstreams(outs, selected, case)
+    upstream = _backward_kwargs(ctx, outs, dys)
+    ref_grads = _ref_backward(ctx, case, upstream)
     if ctx.backend == "reference":
-        _check_fd(ctx, case, args64, y0, dy, ref_grads)
+        _check_fd(ctx, case, args64, {k: outs[k] for k in selected}, dys, ref_grads)
         return
     import torch
 
     wrt = tuple(ctx.spec["wrt"])
     targs = ctx.args(case, requires_grad=wrt)
     out = backends.call(ctx.fn(), **targs)
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    dy_t = torch.from_numpy(dy).to(device=y.device,
-                                   dtype=y.dtype if y.is_floating_point() else torch.float32)
+    got = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(got) <= max(selected):
+        raise CheckFailed(f"backend returned {len(got)} output(s); the check differentiates "
+                          f"output {max(selected)}")
+    ys, dy_ts = [], []
+    for k in selected:
+        y = got[k]
+        if not (isinstance(y, torch.Tensor) and y.requires_grad):
+            raise CheckFailed(f"output {k} has no autograd graph, but the check "
+                              "differentiates it")
+        ys.append(y)
+        dy_ts.append(torch.from_numpy(dys[k]).to(
+            device=y.device, dtype=y.dtype if y.is_floating_point() else torch.float32))
     leaves = [targs[w] for w in wrt]
-    grads = backends.call(torch.autograd.grad, y, leaves, grad_outputs=dy_t,
+    grads = backends.call(torch.autograd.grad, ys, leaves, grad_outputs=dy_ts,
                           allow_unused=True)
     for w, g in zip(wrt, grads):
         if g is None:
@@ -156,7 +214,7 @@ def run(ctx, case):
         finite = ref[np.isfinite(ref)]
         atol, rtol = ctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
         bwd = ctx.fn(equation=ctx.spec["backward"], backend="reference")
-        judge = judge_for(bwd, dict(ctx.ref_args(case), dy=dy),
+        judge = judge_for(bwd, dict(ctx.ref_args(case), **upstream),
                           lambda outs, idx, w=w: outs[w][idx], case.dtype)
         compare(backends.to_numpy(g), ref, atol, rtol, f"d/d{w}", judge,
                 tolerance_terms(ctx, case, atol, rtol))

@@ -255,8 +255,10 @@ def launch_forward(q, k, v, causal, scale, out=None, kernel=None):
     return o, lse
 
 
-def launch_backward(q, k, v, o, lse, do, dlse, causal, scale, dkdv_kernel=None):
-    """(dq, dk, dv) in the input dtype. `dkdv_kernel` lets mutants swap the dK/dV kernel."""
+def launch_backward(q, k, v, o, lse, do, dlse, causal, scale, dkdv_kernel=None,
+                    preprocess_kernel=None):
+    """(dq, dk, dv) in the input dtype. `dkdv_kernel` and `preprocess_kernel` let mutants swap
+    the dK/dV kernel and the Δ preprocess kernel."""
     b, hq, s, d = q.shape
     hkv = k.shape[1]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -268,7 +270,7 @@ def launch_backward(q, k, v, o, lse, do, dlse, causal, scale, dkdv_kernel=None):
     blocks = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"])
     delta = torch.empty((b, hq, s), dtype=torch.float32, device=q.device)
     dl = dlse.float().contiguous() if dlse is not None else delta
-    attn_bwd_preprocess_kernel[(cfg["q_tiles"], b * hq)](
+    (preprocess_kernel or attn_bwd_preprocess_kernel)[(cfg["q_tiles"], b * hq)](
         o, do, dl, delta, *o.stride(), *do.stride(), hq, s, d, HAS_DLSE=dlse is not None,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_D=cfg["BLOCK_D"])
     (dkdv_kernel or attn_bwd_dkdv_kernel)[(cfg["k_tiles"], b * hkv)](

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5234b46023fa46eed1b007f789aca0a969f287857ee123c49cde761630616cb2"
+SHA256 = "a932f65ea1cebf0d21d78c94d59081724dc5204cc3943200aca378805ce67358"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -467,6 +467,66 @@ def test_falsify_att_019__reference__float32(case):
 def test_falsify_att_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-019", "reference", "float16", case)
 
+# FALSIFY-ATT-020 → ATT-EQV-009 (gradient): flash_attention's backward through both outputs, o and lse
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[3])
+def test_falsify_att_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[3])
+def test_falsify_att_020__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-020", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[3])
+def test_falsify_att_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-020", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[3])
+def test_falsify_att_020__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-020", "triton", "float16", case)
+
+# FALSIFY-ATT-021 → ATT-EQV-009 (gradient): The reference backward is the derivative of flash_attention's o and lse together
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-021", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float32")[1])
+def test_falsify_att_021__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-021", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-021", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float16")[1])
+def test_falsify_att_021__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-021", "reference", "float16", case)
+
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-001", obligation="ATT-EQV-001", backend="triton")
@@ -508,3 +568,15 @@ def test_mut_att_006():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-007", obligation="ATT-EQV-008", backend="torch")
 def test_mut_att_007():
     rt.assert_killed(CONTRACT, "MUT-ATT-007")
+
+
+# MUT-ATT-008 → ATT-EQV-009: torch tiled backward ignores dlse (Δ = rowsum(dO ⊙ O)): a loss on lse gets no gradient through it. o, lse and the o-only gradients are exact, so the o-only checks FALSIFY-ATT-003 (lse parity) and FALSIFY-ATT-018 (gradient of o) pass against it; FALSIFY-ATT-020 kills it
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-008", obligation="ATT-EQV-009", backend="torch")
+def test_mut_att_008():
+    rt.assert_killed(CONTRACT, "MUT-ATT-008")
+
+
+# MUT-ATT-009 → ATT-EQV-009: Triton backward preprocess adds dlse to Δ instead of subtracting it. With no upstream gradient on lse (dlse = None) it runs the right kernel path, so FALSIFY-ATT-003 and FALSIFY-ATT-018 pass against it; FALSIFY-ATT-020 kills it
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-009", obligation="ATT-EQV-009", backend="triton")
+def test_mut_att_009():
+    rt.assert_killed(CONTRACT, "MUT-ATT-009")
