@@ -151,6 +151,35 @@ def check_gaps(c: Contract, resolve: bool = True) -> list[str]:
                 kinds = ", ".join(sorted(runs.get(b, set()))) or "none"
                 gaps.append(f"equation {name} on {b}: has a backward ({why}) but no gradient "
                             f"check (checks there: {kinds}): forward checked, backward not")
+        gaps += _undifferentiated_outputs(c, name, eq)
+    return gaps
+
+
+def _undifferentiated_outputs(c: Contract, name: str, eq) -> list[str]:
+    """A later named output of an equation with a backward that no gradient check
+    differentiates on a backend binding it, unless declared `non_differentiable`: the gap that
+    let a dropped dlse (attention's lse) pass every o-only check."""
+    from falsify.harness.plan import output_index
+
+    done: dict[str, set[int]] = {}
+    for t in c.checks:
+        if t.kind != "gradient" or equation_of(c, t) != name:
+            continue
+        try:
+            sel = {output_index(eq, e) for e in t.spec.get("outputs") or [0]}
+        except ValueError:  # V018 reports it
+            continue
+        for b in backends_of(c, t):
+            done.setdefault(b, set()).update(sel)
+    gaps = []
+    for k, out in enumerate(eq.outputs[1:], start=1):
+        if out in eq.non_differentiable:
+            continue
+        for b in (b for b in ("reference", *OPTIMIZED) if b in eq.bindings):
+            if k not in done.get(b, set()):
+                gaps.append(f"equation {name} on {b}: output {out!r} is differentiable but no "
+                            "gradient check differentiates it: name it in a gradient check's "
+                            "`outputs`, or declare it non_differentiable")
     return gaps
 
 

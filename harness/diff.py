@@ -336,8 +336,12 @@ def _equations(out: _Out, a: Contract, b: Contract):
             else:
                 out.add(s, name, "changed", "outputs", oa, ob, "major",
                         "outputs renamed, removed or reordered")
+        # an output declared non-differentiable no longer needs a gradient check (weaker)
+        out.members(s, name, "non_differentiable", x.get("non_differentiable"),
+                    y.get("non_differentiable"), removed="minor", added="major",
+                    noun="non-differentiable output")
         known = {"formula", "domain", "codomain", "latex", "derivation", "invariants",
-                 "bindings", "gpu_only", "outputs"}
+                 "bindings", "gpu_only", "outputs", "non_differentiable"}
         for k in sorted((set(x) | set(y)) - known, key=str):
             out.opaque(s, name, str(k), x.get(k), y.get(k), why="unclassified field changed")
 

@@ -59,6 +59,8 @@ class Equation:
     bindings: dict[str, str] = field(default_factory=dict)
     gpu_only: dict[str, str] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)  # names of a tuple's outputs, in order
+    # outputs that are saved statistics, returned without an autograd graph
+    non_differentiable: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -303,6 +305,8 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
             gpu_only=dict(e.get("gpu_only") or {}) if isinstance(e.get("gpu_only"), dict) else {},
             outputs=[o for o in e["outputs"] if isinstance(o, str)]
             if isinstance(e.get("outputs"), list) else [],
+            non_differentiable=[o for o in e["non_differentiable"] if isinstance(o, str)]
+            if isinstance(e.get("non_differentiable"), list) else [],
         )
     prefix = _prefix(stem, data)
     obligations, counters = [], {}

@@ -24,6 +24,8 @@ Errors (native mode):
   V021 a name clash in expressions: an input dim/argument, check param or `call:` key named
        like a harness name (`y`, `tol`, `eps32`, ...), or a bare `eps` where an argument is
        named `eps`
+  V022 an equation's `non_differentiable` names an output it does not declare in `outputs`, or
+       a gradient check differentiates one of them
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -309,6 +311,12 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
     # Bindings
     has_binding = False
     for name, eq in c.equations.items():
+        for j, o in enumerate(eq.non_differentiable):
+            if o not in eq.outputs:
+                ctx.add("V022", ("equations", name, "non_differentiable", j),
+                        f"equations.{name}.non_differentiable[{j}]",
+                        f"{o!r} is not one of the outputs equation {name!r} declares "
+                        f"({', '.join(eq.outputs) or 'none: list them in outputs'})")
         for backend, ref in eq.bindings.items():
             has_binding = True
             _check_binding(ctx, ref, ("equations", name, "bindings", backend),
@@ -450,6 +458,13 @@ def _check_outputs(ctx, c: Contract, t, base, fname, eq, inp, allow_import,
         selected.append((j, i))
     if spec.get("kind") != "gradient":
         return
+    statistics = [(j, i) for j, i in selected
+                  if i < len(eq.outputs) and eq.outputs[i] in eq.non_differentiable]
+    for j, i in statistics:
+        ctx.add("V022", base + ("check", "outputs", j), f"{fname}.check.outputs[{j}]",
+                f"{t.id}: outputs: {eq.outputs[i]!r} is declared non_differentiable in "
+                f"equation {eq.name!r}: it has no gradient to check")
+    selected = [s for s in selected if s not in statistics]
     taken = set(inp.get("args") or {}) if isinstance(inp, dict) else set()
     taken |= set(spec["call"]) if isinstance(spec.get("call"), dict) else set()
     names = {}

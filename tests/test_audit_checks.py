@@ -222,3 +222,31 @@ def test_attention_without_the_flash_gradient_checks_has_the_gap(tmp_path):
     assert {g.split(":")[0] for g in gaps} == {
         f"equation flash_attention on {b}" for b in ("reference", "torch", "triton")}, gaps
     assert main(["audit", "--checks-only", str(p)]) == 1
+
+
+def _edited(tmp_path, name: str, edit) -> Path:
+    text = (ROOT / "contracts" / f"{name}.yaml").read_text(encoding="utf-8")
+    p = Path(tmp_path) / f"{name}.yaml"
+    p.write_text(edit(text), encoding="utf-8")
+    return p
+
+
+def test_a_later_output_no_gradient_check_differentiates_is_a_gap(tmp_path):
+    """attention without FALSIFY-ATT-020/021: o's backward is checked, lse's (dlse) is not."""
+    def drop(text):  # ATT-020 and ATT-021 are the last checks, before `mutants:`
+        return text[:text.index("  - id: FALSIFY-ATT-020\n")] + text[text.index("mutants:\n"):]
+    c, _ = load_contract(_edited(tmp_path, "attention-kernel-v1", drop))
+    gaps = [g for g in audit.check_gaps(c) if "'lse'" in g]
+    assert {g.split(":")[0] for g in gaps} == {
+        f"equation flash_attention on {b}" for b in ("reference", "torch", "triton")}, gaps
+
+
+def test_a_statistic_declared_non_differentiable_needs_no_gradient_check(tmp_path):
+    c, _ = load_contract(ROOT / "contracts" / "rmsnorm-kernel-v1.yaml")
+    assert c.equations["rmsnorm_forward"].non_differentiable == ["inv_rms"]
+    assert audit.check_gaps(c) == []
+    p = _edited(tmp_path, "rmsnorm-kernel-v1",
+                lambda t: t.replace("    non_differentiable: [inv_rms]\n", ""))
+    c, _ = load_contract(p)
+    gaps = audit.check_gaps(c)
+    assert gaps and all("output 'inv_rms' is differentiable" in g for g in gaps), gaps

@@ -3,7 +3,7 @@ fires, and check its id and the `file:line` of the offending field.
 
 The baseline is tests/fixtures/valid/softmax-lite-v1.yaml (the softmax contract bound to the
 reference and torch backends, which always import), valid with zero findings in native and in
-forced compat mode. Native rules are V001-V021; W1xx are the compat-mode warnings.
+forced compat mode. Native rules are V001-V022; W1xx are the compat-mode warnings.
 """
 
 from __future__ import annotations
@@ -526,3 +526,21 @@ def test_every_documented_rule_has_a_test():
     documented = set(re.findall(r"\b([VW]\d{3})\b", v.__doc__))
     tested = set(re.findall(r"def test_([vw]\d{3})_", Path(__file__).read_text()))
     assert documented == {t.upper() for t in tested}
+
+
+def test_v022_non_differentiable_names_an_undeclared_output(tmp_path):
+    text = edit(base_text(), "equations:\n  softmax:\n",
+                "equations:\n  softmax:\n    non_differentiable: [lse]\n")
+    (f,) = only(run(tmp_path, text)[1], "V022", "error")
+    assert f.line == line_of(text, "non_differentiable: [lse]") and "'lse'" in f.message
+
+
+def test_v022_a_gradient_check_may_not_differentiate_a_statistic(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+    text = edit(text, "      equation: rmsnorm_forward\n      wrt: [x, w]\n",
+                "      equation: rmsnorm_forward\n      outputs: [y, inv_rms]\n      wrt: [x, w]\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V022", "error")
+    assert "'inv_rms' is declared non_differentiable" in f.message
+    assert f.line == line_of(text, "outputs: [y, inv_rms]", nth=2)  # the check's, not the equation's

@@ -123,3 +123,22 @@ def triton_backward_seed_formula(x, w, eps, out=None):
     if out is not None:
         return tri.rmsnorm(x, w, eps, out=out)
     return _TritonSeedBackward.apply(x, w, float(eps))
+
+
+def inv_rms_with_graph(x, w, eps, out=None):
+    """rmsnorm_forward whose inv_rms comes back with an autograd graph: the backward still takes
+    no gradient for it, so a loss built on inv_rms silently loses that part of its gradient."""
+    from falsify.impl.torch import rmsnorm as tr
+
+    class _WithGraph(tr._RMSNormFunction):
+        @staticmethod
+        def forward(ctx, x, w, eps):
+            y, inv_rms = tr._RMSNormFunction.forward(ctx, x, w, eps)
+            return y, inv_rms.clone()  # the clone is an unmarked output: differentiable
+
+    tr.check_args(x, w, eps, out)
+    y, inv_rms = _WithGraph.apply(x, w, float(eps))
+    if out is not None:
+        out.copy_(y)
+        y = out
+    return y, inv_rms

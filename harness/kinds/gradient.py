@@ -175,6 +175,23 @@ def _check_fd(ctx, case, args64, outs: dict, dys: dict, ref_grads) -> None:
                     f"backward rounding {g_round:.3g})")
 
 
+def _assert_statistics_detached(ctx, got: list) -> None:
+    """Outputs the equation declares `non_differentiable` (saved statistics such as RMSNorm's
+    inv_rms) must come back without an autograd graph: one that carries a graph invites a loss
+    to use it, and the backward, which takes no upstream gradient for it, would drop that
+    gradient silently."""
+    import torch
+
+    eq = ctx.contract.equations.get(ctx.equation)
+    for name in (eq.non_differentiable if eq is not None else []):
+        k = eq.outputs.index(name)
+        y = got[k] if k < len(got) else None
+        if isinstance(y, torch.Tensor) and y.requires_grad:
+            raise CheckFailed(f"output {name!r} is declared non_differentiable but carries an "
+                              "autograd graph: a loss that uses it would get a gradient the "
+                              "backward never computes (mark it non-differentiable)")
+
+
 def run(ctx, case):
     ref_fwd = ctx.fn(backend="reference")
     args64 = ctx.ref_args(case)
@@ -195,6 +212,7 @@ def run(ctx, case):
     if len(got) <= max(selected):
         raise CheckFailed(f"backend returned {len(got)} output(s); the check differentiates "
                           f"output {max(selected)}")
+    _assert_statistics_detached(ctx, got)
     ys, dy_ts = [], []
     for k in selected:
         y = got[k]

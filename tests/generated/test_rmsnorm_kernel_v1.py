@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7fa4cc29663a27751570d1e54d667d380ce14dc5d946292ee409da03d485d71c"
+SHA256 = "1353288df8491bc2475bdcb1a4a23aa03fac37e2b2d5c35f23dc73118929e998"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -362,3 +362,9 @@ def test_mut_rn_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-005", obligation="RN-EQV-004", backend="torch")
 def test_mut_rn_005():
     rt.assert_killed(CONTRACT, "MUT-RN-005")
+
+
+# MUT-RN-006 → RN-EQV-006: inv_rms returned with an autograd graph while the backward takes no gradient for it: a loss using inv_rms loses that gradient silently
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-006", obligation="RN-EQV-006", backend="torch")
+def test_mut_rn_006():
+    rt.assert_killed(CONTRACT, "MUT-RN-006")
