@@ -190,64 +190,56 @@ def _backward_dk_unscaled(q, k, v, o, lse, do, dlse, causal, scale):
     return dq, dk, dv
 
 
-class _FlashDkUnscaled(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o32, lse = ta.forward(q, k, v, causal, scale)
-        o = o32.to(q.dtype)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.cfg = (causal, scale)
-        ctx.set_materialize_grads(False)
-        return o, lse
+def _flash_function(backward):
+    """The project's tiled torch autograd.Function (impl/torch/attention.py) with another
+    `backward(q, k, v, o, lse, do, dlse, causal, scale) -> (dq, dk, dv)`."""
 
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = _backward_dk_unscaled(q, k, v, o, lse, do, dlse, *ctx.cfg)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+    class _Flash(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o32, lse = ta.forward(q, k, v, causal, scale)
+            o = o32.to(q.dtype)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.cfg = (causal, scale)
+            ctx.set_materialize_grads(False)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            if do is None:
+                do = torch.zeros_like(o)
+            dq, dk, dv = backward(q, k, v, o, lse, do, dlse, *ctx.cfg)
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+    return _Flash
+
+
+def _flash_with(function, q, k, v, causal, scale, out):
+    *_, scale = ta.check_args(q, k, v, causal, scale, out)
+    if out is not None:
+        return ta.flash_attention(q, k, v, causal, scale, out)
+    return function.apply(q, k, v, bool(causal), scale)
+
+
+_FlashDkUnscaled = _flash_function(_backward_dk_unscaled)
+# the lse branch of the backward dropped: the upstream gradient of lse never reaches Δ
+_FlashIgnoresDlse = _flash_function(
+    lambda q, k, v, o, lse, do, dlse, causal, scale:
+    ta.backward(q, k, v, o, lse, do, None, causal, scale))
 
 
 def torch_flash_dk_unscaled_scores(q, k, v, causal=True, scale=None, out=None):
     """The project's tiled flash_attention (torch) with dK built from unscaled scores: the
     forward, lse, dQ and dV are right, so only a gradient check on flash_attention itself
     (not on `attention`, which torch routes to SDPA) can see it."""
-    *_, scale = ta.check_args(q, k, v, causal, scale, out)
-    if out is not None:
-        return ta.flash_attention(q, k, v, causal, scale, out)
-    return _FlashDkUnscaled.apply(q, k, v, bool(causal), scale)
-
-
-class _FlashIgnoresDlse(torch.autograd.Function):
-    """The project's tiled torch Function with the lse branch of the backward dropped: the
-    upstream gradient of lse never reaches Δ, so a loss on lse gets no gradient through it."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o32, lse = ta.forward(q, k, v, causal, scale)
-        o = o32.to(q.dtype)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.cfg = (causal, scale)
-        ctx.set_materialize_grads(False)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = ta.backward(q, k, v, o, lse, do, None, *ctx.cfg)  # dlse dropped
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+    return _flash_with(_FlashDkUnscaled, q, k, v, causal, scale, out)
 
 
 def torch_flash_ignores_dlse(q, k, v, causal=True, scale=None, out=None):
     """flash_attention (torch) whose backward ignores dlse: o, lse and the o-only gradients
     are exactly right, so only a gradient check that puts an upstream gradient on lse fails."""
-    *_, scale = ta.check_args(q, k, v, causal, scale, out)
-    if out is not None:
-        return ta.flash_attention(q, k, v, causal, scale, out)
-    return _FlashIgnoresDlse.apply(q, k, v, bool(causal), scale)
+    return _flash_with(_FlashIgnoresDlse, q, k, v, causal, scale, out)
 
 
 @triton.jit
