@@ -7,6 +7,9 @@
 - kd-loss FALSIFY-KD-002 (and cross-entropy FALSIFY-CE-004): R = 1 with its only label
   ignored: L is NaN by definition, the gradient 0; the finite differences leave the undefined
   output out instead of producing a NaN tolerance.
+- rope FALSIFY-ROPE-001/003 (found by the thorough profile): subnormal inputs. A rounding that
+  lands on the fp32 subnormal grid errs by up to 2^-150 absolutely, whatever the relative
+  bound says; an fp16 output below 6.1e-5 by up to 2^-25.
 The contracts also pin these cases as `examples:` (run by the generated tests on every backend).
 """
 
@@ -118,3 +121,40 @@ def _fd_contract(tmp_path, fwd, bwd, values):
     c = load(tmp_path, contract_dict(fns, {"rows": inp}, [
         {"kind": "gradient", "input": "rows", "equation": fwd, "wrt": ["x"], "backward": "bwd"}]))
     return c, first_case(c, 0, "float64" if fwd == "exp" else "float32")
+
+
+def _rope_case(dtype, x, pos, c=None):
+    return cases.Case(dtype, {"b": 1, "s": 1, "h": 1, "half": 1},
+                      dict(x=np.array(x, cases.NP_STORAGE[dtype]).reshape(1, 1, 1, 2),
+                           pos=np.array([pos]), theta=10000.0),
+                      {} if c is None else {"c": c}, 0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_rope_smallest_subnormal_pair_is_within_the_derived_bound(backend):
+    # y2 = x2·c + x1·s = 1.38·2^-149 exactly; fp32 rounds each product up to 2^-149: 2^-148
+    runtime.execute("rope-kernel-v1", "FALSIFY-ROPE-001", backend, "float32",
+                    _rope_case("float32", [1e-45, 1e-45], 1))
+
+
+@pytest.mark.parametrize("dtype,x,c", [("float32", [5.588e-42, 0.0], 1),
+                                       ("float16", [1e-5, 0.0], 72)])
+def test_rope_relative_position_holds_on_subnormal_outputs(dtype, x, c):
+    runtime.execute("rope-kernel-v1", "FALSIFY-ROPE-003", "torch", dtype,
+                    _rope_case(dtype, x, 0, c))
+
+
+def test_rope_subnormal_floor_still_catches_a_wrong_sign():
+    """The absolute floor is 3·2^-150: a sign error on sin moves y by ~|x|, caught even here."""
+    from falsify.harness import backends
+
+    with backends.overriding("rope-kernel-v1:rope.torch", "tests.test_false_alarms:_rope_minus"):
+        with pytest.raises(runtime.CheckFailed):
+            runtime.execute("rope-kernel-v1", "FALSIFY-ROPE-001", "torch", "float32",
+                            _rope_case("float32", [3e-40, 1e-40], 1))
+
+
+def _rope_minus(x, pos, theta):
+    from falsify.impl.torch.rope import rope
+
+    return rope(x, -pos, theta)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d9a7eff09e4cfbb174e7c6785e2f48c92f1cff8e99bbdf2a9e4bbd3311114015"
+SHA256 = "6a2ef80a993189541dd54a78a34f017b2b99fdbeaaf237a55160fdeebd62d8cf"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
