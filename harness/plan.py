@@ -18,8 +18,11 @@ REQUIRED_FIELDS = {
     "training": ("run", "predicate"),
     "symbolic": ("engine", "target"),
     "static": ("kernel", "gpu_targets"),
+    "determinism": ("input",),
+    "batch_invariance": ("input", "batch"),
 }
-INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical"}
+INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
+               "determinism", "batch_invariance"}
 
 
 @dataclass(frozen=True)

@@ -500,6 +500,20 @@ def _check_outputs(ctx, c: Contract, t, base, fname, eq, inp, allow_import,
                     f"upstream gradient of output {spec['outputs'][j]!r}")
 
 
+def _check_batch(ctx, t, base, fname, inp: dict, dim: str) -> None:
+    """batch_invariance: `batch` is a dim of the input that some argument's shape carries."""
+    dims = inp.get("dims") or {}
+    if dim not in dims:
+        ctx.add("V018", base + ("check", "batch"), fname + ".check.batch",
+                f"{t.id}: batch {dim!r} is not a dim of input {t.spec.get('input')!r} "
+                f"(dims: {', '.join(dims) or 'none'})")
+    elif not any(dim in (a.get("shape") or []) for a in (inp.get("args") or {}).values()
+                 if isinstance(a, dict)):
+        ctx.add("V018", base + ("check", "batch"), fname + ".check.batch",
+                f"{t.id}: no argument of input {t.spec.get('input')!r} has dim {dim!r} in its "
+                "shape, so no row could be batched")
+
+
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
     kind = spec.get("kind")
@@ -545,6 +559,8 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
         _tolerance(ctx, c, spec["tolerance"], base + ("check", "tolerance"), dtypes, inp,
                    evaluate=not (kind in INPUT_KINDS and "input" in spec and inp is None))
     _check_names(ctx, c, t, base, fname, inp)
+    if kind == "batch_invariance" and inp is not None and isinstance(spec.get("batch"), str):
+        _check_batch(ctx, t, base, fname, inp, spec["batch"])
     if kind == "gradient" and isinstance(spec.get("call"), dict):
         for w in spec.get("wrt") or []:
             if w in spec["call"]:

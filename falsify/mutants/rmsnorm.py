@@ -5,10 +5,13 @@ Each has the signature of the binding it replaces (rmsnorm(x, w, eps, out=None))
 import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
+import itertools
+
 import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.torch import rmsnorm as rmsnorm_torch
 from falsify.impl.triton import rmsnorm as tri
 
 
@@ -142,3 +145,52 @@ def inv_rms_with_graph(x, w, eps, out=None):
         out.copy_(y)
         y = out
     return y, inv_rms
+
+
+# ---------------------------------------------------------------- determinism, batch invariance
+_CALLS = itertools.count()
+
+
+def _row_sum(sq: torch.Tensor, sequential: bool) -> torch.Tensor:
+    """Σ over the last dim, vectorised (torch's sum) or sequential (a running sum): equally
+    accurate, rounded differently in ~40 % of rows of random data."""
+    return sq.cumsum(-1)[..., -1] if sequential else sq.sum(-1)
+
+
+class _RowSumOrder(rmsnorm_torch._RMSNormFunction):
+    """The real RMSNorm (same saved tensors, same backward) with the row sum taken in the
+    order `sequential` says: each mutant below only chooses that order."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, sequential):
+        xf = x.float()
+        inv_rms = torch.rsqrt(_row_sum(xf * xf, sequential).div_(x.shape[-1]).add_(eps))
+        y = (xf * inv_rms.unsqueeze(-1)).mul_(w.float()).to(x.dtype)
+        ctx.save_for_backward(x, w, inv_rms)
+        ctx.mark_non_differentiable(inv_rms)
+        return y, inv_rms
+
+    @staticmethod
+    def backward(ctx, dy, d_inv_rms):
+        return (*rmsnorm_torch._RMSNormFunction.backward(ctx, dy, d_inv_rms), None)
+
+
+def _with_order(x, w, eps, out, sequential: bool):
+    rmsnorm_torch.check_args(x, w, eps, out)
+    y = _RowSumOrder.apply(x, w, float(eps), sequential)[0]
+    return out.copy_(y) if out is not None else y
+
+
+def order_from_call_count(x, w, eps, out=None):
+    """The row's sum accumulated in an order that alternates from call to call, as atomics
+    combine partial sums in whatever order the scheduler finishes the blocks: every result is
+    as accurate as the contract's tolerance allows, but two runs on the same input differ in
+    the last bits."""
+    return _with_order(x, w, eps, out, next(_CALLS) % 2 == 0)
+
+
+def split_from_batch_size(x, w, eps, out=None):
+    """The reduction's path chosen from the batch size (a split-K picked to fill the grid):
+    one summation order for a lone row, another when rows share the call. Deterministic and
+    accurate, but a row's result depends on how many rows came with it."""
+    return _with_order(x, w, eps, out, x.reshape(-1, x.shape[-1]).shape[0] > 1)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a932f65ea1cebf0d21d78c94d59081724dc5204cc3943200aca378805ce67358"
+SHA256 = "c91e6ea5c496878238563f9fbf424218dc539f958219d96c940cc119979f0a85"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -526,6 +526,130 @@ def test_falsify_att_021__reference__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float16")[1])
 def test_falsify_att_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-021", "reference", "float16", case)
+
+# FALSIFY-ATT-022 → ATT-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[3])
+def test_falsify_att_022__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[3])
+def test_falsify_att_022__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[3])
+def test_falsify_att_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[3])
+def test_falsify_att_022__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[3])
+def test_falsify_att_022__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[3])
+def test_falsify_att_022__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-022", "triton", "float16", case)
+
+# FALSIFY-ATT-023 → ATT-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[3])
+def test_falsify_att_023__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[3])
+def test_falsify_att_023__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[3])
+def test_falsify_att_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[3])
+def test_falsify_att_023__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[3])
+def test_falsify_att_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[3])
+def test_falsify_att_023__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-023", "triton", "float16", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

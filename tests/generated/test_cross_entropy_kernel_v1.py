@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2fa779363ad5d031b048f37f4390d5597d269bc21aaba72876bb82fa29e35cd2"
+SHA256 = "53e43460127e42dc1bfaa2e39a418674578582216d26384dec65de4308686c28"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -719,6 +719,124 @@ def test_falsify_ce_019__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-003", check="FALSIFY-CE-019", backend="triton", variant="sm_90")
 def test_falsify_ce_019__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-CE-019", "triton", "sm_90", None)
+
+# FALSIFY-CE-020 → CE-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[3])
+def test_falsify_ce_020__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[3])
+def test_falsify_ce_020__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[3])
+def test_falsify_ce_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[3])
+def test_falsify_ce_020__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[3])
+def test_falsify_ce_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[3])
+def test_falsify_ce_020__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-020", "triton", "float16", case)
+
+# FALSIFY-CE-021 → CE-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[2])
+def test_falsify_ce_021__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[2])
+def test_falsify_ce_021__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[2])
+def test_falsify_ce_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[2])
+def test_falsify_ce_021__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[2])
+def test_falsify_ce_021__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[2])
+def test_falsify_ce_021__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-021", "triton", "float16", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

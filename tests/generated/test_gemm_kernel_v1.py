@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "87bd0b9ed65215998012c1a4fc343b4969ca58532d1b84b5f3afbead87b429e3"
+SHA256 = "694abf96b35050665ff5fa66ba098a4db2f6141de4b280f15159b538bff3c517"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -342,6 +342,126 @@ def test_falsify_gemm_013__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-CMP-002", check="FALSIFY-GEMM-013", backend="triton", variant="sm_90")
 def test_falsify_gemm_013__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-GEMM-013", "triton", "sm_90", None)
+
+# FALSIFY-GEMM-014 → GEMM-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[3])
+def test_falsify_gemm_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[3])
+def test_falsify_gemm_014__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[3])
+def test_falsify_gemm_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[3])
+def test_falsify_gemm_014__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[3])
+def test_falsify_gemm_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[3])
+def test_falsify_gemm_014__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-014", "triton", "float16", case)
+
+# FALSIFY-GEMM-015 → GEMM-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-015", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float32")[2])
+def test_falsify_gemm_015__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-015", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-015", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-015", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float16")[2])
+def test_falsify_gemm_015__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-015", "triton", "float16", case)
+
+# FALSIFY-GEMM-016 → GEMM-BIN-001 (batch_invariance): Batch-bounded where the BLAS path depends on the row count
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[2])
+def test_falsify_gemm_016__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-016", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[2])
+def test_falsify_gemm_016__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-016", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[2])
+def test_falsify_gemm_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-016", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[2])
+def test_falsify_gemm_016__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-016", "torch", "float16", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1353288df8491bc2475bdcb1a4a23aa03fac37e2b2d5c35f23dc73118929e998"
+SHA256 = "49580c27ea59e8f53465885692ea86602353dd92330a34ee66246d5f364da0ec"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -333,6 +333,130 @@ def test_falsify_rn_012__triton__float32(case):
 def test_falsify_rn_012__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "triton", "float16", case)
 
+# FALSIFY-RN-013 → RN-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[3])
+def test_falsify_rn_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[3])
+def test_falsify_rn_013__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[3])
+def test_falsify_rn_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[3])
+def test_falsify_rn_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[3])
+def test_falsify_rn_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[3])
+def test_falsify_rn_013__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-013", "triton", "float16", case)
+
+# FALSIFY-RN-014 → RN-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[3])
+def test_falsify_rn_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[3])
+def test_falsify_rn_014__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[3])
+def test_falsify_rn_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[3])
+def test_falsify_rn_014__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[3])
+def test_falsify_rn_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[3])
+def test_falsify_rn_014__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-014", "triton", "float16", case)
+
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-001", obligation="RN-EQV-001", backend="torch")
@@ -368,3 +492,15 @@ def test_mut_rn_005():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-006", obligation="RN-EQV-006", backend="torch")
 def test_mut_rn_006():
     rt.assert_killed(CONTRACT, "MUT-RN-006")
+
+
+# MUT-RN-007 → RN-DET-001: the row sum accumulated in an order that alternates between calls (atomics under another schedule): accurate, but two runs differ in the last bits
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-007", obligation="RN-DET-001", backend="torch")
+def test_mut_rn_007():
+    rt.assert_killed(CONTRACT, "MUT-RN-007")
+
+
+# MUT-RN-008 → RN-BIN-001: the reduction order chosen from the number of rows: a lone row and the same row in a batch round differently
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-008", obligation="RN-BIN-001", backend="torch")
+def test_mut_rn_008():
+    rt.assert_killed(CONTRACT, "MUT-RN-008")

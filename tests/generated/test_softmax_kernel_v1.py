@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "73b16c833ba2edc8a28d728c34d20a269f2b19c4a48472697136512dffd1958c"
+SHA256 = "ab3ce7d045ca9cad9fb1afb2a9437de8a37dda98440ec6e4fdad47ffff72cba8"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -273,6 +273,118 @@ def test_falsify_sm_009__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-004", check="FALSIFY-SM-009", backend="triton", variant="sm_90")
 def test_falsify_sm_009__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-SM-009", "triton", "sm_90", None)
+
+# FALSIFY-SM-010 → SM-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[2])
+def test_falsify_sm_010__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[2])
+def test_falsify_sm_010__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[2])
+def test_falsify_sm_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[2])
+def test_falsify_sm_010__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[2])
+def test_falsify_sm_010__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[2])
+def test_falsify_sm_010__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-010", "triton", "float16", case)
+
+# FALSIFY-SM-011 → SM-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[2])
+def test_falsify_sm_011__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[2])
+def test_falsify_sm_011__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[2])
+def test_falsify_sm_011__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[2])
+def test_falsify_sm_011__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[2])
+def test_falsify_sm_011__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[2])
+def test_falsify_sm_011__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-011", "triton", "float16", case)
 
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)

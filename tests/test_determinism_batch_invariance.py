@@ -1,0 +1,96 @@
+"""The determinism and batch_invariance check kinds: what they catch, what they allow, the
+contract errors they name, and their RMSNorm mutants, which no other kind of check catches."""
+
+from __future__ import annotations
+
+import pytest
+
+from falsify.harness import backends, runtime
+from tests.test_check_semantics import contract_dict, first_case, load, run_check
+
+FNS = "tests.fixtures.rowwise_fns"
+ROWS = {"dtypes": ["float64"], "dims": {"m": [1, 6], "n": [1, 8]},
+        "args": {"x": {"shape": ["m", "n"], "values": [-1.0, 1.0]}},
+        "examples": [{"m": 3, "n": 5}]}
+
+
+def _contract(tmp_path, fn, check, **kw):
+    eqs = {"f": {"reference": f"{FNS}:{fn}"}}
+    return load(tmp_path, contract_dict(eqs, {"rows": ROWS}, [check]), **kw)
+
+
+def test_deterministic_function_passes_and_reports_it(tmp_path):
+    c = _contract(tmp_path, "row_sums", {"kind": "determinism", "input": "rows"})
+    detail = run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    assert detail == {"deterministic": True, "max_run_to_run_diff": 0.0}
+
+
+def test_nondeterminism_fails_unless_declared_with_a_bound(tmp_path):
+    c = _contract(tmp_path, "noisy_row_sums", {"kind": "determinism", "input": "rows"})
+    with pytest.raises(runtime.CheckFailed, match="not bit-identical on run 2 of 3"):
+        run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    bound = {"why": "two orders of the atomics differ by 1e-9", "float64": {"atol": 1e-8}}
+    c = _contract(tmp_path, "noisy_row_sums",
+                  {"kind": "determinism", "input": "rows", "tolerance": bound})
+    detail = run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    assert detail["deterministic"] is False and 0 < detail["max_run_to_run_diff"] < 1e-8
+    tight = {"why": "a bound below the real spread", "float64": {"atol": 1e-10}}
+    c = _contract(tmp_path, "noisy_row_sums",
+                  {"kind": "determinism", "input": "rows", "tolerance": tight})
+    with pytest.raises(runtime.CheckFailed, match="exceeds the declared bound"):
+        run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+
+
+def test_row_wise_function_is_batch_invariant(tmp_path):
+    c = _contract(tmp_path, "row_sums", {"kind": "batch_invariance", "input": "rows",
+                                         "batch": "m", "sizes": [7, 300]})
+    detail = run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    assert detail == {"invariant": True, "max_diff": 0.0, "sizes": [7, 300]}
+
+
+def test_a_row_that_depends_on_its_batch_fails(tmp_path):
+    c = _contract(tmp_path, "batch_mean", {"kind": "batch_invariance", "input": "rows",
+                                           "batch": "m"})
+    with pytest.raises(runtime.CheckFailed, match="as row 3 of a batch of 7"):
+        run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+
+
+def test_batch_must_be_a_dim_some_argument_carries(tmp_path):
+    rep = _contract(tmp_path, "row_sums", {"kind": "batch_invariance", "input": "rows",
+                                           "batch": "k"}, expect_errors=True)
+    assert any("batch 'k' is not a dim of input 'rows'" in f.message for f in rep.errors)
+    rep = _contract(tmp_path, "row_sums", {"kind": "batch_invariance", "input": "rows"},
+                    expect_errors=True)
+    assert any("needs `batch`" in f.message for f in rep.errors)
+
+
+def test_a_scalar_output_is_a_contract_error_not_a_verdict(tmp_path):
+    c = _contract(tmp_path, "summed", {"kind": "batch_invariance", "input": "rows",
+                                       "batch": "m"})
+    with pytest.raises(ValueError, match="output 0 is a scalar") as e:
+        run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    assert not runtime.is_falsification(e.value)
+
+
+# ---------------------------------------------------------------- the RMSNorm mutants
+RN = "rmsnorm-kernel-v1"
+ONLY_KILLED_BY = {"MUT-RN-007": "FALSIFY-RN-013", "MUT-RN-008": "FALSIFY-RN-014"}
+# every pre-existing check that runs the torch `rmsnorm` binding the two mutants replace
+EARLIER = ["FALSIFY-RN-001", "FALSIFY-RN-002", "FALSIFY-RN-004", "FALSIFY-RN-006", "FALSIFY-RN-008"]
+
+
+@pytest.mark.parametrize("mutant", sorted(ONLY_KILLED_BY))
+def test_rmsnorm_mutant_is_killed_by_its_new_kind(mutant):
+    r = runtime.kill_mutant(RN, mutant)
+    assert r.killed and r.killed_by.startswith(ONLY_KILLED_BY[mutant]), r
+
+
+@pytest.mark.parametrize("mutant", sorted(ONLY_KILLED_BY))
+def test_rmsnorm_mutant_passes_every_earlier_kind(mutant):
+    """Accurate results: parity, scale invariance and the gradient checks all pass, so only
+    the new kind sees these bugs."""
+    c = runtime.contract(RN)
+    m = next(m for m in c.mutants if m.id == mutant)
+    with backends.overriding(f"{RN}:{m.equation}.{m.backend}", m.with_):
+        for check_id in EARLIER:
+            runtime.run_with_hypothesis(c, check_id, "torch", "float32")
