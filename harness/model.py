@@ -136,6 +136,7 @@ class Contract:
     mutants: list[Mutant]
     kani_harnesses: list[dict]
     qa_gate: dict | None
+    inapplicable: dict[str, str] = field(default_factory=dict)  # check kind -> why not
 
     def line(self, *path) -> int:
         return self.located.line_of(path)
@@ -366,6 +367,8 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
         kani_harnesses=[well_typed(h, "kani_harness", ("kani_harnesses", i), bad) or {}
                         for i, h in enumerate(_list(data.get("kani_harnesses")))],
         qa_gate=well_typed(data.get("qa_gate"), "qa_gate", ("qa_gate",), bad),
+        inapplicable={str(k): str(v) for k, v in md["inapplicable"].items()}
+        if isinstance(md.get("inapplicable"), dict) else {},
     )
 
 

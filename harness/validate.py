@@ -26,6 +26,8 @@ Errors (native mode):
        named `eps`
   V022 an equation's `non_differentiable` names an output it does not declare in `outputs`, or
        a gradient check differentiates one of them
+  V023 `metadata.inapplicable` declares a check kind inapplicable that a check of the contract
+       runs
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -270,6 +272,13 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
         ctx.add("V020", ("metadata", "references"), "metadata.references",
                 "no references: every contract cites its source (paper, spec, library)",
                 native_only=True, warn_rule="W108")
+    # V023 a kind declared inapplicable must not also run
+    for kind in c.inapplicable:
+        ran = [t.id for t in c.checks if t.kind == kind]
+        if ran:
+            ctx.add("V023", ("metadata", "inapplicable", kind), f"metadata.inapplicable.{kind}",
+                    f"{kind} is declared inapplicable, but {', '.join(ran)} run(s) it: keep "
+                    "the checks or the declaration, not both")
     # V005 duplicate ids within the contract
     seen: dict[str, tuple] = {}
     groups = [("proof_obligations", [(o.id, o.index) for o in c.obligations if not o.derived_id]),

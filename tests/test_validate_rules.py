@@ -3,7 +3,7 @@ fires, and check its id and the `file:line` of the offending field.
 
 The baseline is tests/fixtures/valid/softmax-lite-v1.yaml (the softmax contract bound to the
 reference and torch backends, which always import), valid with zero findings in native and in
-forced compat mode. Native rules are V001-V022; W1xx are the compat-mode warnings.
+forced compat mode. Native rules are V001-V023; W1xx are the compat-mode warnings.
 """
 
 from __future__ import annotations
@@ -544,3 +544,13 @@ def test_v022_a_gradient_check_may_not_differentiate_a_statistic(tmp_path):
     (f,) = only(findings, "V022", "error")
     assert "'inv_rms' is declared non_differentiable" in f.message
     assert f.line == line_of(text, "outputs: [y, inv_rms]", nth=2)  # the check's, not the equation's
+
+
+def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+    text = edit(text, "  critical: true\n", "  critical: true\n  inapplicable:\n"
+                "    determinism: \"said to be meaningless here\"\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V023", "error")
+    assert "FALSIFY-RN-013" in f.message and f.line == line_of(text, "determinism: \"said")

@@ -102,6 +102,36 @@ def _origin(c, space) -> str:
     return e.origin if e is not None and e.path == c.path.resolve() else "file"
 
 
+def _declared(c, kind: str) -> dict | None:
+    """For the determinism and batch_invariance kinds: which backends a check holds to the
+    same bits, which to a declared bound (the kernel says it is not invariant), or why the
+    kind is inapplicable; None when the contract neither runs it nor says why not."""
+    from falsify.harness.plan import runs
+
+    if kind in c.inapplicable:
+        return {"inapplicable": c.inapplicable[kind]}
+    out = {"bitwise": set(), "bounded": set()}
+    for t in c.checks:
+        if t.kind == kind:
+            key = "bounded" if "tolerance" in t.spec else "bitwise"
+            out[key] |= {r.backend for r in runs(c, t)}
+    if not out["bitwise"] | out["bounded"]:
+        return None
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _declared_text(d: dict | None) -> str:
+    if d is None:
+        return "—"
+    if "inapplicable" in d:
+        return "n/a"
+    if not d["bounded"]:
+        return "bitwise"
+    if not d["bitwise"]:
+        return "bounded"
+    return f"bitwise: {','.join(d['bitwise'])}; bounded: {','.join(d['bounded'])}"
+
+
 def _status_row(c, space) -> dict:
     executable = [t for t in c.checks if t.kind]
     return {
@@ -111,6 +141,8 @@ def _status_row(c, space) -> dict:
         "checks": {"total": len(c.checks), "executable": len(executable)},
         "mutants": len(c.mutants), "symbolic_checks": len(c.symbolic_checks),
         "kani_harnesses": sum(1 for h in c.kani_harnesses if h),
+        "determinism": _declared(c, "determinism"),
+        "batch_invariance": _declared(c, "batch_invariance"),
         "bindings": {name: dict(eq.bindings) for name, eq in c.equations.items()},
     }
 
@@ -123,10 +155,12 @@ def cmd_status(args) -> int:
     rows = [_status_row(c, space) for c in contracts]
     cols = [("contract", "left"), ("origin", "left"), ("version", "left"), ("mode", "left"),
             ("equations", "right"), ("obligations", "right"), ("checks", "right"),
-            ("executable", "right"), ("mutants", "right"), ("symbolic", "right")]
+            ("executable", "right"), ("mutants", "right"), ("symbolic", "right"),
+            ("run-to-run", "left"), ("batch-invariant", "left")]
     text = [_table(f"{len(rows)} contract(s)", cols, [
         [r["id"], r["origin"], r["version"] or "?", r["mode"], r["equations"], r["obligations"],
-         r["checks"]["total"], r["checks"]["executable"], r["mutants"], r["symbolic_checks"]]
+         r["checks"]["total"], r["checks"]["executable"], r["mutants"], r["symbolic_checks"],
+         _declared_text(r["determinism"]), _declared_text(r["batch_invariance"])]
         for r in rows])]
     brows = [[r["id"], eq, be, ref] for r in rows for eq, bs in r["bindings"].items()
              for be, ref in bs.items()]

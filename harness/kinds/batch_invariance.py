@@ -11,10 +11,11 @@ A kernel that is not batch-invariant says so: the check's `tolerance` (with its 
 bound on the difference it then enforces, and the ledger entry records `invariant: false`.
 Arguments without the dim (weights, positions, scalars) are passed unchanged.
 
-Under the Triton interpreter every row is a Python-level program instance (~1.5 ms each), so
-sizes above INTERPRETED_MAX_ROWS run at that size there (263: past 256-row blocks and past the
-132 SMs of an H100, where grid-size-dependent choices flip); the ledger entry records the sizes
-that ran, and a GPU runs the declared ones."""
+Under the Triton interpreter every program instance runs as Python (~1.5 ms each), so there a
+batch is capped at INTERPRETED_MAX_ROWS rows (263: past 256-row blocks and past the 132 SMs of
+an H100, where grid-size-dependent choices flip) and at INTERPRETED_MAX_ELEMENTS elements of
+the largest batched argument, never below the smallest declared size; the ledger entry
+records the sizes that ran, and a GPU runs the declared ones."""
 
 import os
 
@@ -26,12 +27,17 @@ from falsify.harness.runtime import CheckFailed
 
 DEFAULT_SIZES = (7, 4099)
 INTERPRETED_MAX_ROWS = 263
+INTERPRETED_MAX_ELEMENTS = 1 << 14
 
 
-def sizes_for(ctx) -> list[int]:
+def sizes_for(ctx, case) -> list[int]:
     sizes = list(ctx.spec.get("sizes") or DEFAULT_SIZES)
     if ctx.backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
-        sizes = sorted({min(s, INTERPRETED_MAX_ROWS) for s in sizes})
+        axes = _batched_axes(ctx, case)
+        per_row = max(int(np.prod(case.args[n].shape)) // max(case.args[n].shape[a], 1)
+                      for n, a in axes.items())
+        cap = max(min(sizes), min(INTERPRETED_MAX_ROWS, INTERPRETED_MAX_ELEMENTS // per_row))
+        sizes = sorted({min(s, cap) for s in sizes})
     return sizes
 
 
@@ -67,7 +73,7 @@ def run(ctx, case):
     alone = backends.outputs(backends.call(fn, **ctx.args(rebatched(ctx, case, np.array([0])))))
     rng = np.random.default_rng(case.seed)
     worst = 0.0
-    sizes = sizes_for(ctx)
+    sizes = sizes_for(ctx, case)
     for size in sizes:
         rows = rng.integers(0, m, size)
         mid = size // 2

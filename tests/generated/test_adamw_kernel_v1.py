@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "439c4f792d40d54e83db9c41884880821fffbc7a718c8fbd57289d541bcdcbc9"
+SHA256 = "b3fb689676ec82ad256d7f71864c60b6e473dbf30350b796a147824e3931b047"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -399,6 +399,120 @@ def test_falsify_aw_018__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-004", check="FALSIFY-AW-018", backend="triton", variant="sm_90")
 def test_falsify_aw_018__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-AW-018", "triton", "sm_90", None)
+
+# FALSIFY-AW-019 → AW-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[2])
+def test_falsify_aw_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[2])
+def test_falsify_aw_019__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[2])
+def test_falsify_aw_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[2])
+def test_falsify_aw_019__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[2])
+def test_falsify_aw_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[2])
+def test_falsify_aw_019__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-019", "triton", "float16", case)
+
+# FALSIFY-AW-020 → AW-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[2])
+def test_falsify_aw_020__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-020", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[2])
+def test_falsify_aw_020__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-020", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[2])
+def test_falsify_aw_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-020", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[2])
+def test_falsify_aw_020__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-020", "triton", "float16", case)
+
+# FALSIFY-AW-021 → AW-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float32")[2])
+def test_falsify_aw_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-021", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-021", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[2])
+def test_falsify_aw_021__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-021", "torch", "float16", case)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b2b3e63164f09276efbb27545411a413a63e085b59b6878aa28d9ac28764c84d"
+SHA256 = "d88cdecf206991822b16a9ba01e2f744dfc573446638121d7ef7e0595181ff0a"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -222,6 +222,44 @@ def test_falsify_dpo_008__torch__float32(case):
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-003", check="FALSIFY-DPO-009", backend="z3", variant="proof")
 def test_falsify_dpo_009__z3__proof():
     rt.execute(CONTRACT, "FALSIFY-DPO-009", "z3", "proof", None)
+
+# FALSIFY-DPO-010 → DPO-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[2])
+def test_falsify_dpo_010__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-010", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[2])
+def test_falsify_dpo_010__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-010", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[2])
+def test_falsify_dpo_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-010", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[2])
+def test_falsify_dpo_010__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-010", "torch", "float16", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

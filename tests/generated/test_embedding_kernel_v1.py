@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9ff8fa9cbaaa639f2cf5d1bc36ed794766ebdac2b07c0eb350e6a609e699cd1b"
+SHA256 = "6cb2cc06d101dee3848fdae140bf396166ef3c7a155297c4eab92f106ac043bc"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -190,6 +190,118 @@ def test_falsify_emb_008__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BND-002", check="FALSIFY-EMB-008", backend="triton", variant="sm_90")
 def test_falsify_emb_008__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-EMB-008", "triton", "sm_90", None)
+
+# FALSIFY-EMB-009 → EMB-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[2])
+def test_falsify_emb_009__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[2])
+def test_falsify_emb_009__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[2])
+def test_falsify_emb_009__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[2])
+def test_falsify_emb_009__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[2])
+def test_falsify_emb_009__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[2])
+def test_falsify_emb_009__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-009", "triton", "float16", case)
+
+# FALSIFY-EMB-010 → EMB-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[2])
+def test_falsify_emb_010__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[2])
+def test_falsify_emb_010__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[2])
+def test_falsify_emb_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[2])
+def test_falsify_emb_010__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[2])
+def test_falsify_emb_010__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[2])
+def test_falsify_emb_010__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-010", "triton", "float16", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

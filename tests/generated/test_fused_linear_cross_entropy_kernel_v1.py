@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d6c386730b33ed7a823b92c038330c7bc14b5244cd2cf24aafae67974df31603"
+SHA256 = "fb88ed5bf039fff2bc8643fbc84521bcacacec6f2422846cf7bf4a0c2251f9f5"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -155,6 +155,124 @@ def test_falsify_flce_004__triton__float32(case):
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BND-001", check="FALSIFY-FLCE-005", backend="torch", variant="float32")
 def test_falsify_flce_005__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-FLCE-005", "torch", "float32", None)
+
+# FALSIFY-FLCE-006 → FLCE-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[3])
+def test_falsify_flce_006__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[3])
+def test_falsify_flce_006__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[3])
+def test_falsify_flce_006__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[3])
+def test_falsify_flce_006__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[3])
+def test_falsify_flce_006__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[3])
+def test_falsify_flce_006__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-006", "triton", "float16", case)
+
+# FALSIFY-FLCE-007 → FLCE-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[2])
+def test_falsify_flce_007__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[2])
+def test_falsify_flce_007__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[2])
+def test_falsify_flce_007__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[2])
+def test_falsify_flce_007__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[2])
+def test_falsify_flce_007__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[2])
+def test_falsify_flce_007__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-007", "triton", "float16", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

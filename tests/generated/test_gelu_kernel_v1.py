@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c8af5293311c73ca0dd9353c47aadf715c8a3ae736e85b135af086c8d1f2c1f4"
+SHA256 = "f5842a7e0c2c87cc1ade85a8f2676fe3599519ba1e0a2f6756e8426ba6497a73"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -319,6 +319,120 @@ def test_falsify_gelu_011__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BND-004", check="FALSIFY-GELU-011", backend="triton", variant="sm_90")
 def test_falsify_gelu_011__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-GELU-011", "triton", "sm_90", None)
+
+# FALSIFY-GELU-012 → GELU-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[2])
+def test_falsify_gelu_012__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[2])
+def test_falsify_gelu_012__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[2])
+def test_falsify_gelu_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[2])
+def test_falsify_gelu_012__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[2])
+def test_falsify_gelu_012__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[2])
+def test_falsify_gelu_012__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-012", "triton", "float16", case)
+
+# FALSIFY-GELU-013 → GELU-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[2])
+def test_falsify_gelu_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[2])
+def test_falsify_gelu_013__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-013", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[2])
+def test_falsify_gelu_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-013", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[2])
+def test_falsify_gelu_013__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-013", "triton", "float16", case)
+
+# FALSIFY-GELU-014 → GELU-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float32")[2])
+def test_falsify_gelu_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-014", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[2])
+def test_falsify_gelu_014__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-014", "torch", "float16", case)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ccadda7849647c0f3dad719944a615f0ba13db606894c4f4dd40eb17fe28a897"
+SHA256 = "2933e1f9527ef65626eeced24677df317a716e4add75d499c9d5ee784c9e2232"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 
@@ -133,6 +133,26 @@ def test_falsify_gacc_010__torch__float32():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-005", check="FALSIFY-GACC-011", backend="torch", variant="float16")
 def test_falsify_gacc_011__torch__float16():
     rt.execute(CONTRACT, "FALSIFY-GACC-011", "torch", "float16", None)
+
+# FALSIFY-GACC-012 → GACC-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DET-001", check="FALSIFY-GACC-012", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[2])
+def test_falsify_gacc_012__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-012", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DET-001", check="FALSIFY-GACC-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[2])
+def test_falsify_gacc_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-012", "torch", "float32", case)
 
 
 # MUT-GACC-001 → GACC-INV-001: each micro-batch normalised by its own token count, then averaged over micro-batches

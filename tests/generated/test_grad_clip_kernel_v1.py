@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ac68ad399547157cca24bdf20c934ed1da52c5416f0294a00a8be3f05c3d1d3a"
+SHA256 = "5492494a3f126a9170f3ccb1ec569165d6a14dd6b6b2b67a1fa3859b1607a753"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -384,6 +384,62 @@ def test_falsify_clip_015__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-004", check="FALSIFY-CLIP-015", backend="triton", variant="sm_90")
 def test_falsify_clip_015__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-CLIP-015", "triton", "sm_90", None)
+
+# FALSIFY-CLIP-016 → CLIP-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[2])
+def test_falsify_clip_016__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[2])
+def test_falsify_clip_016__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[2])
+def test_falsify_clip_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[2])
+def test_falsify_clip_016__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[2])
+def test_falsify_clip_016__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[2])
+def test_falsify_clip_016__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-016", "triton", "float16", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

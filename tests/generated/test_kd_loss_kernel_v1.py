@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9d5966142cdddf912b6f10aa6ffa128834634f22d76372cfe0b9242b2fcc4e57"
+SHA256 = "6ceeac46528aadeabbec38237dbcc9362841b94587266858b9cf05641d562ffd"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -253,6 +253,48 @@ def test_falsify_kd_009__z3__proof():
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-BND-002", check="FALSIFY-KD-010", backend="z3", variant="proof")
 def test_falsify_kd_010__z3__proof():
     rt.execute(CONTRACT, "FALSIFY-KD-010", "z3", "proof", None)
+
+# FALSIFY-KD-011 → KD-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[3])
+def test_falsify_kd_011__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-011", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[3])
+def test_falsify_kd_011__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-011", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[3])
+def test_falsify_kd_011__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-011", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[3])
+def test_falsify_kd_011__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-011", "torch", "float16", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

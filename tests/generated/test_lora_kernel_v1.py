@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d928c2e9b6c613b8d6a367f4bf1760e9df2c77a8b92ddcac4a55ae6f84eaf5c1"
+SHA256 = "5b212eaebb92b1763d51af2a844e25571de6f91ebc7aa4ad19d6ea4f3386cf32"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -536,6 +536,132 @@ def test_falsify_lora_018__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-STA-001", check="FALSIFY-LORA-018", backend="triton", variant="sm_90")
 def test_falsify_lora_018__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-LORA-018", "triton", "sm_90", None)
+
+# FALSIFY-LORA-019 → LORA-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[3])
+def test_falsify_lora_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[3])
+def test_falsify_lora_019__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[3])
+def test_falsify_lora_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[3])
+def test_falsify_lora_019__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[3])
+def test_falsify_lora_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[3])
+def test_falsify_lora_019__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-019", "triton", "float16", case)
+
+# FALSIFY-LORA-020 → LORA-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[3])
+def test_falsify_lora_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-020", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-020", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[3])
+def test_falsify_lora_020__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-020", "triton", "float16", case)
+
+# FALSIFY-LORA-021 → LORA-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[3])
+def test_falsify_lora_021__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-021", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[3])
+def test_falsify_lora_021__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-021", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[3])
+def test_falsify_lora_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-021", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[3])
+def test_falsify_lora_021__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-021", "torch", "float16", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "baa2459f04a49ad64163bd0c90da68e718d630643eef2d4b40a965da5444ad11"
+SHA256 = "194b19b7fc1a3bf7d1e3e899776c696af8597fa8c1cdee175b25bf611ce76c33"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 
@@ -196,6 +196,28 @@ def test_falsify_lrs_011__reference__float64():
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-INV-003", check="FALSIFY-LRS-011", backend="torch", variant="float64")
 def test_falsify_lrs_011__torch__float64():
     rt.execute(CONTRACT, "FALSIFY-LRS-011", "torch", "float64", None)
+
+# FALSIFY-LRS-012 → LRS-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LRS-DET-001", check="FALSIFY-LRS-012", backend="reference", variant="float64")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-012", "float64"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[3])
+def test_falsify_lrs_012__reference__float64(case):
+    rt.execute(CONTRACT, "FALSIFY-LRS-012", "reference", "float64", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LRS-DET-001", check="FALSIFY-LRS-012", backend="torch", variant="float64")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-012", "float64"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[3])
+def test_falsify_lrs_012__torch__float64(case):
+    rt.execute(CONTRACT, "FALSIFY-LRS-012", "torch", "float64", case)
 
 
 # MUT-LRS-001 → LRS-INV-001: warmup divides by W + 1: the peak is reached one step late

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "90464becb535b3bb7d28a04d008625722821b9067cd1408a6f65e859502bff0c"
+SHA256 = "9eaf3e3e0e71798ef674284d7dcd0424a624b8d2c1143dd6148ac97d60f4d248"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 
@@ -525,6 +525,68 @@ def test_falsify_nf4_018__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-STA-001", check="FALSIFY-NF4-018", backend="triton", variant="sm_90")
 def test_falsify_nf4_018__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-NF4-018", "triton", "sm_90", None)
+
+# FALSIFY-NF4-019 → NF4-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[3])
+def test_falsify_nf4_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[3])
+def test_falsify_nf4_019__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[3])
+def test_falsify_nf4_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[3])
+def test_falsify_nf4_019__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[3])
+def test_falsify_nf4_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[3])
+def test_falsify_nf4_019__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-019", "triton", "float16", case)
 
 
 # MUT-NF4-001 → NF4-EQV-001: element 2i packed into the low nibble

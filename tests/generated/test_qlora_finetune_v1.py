@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8200d740a7e2b18620920fee21a2dc9497d2f3f2aa9468085e526de3d341af80"
+SHA256 = "e57d38adbc32f2cac9df0d29ef9702b6347206d1b3f4fab5508f093ec1022445"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

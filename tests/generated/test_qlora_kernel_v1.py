@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "382ca167176420c70ed1b4506efbac9aa542b15814bb3e441ecb82d70813538f"
+SHA256 = "4505ae514e9f9747e84eaee39e8d1206969e5aab3cc2c4d509ce825eb1d240f4"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -288,6 +288,132 @@ def test_falsify_qlora_010__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-STA-001", check="FALSIFY-QLORA-010", backend="triton", variant="sm_90")
 def test_falsify_qlora_010__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-QLORA-010", "triton", "sm_90", None)
+
+# FALSIFY-QLORA-011 → QLORA-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[3])
+def test_falsify_qlora_011__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[3])
+def test_falsify_qlora_011__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[3])
+def test_falsify_qlora_011__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[3])
+def test_falsify_qlora_011__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[3])
+def test_falsify_qlora_011__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[3])
+def test_falsify_qlora_011__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-011", "triton", "float16", case)
+
+# FALSIFY-QLORA-012 → QLORA-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-012", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[3])
+def test_falsify_qlora_012__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-012", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-012", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[3])
+def test_falsify_qlora_012__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-012", "triton", "float16", case)
+
+# FALSIFY-QLORA-013 → QLORA-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[3])
+def test_falsify_qlora_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[3])
+def test_falsify_qlora_013__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-013", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[3])
+def test_falsify_qlora_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[3])
+def test_falsify_qlora_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-013", "torch", "float16", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6a2ef80a993189541dd54a78a34f017b2b99fdbeaaf237a55160fdeebd62d8cf"
+SHA256 = "9c28ca7832ac4de1de830a8296c21e5701bb0cb9928b58dd0065aea0e5127384"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -270,6 +270,118 @@ def test_falsify_rope_008__triton__sm_80():
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BND-002", check="FALSIFY-ROPE-008", backend="triton", variant="sm_90")
 def test_falsify_rope_008__triton__sm_90():
     rt.execute(CONTRACT, "FALSIFY-ROPE-008", "triton", "sm_90", None)
+
+# FALSIFY-ROPE-009 → ROPE-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[2])
+def test_falsify_rope_009__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[2])
+def test_falsify_rope_009__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[2])
+def test_falsify_rope_009__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[2])
+def test_falsify_rope_009__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[2])
+def test_falsify_rope_009__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[2])
+def test_falsify_rope_009__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-009", "triton", "float16", case)
+
+# FALSIFY-ROPE-010 → ROPE-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[2])
+def test_falsify_rope_010__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[2])
+def test_falsify_rope_010__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[2])
+def test_falsify_rope_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[2])
+def test_falsify_rope_010__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[2])
+def test_falsify_rope_010__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[2])
+def test_falsify_rope_010__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-010", "triton", "float16", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

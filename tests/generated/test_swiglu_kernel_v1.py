@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b9639f4ae06f0a78cad584435908792c8b6e82e6633e3b3e98d62fbd2928be7d"
+SHA256 = "2a2f8e7e03586320ad28d7fcc23c3f505d28c9b0097fda67970d527f35516a09"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -338,6 +338,120 @@ def test_falsify_swg_011__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[1])
 def test_falsify_swg_011__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "triton", "float16", case)
+
+# FALSIFY-SWG-012 → SWG-DET-001 (determinism): Deterministic
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[2])
+def test_falsify_swg_012__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[2])
+def test_falsify_swg_012__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[2])
+def test_falsify_swg_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[2])
+def test_falsify_swg_012__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[2])
+def test_falsify_swg_012__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[2])
+def test_falsify_swg_012__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-012", "triton", "float16", case)
+
+# FALSIFY-SWG-013 → SWG-BIN-001 (batch_invariance): Batch-invariant
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[2])
+def test_falsify_swg_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[2])
+def test_falsify_swg_013__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-013", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[2])
+def test_falsify_swg_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-013", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[2])
+def test_falsify_swg_013__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-013", "triton", "float16", case)
+
+# FALSIFY-SWG-014 → SWG-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float32")[2])
+def test_falsify_swg_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-014", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[2])
+def test_falsify_swg_014__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-014", "torch", "float16", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs

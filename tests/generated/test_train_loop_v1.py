@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "bcdc01d8c488d76dcc70b4d574de3a17c30a343bf426fd12daf2567aaeec14cc"
+SHA256 = "7adad1eb45aeba859455bba469520b27347b7514cd114593d49ec61a0bf7d2b3"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
