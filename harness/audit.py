@@ -12,6 +12,10 @@ nothing about a backward ("forward checked, backward not"). An equation has a ba
 gradient check differentiates it, when the contract has `<equation>_backward`, or when a
 torch/triton binding runs through a torch.autograd.Function.
 
+`invariance_findings` (warnings): a kernel contract runs the determinism and batch_invariance
+kinds or declares them inapplicable with the reason (`metadata.inapplicable`); `declared` says
+which backends a contract holds to the same bits, which to a declared bound, or why not.
+
 `export_findings` (warnings): every public function an implementation exports is bound to some
 equation or named by a check, or it is private. It reads the kernel's own modules
 (`<package>.torch.<kernel>`, `<package>.triton.<kernel>`). A module's exports are its `__all__`,
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 
 from falsify.harness.coverage import obligation_status
 from falsify.harness.model import Contract
-from falsify.harness.plan import backends_of, equation_of
+from falsify.harness.plan import backends_of, equation_of, runs
 
 # kinds that do not execute an equation on a backend: a proof, an offline compile
 _NOT_EXECUTING = {"symbolic", "static"}
@@ -295,6 +299,44 @@ def export_findings(c: Contract) -> list[str]:
     return out
 
 
+INVARIANCE_KINDS = ("determinism", "batch_invariance")
+
+
+def declared(c: Contract, kind: str) -> dict | None:
+    """For a kind in INVARIANCE_KINDS: the backends a check holds to the same bits
+    (`bitwise`), those held to a declared bound (`bounded`: the kernel says it is not
+    invariant), or `inapplicable` with the reason; None when the contract neither runs the kind
+    nor says why not."""
+    if kind in c.inapplicable:
+        return {"inapplicable": c.inapplicable[kind]}
+    out = {"bitwise": set(), "bounded": set()}
+    for t in c.checks:
+        if t.kind == kind:
+            out["bounded" if "tolerance" in t.spec else "bitwise"] |= {r.backend
+                                                                       for r in runs(c, t)}
+    if not out["bitwise"] | out["bounded"]:
+        return None
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def invariance_lines(c: Contract) -> tuple[list[str], list[str]]:
+    """(chain lines, warnings) for the invariance kinds of a kernel contract."""
+    chain, warnings = [], []
+    if c.mode != "native" or not c.kernel:
+        return chain, warnings
+    for kind in INVARIANCE_KINDS:
+        d = declared(c, kind)
+        if d is None:
+            warnings.append(f"{kind}: no check runs it and metadata.inapplicable does not say "
+                            "why not")
+        elif "inapplicable" in d:
+            chain.append(f"{kind}: inapplicable — {d['inapplicable']}")
+        else:
+            parts = [f"{k} on {', '.join(v)}" for k, v in d.items() if v]
+            chain.append(f"{kind}: {'; '.join(parts)}")
+    return chain, warnings
+
+
 def audit(c: Contract, ledger: dict) -> Audit:
     a = Audit(c.id)
     if c.references:
@@ -330,10 +372,14 @@ def audit(c: Contract, ledger: dict) -> Audit:
     if c.mode == "native" and not c.mutants:
         a.gaps.append("no mutants: nothing shows the checks can fail")
     a.gaps += check_gaps(c)
-    a.warnings += export_findings(c)
+    chain, warnings = invariance_lines(c)
+    a.chain += chain
+    a.warnings += warnings + export_findings(c)
     return a
 
 
 def audit_checks(c: Contract) -> Audit:
-    """The ledger-free part of the audit: check gaps (failing) and unbound exports (warnings)."""
-    return Audit(c.id, gaps=check_gaps(c), warnings=export_findings(c))
+    """The ledger-free part of the audit: check gaps (failing), unbound exports and kernels
+    silent on the invariance kinds (warnings)."""
+    chain, warnings = invariance_lines(c)
+    return Audit(c.id, chain=chain, gaps=check_gaps(c), warnings=warnings + export_findings(c))

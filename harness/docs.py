@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from falsify.harness.audit import INVARIANCE_KINDS, declared
 from falsify.harness.graph import mermaid
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, Check, Contract
@@ -413,6 +414,7 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
               "or GPU target the check declares)", ""]
         L += table(["obligation"] + all_backends, per_backend)
 
+    L += _invariance(c)
     L += ["## Checks", ""]
     for chk in c.checks:
         L += _check(c, chk, view)
@@ -444,6 +446,28 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
         L += ["## Kani harnesses (compat)", ""]
         L += [f"- {value(h)}" for h in c.kani_harnesses] + [""]
     return "\n".join(L).rstrip() + "\n"
+
+
+def _invariance(c: Contract) -> list[str]:
+    """Run-to-run and batch invariance per backend, as `pv status` and `pv audit` show them."""
+    if c.mode != "native" or not c.kernel:
+        return []
+    rows = []
+    for kind in INVARIANCE_KINDS:
+        d = declared(c, kind)
+        if d is None:
+            rows.append([text(kind), "not checked", "not declared inapplicable"])
+        elif "inapplicable" in d:
+            rows.append([text(kind), "inapplicable", text(d["inapplicable"])])
+        else:
+            for k in ("bitwise", "bounded"):
+                if d[k]:
+                    rows.append([text(kind), k, text(", ".join(d[k]))])
+    return ["## Invariance", "",
+            "Whether a backend returns the same bits run after run (determinism) and for a row "
+            "alone or in any batch (batch invariance); *bounded* means the contract declares it "
+            "does not, and its check enforces the stated bound instead.", ""] + \
+        table(["kind", "holds", "backends / reason"], rows)
 
 
 def _head(title: str, hide_toc: bool = False) -> list[str]:

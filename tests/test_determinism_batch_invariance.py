@@ -94,3 +94,31 @@ def test_rmsnorm_mutant_passes_every_earlier_kind(mutant):
     with backends.overriding(f"{RN}:{m.equation}.{m.backend}", m.with_):
         for check_id in EARLIER:
             runtime.run_with_hypothesis(c, check_id, "torch", "float32")
+
+
+# ---------------------------------------------------------------- what status, audit and docs show
+def test_declared_reads_bitwise_bounded_and_inapplicable_from_the_contracts():
+    from falsify.harness.audit import declared
+
+    gemm = runtime.contract("gemm-kernel-v1")
+    assert declared(gemm, "batch_invariance") == {"bitwise": ["triton"],
+                                                  "bounded": ["reference", "torch"]}
+    assert declared(gemm, "determinism") == {"bitwise": ["reference", "torch", "triton"],
+                                             "bounded": []}
+    loop = runtime.contract("train-loop-v1")
+    assert "whole batch" in declared(loop, "batch_invariance")["inapplicable"]
+
+
+def test_audit_warns_of_a_kernel_contract_silent_on_the_invariance_kinds(tmp_path):
+    from falsify.harness.audit import audit_checks
+
+    data = contract_dict({"f": {"reference": f"{FNS}:row_sums"}}, {"rows": ROWS},
+                         [{"kind": "property", "input": "rows", "predicate": "np.isfinite(y)"}])
+    data["metadata"]["kernel"] = "f"
+    a = audit_checks(load(tmp_path, data))
+    assert sorted(w.split(":")[0] for w in a.warnings) == ["batch_invariance", "determinism"]
+    data["metadata"]["inapplicable"] = {"determinism": "f is a pure numpy function here",
+                                        "batch_invariance": "f is a pure numpy function here"}
+    a = audit_checks(load(tmp_path, data))
+    assert not a.warnings
+    assert "determinism: inapplicable — f is a pure numpy function here" in a.chain

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from falsify.cli.common import EXIT_FAILED as EXIT_VIOLATIONS
 from falsify.cli.common import EXIT_OK, UsageError, add_common, contract_mode, emit
+from falsify.harness.audit import declared
 
 
 def register(sub) -> None:
@@ -102,24 +103,6 @@ def _origin(c, space) -> str:
     return e.origin if e is not None and e.path == c.path.resolve() else "file"
 
 
-def _declared(c, kind: str) -> dict | None:
-    """For the determinism and batch_invariance kinds: which backends a check holds to the
-    same bits, which to a declared bound (the kernel says it is not invariant), or why the
-    kind is inapplicable; None when the contract neither runs it nor says why not."""
-    from falsify.harness.plan import runs
-
-    if kind in c.inapplicable:
-        return {"inapplicable": c.inapplicable[kind]}
-    out = {"bitwise": set(), "bounded": set()}
-    for t in c.checks:
-        if t.kind == kind:
-            key = "bounded" if "tolerance" in t.spec else "bitwise"
-            out[key] |= {r.backend for r in runs(c, t)}
-    if not out["bitwise"] | out["bounded"]:
-        return None
-    return {k: sorted(v) for k, v in out.items()}
-
-
 def _declared_text(d: dict | None) -> str:
     if d is None:
         return "—"
@@ -141,8 +124,8 @@ def _status_row(c, space) -> dict:
         "checks": {"total": len(c.checks), "executable": len(executable)},
         "mutants": len(c.mutants), "symbolic_checks": len(c.symbolic_checks),
         "kani_harnesses": sum(1 for h in c.kani_harnesses if h),
-        "determinism": _declared(c, "determinism"),
-        "batch_invariance": _declared(c, "batch_invariance"),
+        "determinism": declared(c, "determinism"),
+        "batch_invariance": declared(c, "batch_invariance"),
         "bindings": {name: dict(eq.bindings) for name, eq in c.equations.items()},
     }
 
