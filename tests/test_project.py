@@ -7,6 +7,8 @@ subprocesses from it, as a user would type them.
 
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -168,9 +170,8 @@ def test_library_and_project_share_one_id_space(tmp_path):
     r = sh(proj, "falsify.cli.pv", "graph")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mygelu-kernel-v1  <- softmax-kernel-v1" in r.stdout
-    r = sh(proj, "falsify.cli.pv", "status")
-    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()
-            if line.endswith(tuple("0123456789")) and "-v1" in line}
+    r = sh(proj, "falsify.cli.pv", "status", "--format", "json")
+    rows = {c["id"]: c["origin"] for c in json.loads(r.stdout)["contracts"]}
     assert rows["mygelu-kernel-v1"] == "project" and rows["softmax-kernel-v1"] == "library"
     # a bare library id resolves from the project
     r = sh(proj, "falsify.cli.pv", "status", "softmax-kernel-v1", "--format", "json")

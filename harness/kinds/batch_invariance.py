@@ -12,8 +12,8 @@ bound on the difference it then enforces, and the ledger entry records `invarian
 Arguments without the dim (weights, positions, scalars) are passed unchanged.
 
 Under the Triton interpreter every program instance runs as Python (~1.5 ms each), so there a
-batch is capped at INTERPRETED_MAX_ROWS rows (263: past 256-row blocks and past the 132 SMs of
-an H100, where grid-size-dependent choices flip) and at INTERPRETED_MAX_ELEMENTS elements of
+batch is capped at INTERPRETED_MAX_ROWS rows (67: past a 64-row block, where a launch
+configuration chosen from the row count would flip) and at INTERPRETED_MAX_ELEMENTS elements of
 the largest batched argument, never below the smallest declared size; the ledger entry
 records the sizes that ran, and a GPU runs the declared ones."""
 
@@ -26,7 +26,7 @@ from falsify.harness.kinds.determinism import compare
 from falsify.harness.runtime import CheckFailed
 
 DEFAULT_SIZES = (7, 4099)
-INTERPRETED_MAX_ROWS = 263
+INTERPRETED_MAX_ROWS = 67
 INTERPRETED_MAX_ELEMENTS = 1 << 14
 
 

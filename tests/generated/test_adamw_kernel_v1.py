@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b3fb689676ec82ad256d7f71864c60b6e473dbf30350b796a147824e3931b047"
+SHA256 = "68683ee064c45fdb27869101cd3cd17359f5cf9222c6c42d553cc3cc69d9267d"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

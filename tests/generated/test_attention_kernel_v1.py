@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c91e6ea5c496878238563f9fbf424218dc539f958219d96c940cc119979f0a85"
+SHA256 = "5eba02cc0a996e4bb7570c1a55e1c0f200f36cb7c15dc72c83fd5d616b4c51e4"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "53e43460127e42dc1bfaa2e39a418674578582216d26384dec65de4308686c28"
+SHA256 = "92301901225e567ea4fb39e62ef0b38c44af24a2e087e2650dbe5f46ef8ca45f"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

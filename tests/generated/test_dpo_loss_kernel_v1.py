@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d88cdecf206991822b16a9ba01e2f744dfc573446638121d7ef7e0595181ff0a"
+SHA256 = "698d882784c00f2d86a9032c77251199b85b823edeabf616e9d2eaef1161f2ef"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

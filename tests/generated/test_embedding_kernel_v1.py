@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6cb2cc06d101dee3848fdae140bf396166ef3c7a155297c4eab92f106ac043bc"
+SHA256 = "15cfbe2e252057403f2bfc2b0fc9e422ddbaacac3c6553dfa4c1f85c0e656d6f"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 

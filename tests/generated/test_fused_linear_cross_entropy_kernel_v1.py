@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "fb88ed5bf039fff2bc8643fbc84521bcacacec6f2422846cf7bf4a0c2251f9f5"
+SHA256 = "927d887a02c0b45d454ab58658dfc1be754dd3176929ad16f51f3a6fabf655e2"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

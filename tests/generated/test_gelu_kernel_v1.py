@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f5842a7e0c2c87cc1ade85a8f2676fe3599519ba1e0a2f6756e8426ba6497a73"
+SHA256 = "559702ebc1e2628f4fc8559e6a02cdb915cac5bb195e9568fec58ed051e0aba4"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "694abf96b35050665ff5fa66ba098a4db2f6141de4b280f15159b538bff3c517"
+SHA256 = "26e710fe1a5e21721950e6855ce75e7473950b19e2aab114f14c61970bb8b124"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2933e1f9527ef65626eeced24677df317a716e4add75d499c9d5ee784c9e2232"
+SHA256 = "97cde064ded702c9551aeb0735ac3de38c60ca0a0e4023b510aacd3f5fe80eee"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

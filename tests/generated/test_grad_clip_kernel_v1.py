@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5492494a3f126a9170f3ccb1ec569165d6a14dd6b6b2b67a1fa3859b1607a753"
+SHA256 = "4fc4557dd57ac3ee2a82eca8b5d8c941f115a3a8e158589c943fa7fdad73cf7f"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

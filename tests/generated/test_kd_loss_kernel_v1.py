@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6ceeac46528aadeabbec38237dbcc9362841b94587266858b9cf05641d562ffd"
+SHA256 = "1c2ae40baae0824551441306913f5ddf00cf3674656dad044123347cd3416875"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 

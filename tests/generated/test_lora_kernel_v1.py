@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5b212eaebb92b1763d51af2a844e25571de6f91ebc7aa4ad19d6ea4f3386cf32"
+SHA256 = "09956aaae7e95e62c79d10bd94008d824e4d55b2c9f5e7afbf44b8287a663d6f"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "194b19b7fc1a3bf7d1e3e899776c696af8597fa8c1cdee175b25bf611ce76c33"
+SHA256 = "86ca0c97848cfa84f3ac748f579e60ac417122fc30bed3f24ad1bcdb586a6d57"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

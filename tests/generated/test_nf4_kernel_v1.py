@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9eaf3e3e0e71798ef674284d7dcd0424a624b8d2c1143dd6148ac97d60f4d248"
+SHA256 = "51f1c19b32bf96973904d179b1056ef3091613175a1251e7b1a1c7bc9aec1635"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4505ae514e9f9747e84eaee39e8d1206969e5aab3cc2c4d509ce825eb1d240f4"
+SHA256 = "89e8f5560b8180e524d6dc4c7e223848d6f079832db08eda2f065e70b81863aa"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 

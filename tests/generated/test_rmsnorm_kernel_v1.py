@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "49580c27ea59e8f53465885692ea86602353dd92330a34ee66246d5f364da0ec"
+SHA256 = "3e02fcbec8f3444e0dd394455385407ec50186a65ba6f6631c613fababccb327"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 

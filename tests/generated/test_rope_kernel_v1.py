@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9c28ca7832ac4de1de830a8296c21e5701bb0cb9928b58dd0065aea0e5127384"
+SHA256 = "90ce0a8fdb824557bfdad1513e5ab5b5f37f6193bdbd206249c46ea1ca242ecc"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ab3ce7d045ca9cad9fb1afb2a9437de8a37dda98440ec6e4fdad47ffff72cba8"
+SHA256 = "c93520652545cd237b543f5e7752660326728f65d6e2cbb56945836934f7a867"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2a2f8e7e03586320ad28d7fcc23c3f505d28c9b0097fda67970d527f35516a09"
+SHA256 = "13e37aa1c44e8a68f98bc996d64b4d2b083f7ea9329ac1007501680af2f1d09e"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
