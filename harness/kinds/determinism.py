@@ -1,4 +1,4 @@
-"""determinism: the backend run twice on identical inputs returns bit-identical outputs.
+"""determinism: the backend run repeatedly on identical inputs returns bit-identical outputs.
 
 Bit-identical means the same bits, NaN for NaN and −0.0 for −0.0, not "close". A kernel that
 is nondeterministic by design (atomics whose order depends on scheduling) declares it: the
@@ -40,7 +40,8 @@ def compare(ctx, case, first: list, other: list, what: str) -> float:
                 raise CheckFailed(
                     f"output {i}: not bit-identical {what}: {len(diff)} element(s) differ, "
                     f"first at {at}: {a[at]!r} then {b[at]!r} (max |diff| {worst:.3g}); a "
-                    f"nondeterministic kernel declares a `tolerance` with its why")
+                    f"kernel that does not hold this by design declares a `tolerance` with "
+                    f"its why")
         else:
             finite = a[np.isfinite(a)]
             atol, rtol = ctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
