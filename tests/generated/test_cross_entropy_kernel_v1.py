@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "92301901225e567ea4fb39e62ef0b38c44af24a2e087e2650dbe5f46ef8ca45f"
+SHA256 = "310b042b326a72773513be2dfd60e4ba70c0c6a370d2d8b9668ed8edda93a923"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3e02fcbec8f3444e0dd394455385407ec50186a65ba6f6631c613fababccb327"
+SHA256 = "3308e80d9ebe25adaf01013131ea52154db109e9396bb6af44e7a6b06f834718"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
