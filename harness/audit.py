@@ -36,7 +36,8 @@ import inspect
 import types
 from dataclasses import dataclass, field
 
-from falsify.harness.coverage import obligation_status
+from falsify.harness.coverage import obligation_status, run_state
+from falsify.harness.ledger import run_key
 from falsify.harness.model import Contract
 from falsify.harness.plan import backends_of, equation_of, runs
 
@@ -51,6 +52,7 @@ class Audit:
     chain: list[str] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    matrix: list[dict] = field(default_factory=list)  # see `matrix`
 
     def as_text(self) -> str:
         head = f"{self.contract}: {'OK' if not self.gaps else f'{len(self.gaps)} gap(s)'}"
@@ -63,7 +65,7 @@ class Audit:
 
     def as_dict(self) -> dict:
         return {"contract": self.contract, "chain": self.chain, "gaps": self.gaps,
-                "warnings": self.warnings}
+                "warnings": self.warnings, "matrix": self.matrix}
 
 
 def _resolve(ref: str):
@@ -299,32 +301,43 @@ def export_findings(c: Contract) -> list[str]:
     return out
 
 
+# The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
+# kernel contract runs on the backends it binds, or declares inapplicable with the reason in
+# `metadata.inapplicable` (whose schema enum lists the same names).
+MATRIX_KINDS = ("determinism", "batch_invariance")
+# kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
 
 
+def _label(kind: str, t) -> str:
+    if kind in INVARIANCE_KINDS:
+        return "bounded" if "tolerance" in t.spec else "bitwise"
+    return "checked"
+
+
 def declared(c: Contract, kind: str) -> dict | None:
-    """For a kind in INVARIANCE_KINDS: the backends a check holds to the same bits
-    (`bitwise`), those held to a declared bound (`bounded`: the kernel says it is not
-    invariant), or `inapplicable` with the reason; None when the contract neither runs the kind
-    nor says why not."""
+    """For a kind in MATRIX_KINDS: {label: backends} over the checks that run it (for the
+    invariance kinds `bitwise` and `bounded`, the latter when the kernel says it is not
+    invariant and the check enforces a bound; `checked` for the others), or `inapplicable`
+    with the reason; None when the contract neither runs the kind nor says why not."""
     if kind in c.inapplicable:
         return {"inapplicable": c.inapplicable[kind]}
-    out = {"bitwise": set(), "bounded": set()}
+    labels = ("bitwise", "bounded") if kind in INVARIANCE_KINDS else ("checked",)
+    out = {k: set() for k in labels}
     for t in c.checks:
         if t.kind == kind:
-            out["bounded" if "tolerance" in t.spec else "bitwise"] |= {r.backend
-                                                                       for r in runs(c, t)}
-    if not out["bitwise"] | out["bounded"]:
+            out[_label(kind, t)] |= {r.backend for r in runs(c, t)}
+    if not set().union(*out.values()):
         return None
     return {k: sorted(v) for k, v in out.items()}
 
 
 def invariance_lines(c: Contract) -> tuple[list[str], list[str]]:
-    """(chain lines, warnings) for the invariance kinds of a kernel contract."""
+    """(chain lines, warnings) for the matrix kinds of a kernel contract."""
     chain, warnings = [], []
     if c.mode != "native" or not c.kernel:
         return chain, warnings
-    for kind in INVARIANCE_KINDS:
+    for kind in MATRIX_KINDS:
         d = declared(c, kind)
         if d is None:
             warnings.append(f"{kind}: no check runs it and metadata.inapplicable does not say "
@@ -335,6 +348,55 @@ def invariance_lines(c: Contract) -> tuple[list[str], list[str]]:
             parts = [f"{k} on {', '.join(v)}" for k, v in d.items() if v]
             chain.append(f"{kind}: {'; '.join(parts)}")
     return chain, warnings
+
+
+# a matrix cell: the worst state over the kind's runs on that equation × backend
+_CELL_ORDER = ("failing", "stale", "skipped", "not-run", "covered")
+_CELL_TEXT = {"failing": "FAILED", "stale": "stale", "skipped": "skipped", "not-run": "not run",
+              "covered": "passed"}
+
+
+def matrix(c: Contract, ledger: dict | None) -> list[dict]:
+    """One row per equation × backend a matrix-kind check runs on (and one per inapplicable
+    kind): {equation, backend, cells: {kind: state}}. A state is `passed`, `FAILED`, `stale`,
+    `skipped`, `not run` (from the ledger; `declared` without one), `inapplicable: <reason>`,
+    or absent when no check of that kind runs there."""
+    rows: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for t in c.checks:
+        if t.kind not in MATRIX_KINDS or not t.spec:
+            continue
+        eq = equation_of(c, t)
+        for r in runs(c, t):
+            if ledger is None:
+                state = "declared"
+            else:
+                key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
+                                   variant=r.variant))
+                state = run_state(c, ledger["runs"].get(key), t)
+            rows.setdefault((eq, r.backend), {}).setdefault(t.kind, []).append(state)
+    out = []
+    for (eq, b), kinds in sorted(rows.items()):
+        cells = {}
+        for kind, states in kinds.items():
+            if "declared" in states:
+                cells[kind] = "declared"
+            else:
+                cells[kind] = _CELL_TEXT[next(s for s in _CELL_ORDER if s in states
+                                              or s == "covered")]
+        out.append({"equation": eq, "backend": b, "cells": cells})
+    for kind in MATRIX_KINDS:
+        if kind in c.inapplicable:
+            out.append({"equation": "*", "backend": "*",
+                        "cells": {kind: f"inapplicable: {c.inapplicable[kind]}"}})
+    return out
+
+
+def matrix_lines(c: Contract, ledger: dict | None) -> list[str]:
+    """The matrix as chain lines: `matrix <equation>/<backend>: kind=state, ...`."""
+    if c.mode != "native" or not c.kernel:
+        return []
+    return [f"matrix {r['equation']}/{r['backend']}: "
+            + ", ".join(f"{k}={v}" for k, v in r["cells"].items()) for r in matrix(c, ledger)]
 
 
 def audit(c: Contract, ledger: dict) -> Audit:
@@ -373,7 +435,8 @@ def audit(c: Contract, ledger: dict) -> Audit:
         a.gaps.append("no mutants: nothing shows the checks can fail")
     a.gaps += check_gaps(c)
     chain, warnings = invariance_lines(c)
-    a.chain += chain
+    a.chain += chain + matrix_lines(c, ledger)
+    a.matrix = matrix(c, ledger) if c.mode == "native" and c.kernel else []
     a.warnings += warnings + export_findings(c)
     return a
 

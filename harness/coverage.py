@@ -39,7 +39,7 @@ def current(c: Contract, e: dict, check: Check | None = None,
     return not e.get("impl_sha") or e["impl_sha"] == impl_hash(c, e["backend"], check, mutant)
 
 
-def _run_state(c: Contract, e: dict | None, t: Check | None = None) -> str:
+def run_state(c: Contract, e: dict | None, t: Check | None = None) -> str:
     if e is None:
         return "not-run"
     if not current(c, e, t):
@@ -66,7 +66,7 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         for r in runs(c, t):
             key = run_key(dict(contract=c.id, check=t.id, backend=r.backend, variant=r.variant))
             e = ledger["runs"].get(key)
-            s = _run_state(c, e, t)
+            s = run_state(c, e, t)
             states.append(s)
             st.runs.append(dict(check=t.id, backend=r.backend, variant=r.variant,
                                 outcome=(e or {}).get("outcome", "not-run"), state=s,

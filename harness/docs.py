@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from falsify.harness.audit import INVARIANCE_KINDS, declared
+from falsify.harness.audit import MATRIX_KINDS, declared
 from falsify.harness.graph import mermaid
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, Check, Contract
@@ -449,24 +449,26 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
 
 
 def _invariance(c: Contract) -> list[str]:
-    """Run-to-run and batch invariance per backend, as `pv status` and `pv audit` show them."""
+    """The check-kind matrix per backend, as `pv status` and `pv audit` show it."""
     if c.mode != "native" or not c.kernel:
         return []
     rows = []
-    for kind in INVARIANCE_KINDS:
+    for kind in MATRIX_KINDS:
         d = declared(c, kind)
         if d is None:
             rows.append([text(kind), "not checked", "not declared inapplicable"])
         elif "inapplicable" in d:
             rows.append([text(kind), "inapplicable", text(d["inapplicable"])])
         else:
-            for k in ("bitwise", "bounded"):
-                if d[k]:
-                    rows.append([text(kind), k, text(", ".join(d[k]))])
-    return ["## Invariance", "",
-            "Whether a backend returns the same bits run after run (determinism) and for a row "
-            "alone or in any batch (batch invariance); *bounded* means the contract declares it "
-            "does not, and its check enforces the stated bound instead.", ""] + \
+            for k, v in d.items():
+                if v:
+                    rows.append([text(kind), k, text(", ".join(v))])
+    return ["## Check kinds", "",
+            "The kinds beyond parity this contract runs on each backend, or declares "
+            "inapplicable with the reason. For determinism (the same bits run after run) and "
+            "batch invariance (a row alone or in any batch), *bounded* means the contract "
+            "declares the backend does not hold it, and its check enforces the stated bound "
+            "instead.", ""] + \
         table(["kind", "holds", "backends / reason"], rows)
 
 

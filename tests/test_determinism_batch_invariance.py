@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from falsify.harness import backends, runtime
+from falsify.harness.plan import equation_of
 from tests.test_check_semantics import contract_dict, first_case, load, run_check
 
 FNS = "tests.fixtures.rowwise_fns"
@@ -122,3 +123,31 @@ def test_audit_warns_of_a_kernel_contract_silent_on_the_invariance_kinds(tmp_pat
     a = audit_checks(load(tmp_path, data))
     assert not a.warnings
     assert "determinism: inapplicable — f is a pure numpy function here" in a.chain
+
+
+def test_audit_matrix_shows_per_equation_and_backend_what_ran_and_what_passed():
+    from falsify.harness.audit import matrix
+    from falsify.harness.ledger import run_key
+    from falsify.harness.plan import runs
+
+    gemm = runtime.contract("gemm-kernel-v1")
+    declared_only = {(r["equation"], r["backend"]): r["cells"] for r in matrix(gemm, None)}
+    assert declared_only[("gemm", "triton")]["determinism"] == "declared"
+    empty = {(r["equation"], r["backend"]): r["cells"]
+             for r in matrix(gemm, {"runs": {}, "mutants": {}})}
+    assert empty[("gemm", "triton")] == {"determinism": "not run", "batch_invariance": "not run"}
+    # one passing entry per run of the triton determinism check, one failure for batch
+    ledger = {"runs": {}, "mutants": {}}
+    for t in gemm.checks:
+        if t.kind in ("determinism", "batch_invariance") and equation_of(gemm, t) == "gemm":
+            for r in runs(gemm, t):
+                if r.backend == "triton":
+                    e = dict(contract=gemm.id, check=t.id, backend="triton", variant=r.variant,
+                             sha256=gemm.sha256,
+                             outcome="passed" if t.kind == "determinism" else "failed")
+                    ledger["runs"][run_key(e)] = e
+    cells = {(r["equation"], r["backend"]): r["cells"] for r in matrix(gemm, ledger)}
+    assert cells[("gemm", "triton")] == {"determinism": "passed", "batch_invariance": "FAILED"}
+    kd = runtime.contract("kd-loss-kernel-v1")
+    assert [r["cells"] for r in matrix(kd, None) if r["equation"] == "*"] == [
+        {"batch_invariance": "inapplicable: " + kd.inapplicable["batch_invariance"]}]

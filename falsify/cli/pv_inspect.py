@@ -13,7 +13,7 @@ from pathlib import Path
 
 from falsify.cli.common import EXIT_FAILED as EXIT_VIOLATIONS
 from falsify.cli.common import EXIT_OK, UsageError, add_common, contract_mode, emit
-from falsify.harness.audit import declared
+from falsify.harness.audit import INVARIANCE_KINDS, MATRIX_KINDS, declared
 
 
 def register(sub) -> None:
@@ -115,6 +115,16 @@ def _declared_text(d: dict | None) -> str:
     return f"bitwise: {','.join(d['bitwise'])}; bounded: {','.join(d['bounded'])}"
 
 
+def _other_kinds(kinds: dict) -> str:
+    """The matrix kinds beyond the invariance ones: those checked, `-kind` for inapplicable."""
+    out = []
+    for kind, d in kinds.items():
+        if kind in INVARIANCE_KINDS or d is None:
+            continue
+        out.append(f"-{kind}" if "inapplicable" in d else kind)
+    return ",".join(out) or "—"
+
+
 def _status_row(c, space) -> dict:
     executable = [t for t in c.checks if t.kind]
     return {
@@ -126,6 +136,7 @@ def _status_row(c, space) -> dict:
         "kani_harnesses": sum(1 for h in c.kani_harnesses if h),
         "determinism": declared(c, "determinism"),
         "batch_invariance": declared(c, "batch_invariance"),
+        "kinds": {kind: declared(c, kind) for kind in MATRIX_KINDS},
         "bindings": {name: dict(eq.bindings) for name, eq in c.equations.items()},
     }
 
@@ -139,11 +150,12 @@ def cmd_status(args) -> int:
     cols = [("contract", "left"), ("origin", "left"), ("version", "left"), ("mode", "left"),
             ("equations", "right"), ("obligations", "right"), ("checks", "right"),
             ("executable", "right"), ("mutants", "right"), ("symbolic", "right"),
-            ("run-to-run", "left"), ("batch-invariant", "left")]
+            ("run-to-run", "left"), ("batch-invariant", "left"), ("other kinds", "left")]
     text = [_table(f"{len(rows)} contract(s)", cols, [
         [r["id"], r["origin"], r["version"] or "?", r["mode"], r["equations"], r["obligations"],
          r["checks"]["total"], r["checks"]["executable"], r["mutants"], r["symbolic_checks"],
-         _declared_text(r["determinism"]), _declared_text(r["batch_invariance"])]
+         _declared_text(r["determinism"]), _declared_text(r["batch_invariance"]),
+         _other_kinds(r["kinds"])]
         for r in rows])]
     brows = [[r["id"], eq, be, ref] for r in rows for eq, bs in r["bindings"].items()
              for be, ref in bs.items()]
