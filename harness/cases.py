@@ -76,6 +76,17 @@ def arg_dtype(argspec: dict, case_dtype: str) -> str:
     return argspec.get("dtype", case_dtype)
 
 
+def dtype_takers(spec: dict, call: dict | None) -> list[str]:
+    """What the case dtype reaches: array arguments of the input declaration `spec` without a
+    `dtype` of their own, and `call:` keys whose expression reads `dtype` (an output-dtype
+    parameter). Empty: every dtype variant of a check runs the same computation."""
+    out = [k for k, a in (spec.get("args") or {}).items()
+           if isinstance(a, dict) and "shape" in a and "dtype" not in a]
+    out += [k for k, v in (call or {}).items()
+            if isinstance(v, str) and "dtype" in expr.names_in(v)]
+    return out
+
+
 def eval_int(v, dims: dict, where: str) -> int:
     try:
         out = expr.evaluate(v, dims) if isinstance(v, str) else v

@@ -20,9 +20,10 @@ REQUIRED_FIELDS = {
     "static": ("kernel", "gpu_targets"),
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
+    "dtypes": ("input",),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance"}
+               "determinism", "batch_invariance", "dtypes"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
         return ["torch"]
     eq = contract.equations.get(equation_of(contract, check) or "")
     bound = [b for b in BACKENDS if eq and b in eq.bindings]
-    if kind == "parity":
+    if kind in ("parity", "dtypes"):  # the float64 reference is the oracle, not a subject
         return [b for b in bound if b != "reference"]
     return bound
 
@@ -102,6 +103,8 @@ def variants_of(contract: Contract, check: Check) -> list[str]:
         return ["proof"]
     if kind == "static":
         return [f"sm_{t}" for t in spec.get("gpu_targets", [])]
+    if kind == "dtypes":  # one run per backend probes every dtype the others do not declare
+        return ["undeclared"]
     if spec.get("dtypes"):
         return list(spec["dtypes"])
     inp = contract.inputs.get(spec.get("input", ""))

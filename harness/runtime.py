@@ -413,7 +413,7 @@ def examples(contract_ref: str | Contract, check_id: str, variant: str) -> list[
 
 
 def uses_hypothesis(kind: str) -> bool:
-    return kind in INPUT_KINDS and kind != "statistical"
+    return kind in INPUT_KINDS and kind not in ("statistical", "dtypes")
 
 
 def run_with_hypothesis(contract_ref: str | Contract, check_id: str, backend: str,

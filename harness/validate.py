@@ -28,6 +28,9 @@ Errors (native mode):
        a gradient check differentiates one of them
   V023 `metadata.inapplicable` declares a check kind inapplicable that a check of the contract
        runs
+  V024 a check runs in several dtypes, but nothing takes the case dtype (every argument of its
+       input declares its own `dtype`, no `call:` reads `dtype`): the variants are one
+       computation under several labels, dtypes the contract lists but nobody ran
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -46,7 +49,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from falsify.harness import expr, graph
+from falsify.harness import cases, expr, graph
 from falsify.harness.model import (
     BACKENDS,
     Contract,
@@ -63,6 +66,7 @@ from falsify.harness.plan import (
     output_index,
     runs,
     upstream_name,
+    variants_of,
 )
 from falsify.harness.project import find_project, id_space
 
@@ -421,7 +425,10 @@ def _check_names(ctx, c: Contract, t, base, fname, inp) -> None:
     for key in ("params", "call"):
         block = spec.get(key)
         for n in block if isinstance(block, dict) else {}:
-            if _reserved(n, allow_eps=key == "call"):
+            # `call: {dtype: dtype}` passes the case dtype to an output-dtype parameter: the
+            # name then holds the value the harness binds to it anyway, so nothing is hidden
+            same = key == "call" and n == "dtype" and str(block[n]).strip() == "dtype"
+            if _reserved(n, allow_eps=key == "call") and not same:
                 ctx.add("V021", base + ("check", key, n), f"{fname}.check.{key}.{n}",
                         f"{t.id}: {key} {n!r} has the name of a value the harness binds in "
                         "expressions; rename it")
@@ -537,6 +544,14 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
             ctx.add("V018", base + ("check", "input"), fname + ".check.input",
                     f"{t.id}: input {spec['input']!r} is not declared under `inputs` "
                     f"(declared: {', '.join(c.inputs) or 'none'})")
+    if kind in INPUT_KINDS and isinstance(inp, dict):
+        listed = [v for v in variants_of(c, t) if v in cases.FLOAT_DTYPES]
+        if len(listed) > 1 and not cases.dtype_takers(inp, spec.get("call")):
+            ctx.add("V024", base + ("check", "input"), fname + ".check.input",
+                    f"{t.id}: runs in {', '.join(listed)}, but no argument of input "
+                    f"{spec['input']!r} takes the case dtype (each declares its own `dtype`) "
+                    "and no `call:` reads `dtype`: every variant runs the same computation, "
+                    "so the contract lists dtypes nobody ran")
     if kind in INPUT_KINDS:
         eqname = equation_of(c, t)
         eq = c.equations.get(eqname or "")

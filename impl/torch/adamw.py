@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, FP32, require
+
 from falsify.reference.adamw import check_hyperparameters
 
 # adamw_multi is the training loop's update (impl/llm/ops.py) and AdamW its optimizer
@@ -31,16 +33,14 @@ from falsify.reference.adamw import check_hyperparameters
 # AdamW driving adamw_multi (optimizer_run), so every check of the bindings runs both.
 __all__ = ["adamw_step", "adamw_run", "adamw_multi", "AdamW"]
 
-PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_tensors(param, grad, m, v) -> None:
+def check_tensors(param, grad, m, v, dtypes: tuple = CHECKED) -> None:
     """Shapes and dtypes every backend accepts; raise before touching any data."""
     for name, t in (("param", param), ("grad", grad), ("m", m), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if param.dtype not in PARAM_DTYPES:
-        raise TypeError(f"param dtype {param.dtype}: must be float32, float16 or bfloat16")
+    require("adamw", dtypes, param=param)
     if grad.dtype != param.dtype:
         raise TypeError(f"grad dtype {grad.dtype} differs from param dtype {param.dtype}")
     for name, t in (("m", m), ("v", v)):
@@ -114,6 +114,7 @@ def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
 def adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay):
     """len(grads) steps from zero state; returns the final (param, m, v)."""
     check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
+    require("adamw_run", FP32, param=param, grads=grads)  # its contract runs float32 only
     return optimizer_run(param, grads, lr, beta1, beta2, eps, weight_decay, "torch", adamw_multi)
 
 

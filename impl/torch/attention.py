@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from falsify.impl.dtypes import CHECKED, require
 from falsify.impl.launch import next_power_of_2_clamped
 from falsify.impl.torch.gemm import internal_overlap, may_overlap
 
 __all__ = ["attention", "flash_attention"]
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 128  # largest query/key tile: peak memory per step is B·Hq·MAX_BLOCK² fp32 scores
 
 
@@ -53,14 +53,15 @@ def block_size(s):
     return next_power_of_2_clamped((s + 1) // 2, 16, MAX_BLOCK)
 
 
-def check_args(q, k, v, causal, scale, out, max_head_dim=None):
+def check_args(q, k, v, causal, scale, out, max_head_dim=None, dtypes: tuple = CHECKED):
     """Validate; returns (B, Hq, Hkv, S, D, scale as a float)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention: {name} must be a 4-D tensor [B, H, S, D], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t)}")
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"attention: q, k, v must share one dtype of {DTYPES}, got {q.dtype}, "
+    require("attention", dtypes, q=q, k=k, v=v)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention: q, k, v must share one dtype, got {q.dtype}, "
                         f"{k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError("attention: q, k, v are on different devices")

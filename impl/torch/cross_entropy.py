@@ -20,20 +20,21 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 from falsify.reference.cross_entropy import REDUCTIONS
 
 __all__ = ["cross_entropy", "cross_entropy_grad"]
 
 TOKEN_CHUNK = 1024
 VOCAB_CHUNK = 2048
-LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing):
+def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing,
+                  dtypes: tuple = CHECKED):
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError("logits must be a 2-D tensor [T, V]")
-    if logits.dtype not in LOGIT_DTYPES:
-        raise TypeError(f"logits dtype {logits.dtype}: must be float32, float16 or bfloat16")
+    require("cross_entropy", dtypes, logits=logits)
     if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.shape[0] != \
             logits.shape[0]:
         raise ValueError(f"labels must be a 1-D tensor of length T={logits.shape[0]}")
@@ -158,6 +159,7 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.
 def cross_entropy_grad(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
                        label_smoothing=0.0):
     """∂(reduced loss)/∂logits with dy = 1 (ones for "none"), through our backward."""
+    check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
     z = logits.detach().clone().requires_grad_(True)
     loss = cross_entropy(z, labels, ignore_index, reduction, z_loss, label_smoothing)
     (g,) = torch.autograd.grad(loss, [z], grad_outputs=torch.ones_like(loss))

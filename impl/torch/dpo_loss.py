@@ -10,12 +10,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["dpo_loss", "dpo_grad"]
 
 
 def check_dpo_args(*logps, beta):
     if any(not isinstance(t, torch.Tensor) for t in logps):
         raise TypeError("log-probs must be torch tensors")
+    require("dpo_loss", CHECKED, **{f"logps[{i}]": t for i, t in enumerate(logps)})
     if len({tuple(t.shape) for t in logps}) != 1 or logps[0].dim() != 1:
         raise ValueError("the four log-prob vectors must share one 1-D shape")
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
@@ -35,6 +38,8 @@ def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_r
 
 def dpo_grad(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
              beta):
+    check_dpo_args(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps,
+                   ref_rejected_logps, beta=beta)
     pc = policy_chosen_logps.detach().clone().requires_grad_(True)
     pr = policy_rejected_logps.detach().clone().requires_grad_(True)
     loss = dpo_loss(pc, pr, ref_chosen_logps, ref_rejected_logps, beta)[0]

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["embedding"]
 
 
-def check_args(ids, table, out=None):
-    if not isinstance(table, torch.Tensor) or not table.is_floating_point() or table.dim() != 2:
-        raise TypeError("embedding: table must be a 2-D floating-point tensor [V, D]")
+def check_args(ids, table, out=None, dtypes: tuple = CHECKED):
+    if not isinstance(table, torch.Tensor) or table.dim() != 2:
+        raise TypeError("embedding: table must be a 2-D tensor [V, D]")
+    require("embedding", dtypes, table=table)
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"embedding: ids must be an int64/int32 tensor, got "
                         f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")

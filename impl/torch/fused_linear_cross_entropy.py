@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
 from falsify.impl.launch import next_power_of_2
 from falsify.impl.torch import cross_entropy as ce
 
@@ -39,11 +40,12 @@ def chunk_rows(T, V):
     return max(1, min(c, next_power_of_2(max(T, 1))))
 
 
-def check_flce_args(x, weight, labels, chunk_size):
+def check_flce_args(x, weight, labels, chunk_size, dtypes: tuple = CHECKED):
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("x must be a 2-D tensor [T, H]")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must be [V, H={x.shape[1]}], got {tuple(weight.shape)}")
+    require("fused_linear_cross_entropy", dtypes, x=x, weight=weight)
     if x.dtype != weight.dtype:
         raise TypeError(f"x dtype {x.dtype} differs from weight dtype {weight.dtype}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(

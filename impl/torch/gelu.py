@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, FP32, require
+
 __all__ = ["gelu", "gelu_gap"]
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -21,9 +23,10 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 COEF = 0.044715
 
 
-def check_args(x, approximate, out=None):
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError("gelu: x must be a floating-point tensor")
+def check_args(x, approximate, out=None, dtypes: tuple = CHECKED):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("gelu: x must be a tensor")
+    require("gelu", dtypes, x=x)
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if out is not None:
@@ -73,5 +76,6 @@ def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
 def gelu_gap(x: torch.Tensor) -> torch.Tensor:
     """gelu(x, 'tanh') − gelu(x, 'none'), each rounded to x's dtype first (as a caller sees them),
     the difference in fp32."""
+    require("gelu_gap", FP32, x=x)  # the contract measures the gap in float32 only
     with torch.no_grad():
         return gelu(x, "tanh").float() - gelu(x, "none").float()

@@ -20,9 +20,10 @@ import numbers
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["gemm"]
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -72,16 +73,16 @@ def _scalar(name, v) -> float:
     raise TypeError(f"gemm: {name} must be a real number, got {type(v).__name__}")
 
 
-def check_args(a, b, c, alpha, beta, trans_a, trans_b, out):
+def check_args(a, b, c, alpha, beta, trans_a, trans_b, out, dtypes: tuple = CHECKED):
     """Validate a gemm call; returns (M, N, K, alpha, beta, trans_a, trans_b, out_dtype)."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("gemm: a and b must be torch tensors")
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"gemm: a and b must be 2-D, got shapes {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
-    if a.dtype not in DTYPES or b.dtype != a.dtype:
-        raise TypeError(f"gemm: a and b must share one dtype of {DTYPES}, got {a.dtype} and "
-                        f"{b.dtype}")
+    require("gemm", dtypes, a=a, b=b)
+    if b.dtype != a.dtype:
+        raise TypeError(f"gemm: a and b must share one dtype, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"gemm: a is on {a.device}, b on {b.device}")
     trans_a, trans_b = _flag("trans_a", trans_a), _flag("trans_b", trans_b)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from falsify.impl.dtypes import FP32, require
 from falsify.impl.torch.grad_clip import clip_grad_norm_
 
 __all__ = ["accumulation_step", "accumulate_grad"]
@@ -90,6 +91,7 @@ def accumulate_grad(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps
     from falsify.reference.grad_accumulation import check_accumulation_args, micro_batch_slices
 
     check_accumulation_args(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps)
+    require("accumulate_grad", FP32, x=x, weight=weight)  # its contract runs float32 only
     w = weight.detach().clone().requires_grad_(True)
     mbs = [(x[sl], labels[sl]) for sl in micro_batch_slices(x.shape[0], n_micro)]
     stats = accumulation_step([w], mbs, lambda mb: head_loss_sum(mb[0], w, mb[1], ignore_index),

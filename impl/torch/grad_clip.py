@@ -24,23 +24,23 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
 # clip_grad_norm_ is the training loop's clip (impl/llm/ops.py): the bound clip_grad_norm
 # clips its copies with it on every path, so every check of the binding runs it.
 __all__ = ["clip_grad_norm", "clip_grad_norm_"]
 
-GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_grads(grads) -> None:
+def check_grads(grads, dtypes: tuple = CHECKED) -> None:
     if len(grads) == 0:
         raise ValueError("no gradients to clip")
     for i, g in enumerate(grads):
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"grads[{i}] must be a torch.Tensor, got {type(g).__name__}")
-        if g.dtype not in GRAD_DTYPES:
-            raise TypeError(f"grads[{i}] dtype {g.dtype}: must be float32, float16 or bfloat16")
+        require("grad_clip", dtypes, **{f"grads[{i}]": g})
         if g.device != grads[0].device:
             raise ValueError("all gradients must be on one device")
 

@@ -11,12 +11,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from falsify.impl.dtypes import CHECKED, FP32, require
+
 __all__ = ["kd_loss", "kd_loss_from_topk"]
 
 
 def check_kd_args(student_logits, labels, temperature, alpha):
     if not isinstance(student_logits, torch.Tensor) or student_logits.dim() != 2:
         raise ValueError("student_logits must be a 2-D tensor [T, V]")
+    require("kd_loss", CHECKED, student_logits=student_logits)
     if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or \
             labels.shape[0] != student_logits.shape[0]:
         raise ValueError(f"labels must be a 1-D tensor of length {student_logits.shape[0]}")
@@ -77,5 +80,8 @@ def _topk_stable(z, k):
 
 def kd_loss_from_topk(student_logits, teacher_logits, labels, temperature, alpha, k,
                       ignore_index=-100):
+    # its contract runs float32 only (the sparse path's tolerances are derived for it)
+    require("kd_loss_from_topk", FP32, student_logits=student_logits,
+            teacher_logits=teacher_logits)
     vals, idx = _topk_stable(teacher_logits.detach(), k)
     return _kd_loss_topk(student_logits, vals, idx, labels, temperature, alpha, ignore_index)

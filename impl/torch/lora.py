@@ -14,19 +14,20 @@ import math
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 from falsify.reference.lora import lora_scale
 
 __all__ = ["lora_linear", "lora_merge", "lora_init"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_args(x, w, a, b, r):
+def check_args(x, w, a, b, r, dtypes: tuple = CHECKED):
     """Shapes and dtypes, checked before any arithmetic; returns (out, in)."""
     for name, v in (("x", x), ("w", w), ("a", a), ("b", b)):
-        if not isinstance(v, torch.Tensor) or v.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} must be a float32/float16/bfloat16 tensor, got "
-                            f"{getattr(v, 'dtype', type(v))}")
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(v).__name__}")
+        require("lora", dtypes, **{name: v})
     r = int(r)
     if w.dim() != 2 or a.dim() != 2 or b.dim() != 2 or x.dim() < 1:
         raise ValueError(f"expected x [..., in], w [out, in], a [r, in], b [out, r]; got "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
 from falsify.impl.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of, nf4_shift_of
 from falsify.reference.nf4 import (
     ABSMAX_FLOOR,
@@ -33,7 +34,6 @@ from falsify.reference.nf4 import (
 # bound nf4_quantize and nf4_dequantize call it first on every path.
 __all__ = ["nf4_quantize", "nf4_dequantize", "nf4_roundtrip", "check_blocksize"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def tables(device="cpu"):
@@ -54,14 +54,15 @@ def check_blocksize(blocksize) -> int:
     return int(blocksize)
 
 
-def output_dtype(dtype) -> torch.dtype:
+def output_dtype(dtype, dtypes: tuple = CHECKED) -> torch.dtype:
     """`dtype` may be None (float32), a torch dtype, or its name ("float16")."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""), None)
-    if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"output dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"output dtype must be a torch dtype or its name, got {dtype!r}")
+    require("nf4_dequantize", dtypes, output=torch.empty(0, dtype=dtype))
     return dtype
 
 
@@ -100,10 +101,10 @@ def check_state(packed, absmax, shape, blocksize, absmax2, offset):
     return n, nested
 
 
-def check_input(w) -> torch.Tensor:
-    if not isinstance(w, torch.Tensor) or w.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"w must be a float32/float16/bfloat16 tensor, got "
-                        f"{getattr(w, 'dtype', type(w))}")
+def check_input(w, dtypes: tuple = CHECKED) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"w must be a tensor, got {type(w).__name__}")
+    require("nf4_quantize", dtypes, w=w)
     if w.numel() == 0:
         raise ValueError("nf4_quantize: empty tensor")
     if not bool(torch.isfinite(w).all()):

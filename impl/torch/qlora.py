@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED
 from falsify.impl.torch import lora as _lora
 from falsify.impl.torch import nf4 as _nf4
 from falsify.reference.lora import lora_scale
@@ -20,7 +21,8 @@ from falsify.reference.lora import lora_scale
 __all__ = ["qlora_linear"]
 
 
-def check_args(x, packed, absmax, shape, blocksize, a, b, r, absmax2, offset):
+def check_args(x, packed, absmax, shape, blocksize, a, b, r, absmax2, offset,
+               dtypes: tuple = CHECKED):
     """Validate the NF4 state against shape/blocksize and the LoRA shapes, before any work."""
     blocksize = _nf4.check_blocksize(blocksize)
     shape = _nf4.check_shape(shape)
@@ -28,7 +30,7 @@ def check_args(x, packed, absmax, shape, blocksize, a, b, r, absmax2, offset):
         raise ValueError(f"the base weight shape must be [out, in], got {shape}")
     _nf4.check_state(packed, absmax, shape, blocksize, absmax2, offset)
     probe = torch.empty((), dtype=x.dtype).expand(*shape)  # shape/dtype stand-in for W̃
-    out_f, in_f = _lora.check_args(x, probe, a, b, r)
+    out_f, in_f = _lora.check_args(x, probe, a, b, r, dtypes)
     return shape, blocksize, out_f, in_f
 
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["rmsnorm", "rmsnorm_forward"]
 
 
-def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None = None):
+def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None = None,
+               dtypes: tuple = CHECKED):
     """Shape/dtype rules shared by the torch and Triton backends; raises before any work."""
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError("rmsnorm: x and w must be tensors")
@@ -24,8 +27,7 @@ def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None =
         raise ValueError(f"rmsnorm: x must have a non-empty last dimension, got {tuple(x.shape)}")
     if w.shape != (x.shape[-1],):
         raise ValueError(f"rmsnorm: w must have shape ({x.shape[-1]},), got {tuple(w.shape)}")
-    if not (x.is_floating_point() and w.is_floating_point()):
-        raise TypeError(f"rmsnorm: x and w must be floating point, got {x.dtype}, {w.dtype}")
+    require("rmsnorm", dtypes, x=x, w=w)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"rmsnorm: eps must be a positive number, got {eps!r}")
     if out is not None:

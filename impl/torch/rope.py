@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["rope", "rope_grouped_and_per_head"]
 
 
-def check_args(x, pos, theta, out=None):
+def check_args(x, pos, theta, out=None, dtypes: tuple = CHECKED):
     """Shape/dtype rules shared by the torch and Triton backends; raises before any work."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError("rope: x must be a floating-point tensor")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("rope: x must be a tensor")
+    require("rope", dtypes, x=x)
     if x.dim() != 4:
         raise ValueError(f"rope: x must be [B, S, H, D], got shape {tuple(x.shape)}")
     if x.shape[-1] % 2 or x.shape[-1] == 0:

@@ -2,10 +2,15 @@
 
 import torch
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["softmax"]
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"softmax: x must be a tensor, got {type(x).__name__}")
+    require("softmax", CHECKED, x=x)
     # fp16/bf16 inputs: reduce in fp32 (a half-precision sum of 4k terms loses ~3 digits),
     # round once at the end.
     xf = x.float()

@@ -14,19 +14,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from falsify.impl.dtypes import CHECKED, require
+
 __all__ = ["swiglu", "silu", "swiglu_backward_inplace"]
 
 
-def _float_tensor(name, t):
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise TypeError(f"swiglu: {name} must be a floating-point tensor")
+def _float_tensor(name, t, dtypes: tuple = CHECKED):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"swiglu: {name} must be a tensor")
+    require("swiglu", dtypes, **{name: t})
     if t.dim() < 1:
         raise ValueError(f"swiglu: {name} must have at least one dimension ([..., n])")
 
 
-def check_args(gate, up, out=None):
-    _float_tensor("gate", gate)
-    _float_tensor("up", up)
+def check_args(gate, up, out=None, dtypes: tuple = CHECKED):
+    _float_tensor("gate", gate, dtypes)
+    _float_tensor("up", up, dtypes)
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate and up must match, got {tuple(gate.shape)} {gate.dtype}"
                          f" and {tuple(up.shape)} {up.dtype}")
@@ -88,10 +91,10 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _lattice_hit(d // size, dims)
 
 
-def check_inplace_args(gate, up, dy):
+def check_inplace_args(gate, up, dy, dtypes: tuple = CHECKED):
     """The aliasing rule of the in-place backward (see the module docstring)."""
-    check_args(gate, up)
-    _float_tensor("dy", dy)
+    check_args(gate, up, dtypes=dtypes)
+    _float_tensor("dy", dy, dtypes)
     if dy.shape != gate.shape:
         raise ValueError(f"swiglu: dy must have shape {tuple(gate.shape)}, got {tuple(dy.shape)}")
     for a, b, names in ((gate, up, "gate and up"), (gate, dy, "gate and dy"),

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import FP32, require, triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.adamw import check_tensors, optimizer_run, step_scalars
 from falsify.reference.adamw import check_hyperparameters
@@ -122,7 +123,7 @@ def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay, out
     """One AdamW step. Returns (param', m', v'), written into out / m_out / v_out when given
     (they may be the inputs themselves for an in-place update), else into new tensors."""
     step = check_hyperparameters(step, lr, beta1, beta2, eps, weight_decay)
-    check_tensors(param, grad, m, v)
+    check_tensors(param, grad, m, v, triton_dtypes())
     if param.device != grad.device or param.device != m.device or param.device != v.device:
         raise ValueError("param, grad, m and v must be on one device")
     if out is None:
@@ -181,7 +182,7 @@ def adamw_multi(params, grads, ms, vs, step, lr, beta1, beta2, eps, weight_decay
         raise ValueError(f"list lengths differ: params {len(params)}, grads {len(grads)}, "
                          f"ms {len(ms)}, vs {len(vs)}")
     for p, g, m, v in zip(params, grads, ms, vs):
-        check_tensors(p, g, m, v)
+        check_tensors(p, g, m, v, triton_dtypes())
     with torch.no_grad():
         for p, g, m, v in zip(params, grads, ms, vs):
             adamw_step(p, g, m, v, step, lr, beta1, beta2, eps, weight_decay, out=p,
@@ -193,5 +194,6 @@ def adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay):
     loop's path: the `AdamW` optimizer class driving this module's `adamw_multi`, which launches
     `adamw_step` in place once per tensor."""
     check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
+    require("adamw_run (triton)", FP32, param=param, grads=grads)  # its contract runs float32
     return optimizer_run(param, grads, lr, beta1, beta2, eps, weight_decay, "triton",
                          adamw_multi)

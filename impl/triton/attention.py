@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.attention import check_args
 
@@ -304,7 +305,8 @@ class _FlashAttentionTriton(torch.autograd.Function):
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     scale: float | None = None, out: torch.Tensor | None = None):
     """(o, lse): o like q (written into `out` when given), lse fp32 [B, Hq, S]."""
-    *_, scale = check_args(q, k, v, causal, scale, out, max_head_dim=MAX_HEAD_DIM)
+    *_, scale = check_args(q, k, v, causal, scale, out, max_head_dim=MAX_HEAD_DIM,
+                             dtypes=triton_dtypes())
     causal = bool(causal)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if out is not None:

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import next_power_of_2_capped
 from falsify.impl.torch.cross_entropy import check_ce_args, reduce_rows
 
@@ -156,7 +157,8 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.
                   label_smoothing=0.0, out=None):
     """Loss in the logits dtype ([T] for "none", 0-d otherwise). `out` (inference only)
     receives the loss values; with autograd, leave it None."""
-    check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
+    check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing,
+                  triton_dtypes())
     if out is not None and logits.requires_grad:
         raise ValueError("out= is for inference: autograd needs out=None")
     res = _CrossEntropy.apply(logits, labels, ignore_index, reduction, float(z_loss),
@@ -173,6 +175,8 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.
 
 def cross_entropy_grad(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
                        label_smoothing=0.0):
+    check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing,
+                  triton_dtypes())
     z = logits.detach().clone().requires_grad_(True)
     loss = cross_entropy(z, labels, ignore_index, reduction, z_loss, label_smoothing)
     (g,) = torch.autograd.grad(loss, [z], grad_outputs=torch.ones_like(loss))

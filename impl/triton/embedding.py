@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.embedding import check_args
 
@@ -100,7 +101,7 @@ class _EmbeddingTriton(torch.autograd.Function):
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor, out=None) -> torch.Tensor:
-    check_args(ids, table, out)  # range-checks every id before any launch
+    check_args(ids, table, out, triton_dtypes())  # range-checks every id before any launch
     if out is not None:
         return launch_forward(ids, table, out)
     return _EmbeddingTriton.apply(ids, table)

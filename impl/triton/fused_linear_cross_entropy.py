@@ -16,6 +16,7 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 
 # isort: split
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.torch.fused_linear_cross_entropy import (
     _FLCE,
     _check_labels,
@@ -40,7 +41,7 @@ def _block(z, labels, scale, ignore_index, z_loss, label_smoothing):
 
 def fused_linear_cross_entropy(x, weight, labels, ignore_index=-100, reduction="mean",
                                z_loss=0.0, label_smoothing=0.0, chunk_size=None):
-    check_flce_args(x, weight, labels, chunk_size)
+    check_flce_args(x, weight, labels, chunk_size, triton_dtypes())
     _check_labels(labels, weight.shape[0], x.shape[0], ignore_index, reduction, z_loss,
                   label_smoothing)
     chunk = chunk_size or chunk_rows(x.shape[0], weight.shape[0])

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import FP32, require, triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.gelu import (
     COEF,
@@ -143,7 +144,7 @@ class _GELUTriton(torch.autograd.Function):
 
 
 def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
-    check_args(x, approximate, out)
+    check_args(x, approximate, out, dtypes=triton_dtypes())
     if x.dim() == 0:
         raise ValueError("gelu (triton): x must have at least one dimension")
     if out is not None:
@@ -153,5 +154,6 @@ def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
 
 def gelu_gap(x: torch.Tensor) -> torch.Tensor:
     """gelu(x, 'tanh') − gelu(x, 'none'), each rounded to x's dtype, difference in fp32."""
+    require("gelu_gap", FP32, x=x)  # the contract measures the gap in float32 only
     with torch.no_grad():
         return gelu(x, "tanh").float() - gelu(x, "none").float()

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.gemm import check_args
 
@@ -131,7 +132,7 @@ def launch(a, b, c, alpha, beta, trans_a, trans_b, out, m, n, k, kernel=None):
 
 def _gemm_nograd(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None):
     m, n, k, alpha, beta, trans_a, trans_b, odt = check_args(a, b, c, alpha, beta, trans_a,
-                                                             trans_b, out)
+                                                             trans_b, out, triton_dtypes())
     if out is None:
         out = torch.empty((m, n), dtype=odt, device=a.device)
     return launch(a, b, c, alpha, beta, trans_a, trans_b, out, m, n, k)
@@ -176,7 +177,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha:
          beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
          out: torch.Tensor | None = None) -> torch.Tensor:
     m, n, k, alpha, beta, trans_a, trans_b, odt = check_args(a, b, c, alpha, beta, trans_a,
-                                                             trans_b, out)
+                                                             trans_b, out, triton_dtypes())
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (a, b, c))
     if out is not None:

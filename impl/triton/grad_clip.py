@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.grad_clip import check_grads
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
@@ -162,7 +163,7 @@ def clip_grad_norm_(grads, max_norm, eps, error_if_nonfinite) -> torch.Tensor:
     """In-place global-norm clip of a list of tensors; returns the pre-clip norm (0-d fp32)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     grads = list(grads)
-    check_grads(grads)
+    check_grads(grads, triton_dtypes())
     nc = _total_norm_and_coef(grads, max_norm, eps)
     if error_if_nonfinite and not bool(torch.isfinite(nc[0])):
         raise NonFiniteGradNorm(f"total gradient norm is {nc[0].item()}; gradients left "
@@ -179,7 +180,7 @@ def clip_grad_norm(g0, g1, g2, max_norm, eps, error_if_nonfinite, out=None):
     form is the contract's, not the loop's)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     grads = [g0, g1, g2]
-    check_grads(grads)
+    check_grads(grads, triton_dtypes())
     if out is not None and (out.shape != g0.shape or out.dtype != g0.dtype):
         raise ValueError(f"out: expected shape {tuple(g0.shape)} and dtype {g0.dtype}, got "
                          f"{tuple(out.shape)}, {out.dtype}")

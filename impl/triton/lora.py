@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 import falsify.impl.triton
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch import lora as _t
 from falsify.reference.lora import lora_scale
@@ -169,7 +170,7 @@ class _LoraLinear(torch.autograd.Function):
 
 
 def lora_linear(x, w, a, b, alpha, r, rslora=False, out=None):
-    out_f, in_f = _t.check_args(x, w, a, b, r)
+    out_f, in_f = _t.check_args(x, w, a, b, r, triton_dtypes())
     _check_backend(x, w, a, b)
     s = lora_scale(alpha, r, rslora)
     needs_grad = torch.is_grad_enabled() and any(v.requires_grad for v in (x, a, b))
@@ -185,7 +186,7 @@ def lora_linear(x, w, a, b, alpha, r, rslora=False, out=None):
 def lora_merge(w, a, b, alpha, r, rslora=False):
     """W + s·B·A with the same kernel (first product B @ A, W added as a second product
     W @ I would waste work, so W is added in fp32 here and rounded once)."""
-    _t.check_args(torch.zeros(1, w.shape[1], dtype=w.dtype), w, a, b, r)
+    _t.check_args(torch.zeros(1, w.shape[1], dtype=w.dtype), w, a, b, r, triton_dtypes())
     delta = torch.empty(w.shape, dtype=torch.float32, device=w.device)
     matmul2(b, a, delta, lora_scale(alpha, r, rslora))
     return (w.float() + delta).to(w.dtype)

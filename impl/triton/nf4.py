@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 import falsify.impl.triton
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, log2_exact
 from falsify.impl.torch import nf4 as _t
 
@@ -200,7 +201,7 @@ def nf4_quantize(w, blocksize=64, double_quant=False, out=None):
     """See falsify.reference.nf4.nf4_quantize; `out` is an optional uint8 [cdiv(n, 2)] (any
     stride) for the packed bytes."""
     blocksize = _t.check_blocksize(blocksize)
-    _t.check_input(w)
+    _t.check_input(w, triton_dtypes())
     n = w.numel()
     if w.dtype == torch.bfloat16 and falsify.impl.triton.INTERPRETED:
         raise NotImplementedError("bf16 loads are broken in the Triton interpreter; use a GPU")
@@ -230,7 +231,8 @@ def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=Non
     shape = _t.check_shape(shape)
     n, nested = _t.check_state(packed, absmax, shape, blocksize, absmax2, offset)
     # no dtype: the preallocated `out` decides, else float32
-    dt = _t.output_dtype(dtype if dtype is not None or out is None else out.dtype)
+    dt = _t.output_dtype(dtype if dtype is not None or out is None else out.dtype,
+                         triton_dtypes())
     if dt == torch.bfloat16 and falsify.impl.triton.INTERPRETED:
         raise NotImplementedError("bf16 stores are broken in the Triton interpreter; use a GPU")
     if packed.dim() != 1:

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import log2_exact
 from falsify.impl.torch import qlora as _t
 from falsify.impl.triton import lora as _lora
@@ -169,7 +170,7 @@ class _QLoraLinear(torch.autograd.Function):
 def qlora_linear(x, packed, absmax, shape, blocksize, a, b, alpha, r, rslora=False,
                  absmax2=None, offset=None, out=None):
     shape, blocksize, out_f, in_f = _t.check_args(x, packed, absmax, shape, blocksize, a, b, r,
-                                                  absmax2, offset)
+                                                  absmax2, offset, triton_dtypes())
     _lora._check_backend(x, a, b)
     s = lora_scale(alpha, r, rslora)
     needs_grad = torch.is_grad_enabled() and any(v.requires_grad for v in (x, a, b))

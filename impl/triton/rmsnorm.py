@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rmsnorm import check_args
 
@@ -152,7 +153,7 @@ class _RMSNormTriton(torch.autograd.Function):
 
 def rmsnorm_forward(x: torch.Tensor, w: torch.Tensor, eps: float, out=None):
     """(y, inv_rms). With `out` (any strided view of x's shape and dtype) y is written there."""
-    check_args(x, w, eps, out)
+    check_args(x, w, eps, out, dtypes=triton_dtypes())
     if out is not None:
         return launch_forward(x, w, float(eps), out)
     return _RMSNormTriton.apply(x, w, float(eps))

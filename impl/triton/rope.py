@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rope import check_args, rope_tables
 
@@ -82,7 +83,7 @@ class RoPETriton(torch.autograd.Function):
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, out=None) -> torch.Tensor:
-    check_args(x, pos, theta, out)
+    check_args(x, pos, theta, out, dtypes=triton_dtypes())
     cos, sin = rope_tables(pos, x.shape[-1], theta)
     if out is not None:
         return launch(x, cos, sin, out=out)
@@ -91,7 +92,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, out=None) -> torch.Te
 
 def rope_grouped_and_per_head(x: torch.Tensor, pos: torch.Tensor, theta: float):
     """(GROUP heads per program, one head per program): must be bit-identical."""
-    check_args(x, pos, theta)
+    check_args(x, pos, theta, dtypes=triton_dtypes())
     cos, sin = rope_tables(pos, x.shape[-1], theta)
     with torch.no_grad():
         return launch(x, cos, sin), launch(x, cos, sin, group=1)

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import require, triton_dtypes
 from falsify.impl.launch import next_power_of_2
 
 __all__ = ["softmax"]
@@ -40,9 +41,9 @@ def softmax_kernel(x_ptr, y_ptr, n, sx_row, sx_col, sy_row, sy_col, BLOCK: tl.co
 
 
 def check_args(x: torch.Tensor, out: torch.Tensor | None) -> None:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"softmax: x must be a floating-point tensor, got {type(x).__name__}"
-                        + (f" {x.dtype}" if isinstance(x, torch.Tensor) else ""))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"softmax: x must be a tensor, got {type(x).__name__}")
+    require("softmax (triton)", triton_dtypes(), x=x)
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"softmax: x needs a non-empty last dimension, got {tuple(x.shape)}")
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.swiglu import _float_tensor, check_args, check_inplace_args, check_out
 
@@ -158,14 +159,14 @@ class _SiLUTriton(torch.autograd.Function):
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out=None) -> torch.Tensor:
-    check_args(gate, up, out)
+    check_args(gate, up, out, dtypes=triton_dtypes())
     if out is not None:
         return _launch_forward(gate, up, out)
     return _SwiGLUTriton.apply(gate, up)
 
 
 def silu(x: torch.Tensor, out=None) -> torch.Tensor:
-    _float_tensor("x", x)
+    _float_tensor("x", x, triton_dtypes())
     check_out(x, out, (x,))
     if out is not None:
         return _launch_forward(x, None, out)
@@ -175,5 +176,5 @@ def silu(x: torch.Tensor, out=None) -> torch.Tensor:
 def swiglu_backward_inplace(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor):
     """Overwrite gate with d_gate and up with d_up (one kernel, loads before stores); returns
     (gate, up). Raises before launch unless gate, up and dy are disjoint."""
-    check_inplace_args(gate, up, dy)
+    check_inplace_args(gate, up, dy, dtypes=triton_dtypes())
     return launch_backward(gate, up, dy, gate, up)

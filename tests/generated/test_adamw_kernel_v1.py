@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "68683ee064c45fdb27869101cd3cd17359f5cf9222c6c42d553cc3cc69d9267d"
+SHA256 = "75c2cd1ea827bb8e8344fb00a8eac3d99333aaab80489abbaddfd6800dcbc172"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -513,6 +513,26 @@ def test_falsify_aw_021__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[2])
 def test_falsify_aw_021__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-021", "torch", "float16", case)
+
+# FALSIFY-AW-022 → AW-DTY-001 (dtypes): Declared dtypes only (adamw_step)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-022", backend="torch", variant="undeclared")
+def test_falsify_aw_022__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-AW-022", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-022", backend="triton", variant="undeclared")
+def test_falsify_aw_022__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-AW-022", "triton", "undeclared", None)
+
+# FALSIFY-AW-023 → AW-DTY-001 (dtypes): Declared dtypes only (adamw_run)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-023", backend="torch", variant="undeclared")
+def test_falsify_aw_023__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-AW-023", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-023", backend="triton", variant="undeclared")
+def test_falsify_aw_023__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-AW-023", "triton", "undeclared", None)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

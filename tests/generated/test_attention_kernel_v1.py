@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b4df5ca978cb1164c48949b58a48375b6775c835bda5c2c4b2eeaf57c8457fc4"
+SHA256 = "6ae9850cb8f5f9c60c42b79dad96c4b8c8e2122ea7a7985ee43849b467e9a2f1"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -652,6 +652,26 @@ def test_falsify_att_024__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-024", "float16")[3])
 def test_falsify_att_024__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-024", "torch", "float16", case)
+
+# FALSIFY-ATT-025 → ATT-DTY-001 (dtypes): Declared dtypes only (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DTY-001", check="FALSIFY-ATT-025", backend="torch", variant="undeclared")
+def test_falsify_att_025__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ATT-025", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DTY-001", check="FALSIFY-ATT-025", backend="triton", variant="undeclared")
+def test_falsify_att_025__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ATT-025", "triton", "undeclared", None)
+
+# FALSIFY-ATT-026 → ATT-DTY-001 (dtypes): Declared dtypes only (flash_attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DTY-001", check="FALSIFY-ATT-026", backend="torch", variant="undeclared")
+def test_falsify_att_026__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ATT-026", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DTY-001", check="FALSIFY-ATT-026", backend="triton", variant="undeclared")
+def test_falsify_att_026__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "310b042b326a72773513be2dfd60e4ba70c0c6a370d2d8b9668ed8edda93a923"
+SHA256 = "4996aeef3f71a72758001246400619d7e6b8adfb98b16c9f3c48d1715c7b9e57"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -837,6 +837,26 @@ def test_falsify_ce_021__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[2])
 def test_falsify_ce_021__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "triton", "float16", case)
+
+# FALSIFY-CE-022 → CE-DTY-001 (dtypes): Declared dtypes only (cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-022", backend="torch", variant="undeclared")
+def test_falsify_ce_022__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CE-022", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-022", backend="triton", variant="undeclared")
+def test_falsify_ce_022__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CE-022", "triton", "undeclared", None)
+
+# FALSIFY-CE-023 → CE-DTY-001 (dtypes): Declared dtypes only (cross_entropy_grad)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-023", backend="torch", variant="undeclared")
+def test_falsify_ce_023__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CE-023", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-023", backend="triton", variant="undeclared")
+def test_falsify_ce_023__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

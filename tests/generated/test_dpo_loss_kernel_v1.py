@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "698d882784c00f2d86a9032c77251199b85b823edeabf616e9d2eaef1161f2ef"
+SHA256 = "599f6e8755dd4c1fbae7b5bbd327cfb3478bde07de83f239d0bf2f34e5672bf2"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -260,6 +260,18 @@ def test_falsify_dpo_010__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[2])
 def test_falsify_dpo_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-010", "torch", "float16", case)
+
+# FALSIFY-DPO-011 → DPO-DTY-001 (dtypes): Declared dtypes only (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-011", backend="torch", variant="undeclared")
+def test_falsify_dpo_011__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-DPO-011", "torch", "undeclared", None)
+
+# FALSIFY-DPO-012 → DPO-DTY-001 (dtypes): Declared dtypes only (dpo_grad)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-012", backend="torch", variant="undeclared")
+def test_falsify_dpo_012__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

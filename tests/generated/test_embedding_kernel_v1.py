@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "15cfbe2e252057403f2bfc2b0fc9e422ddbaacac3c6553dfa4c1f85c0e656d6f"
+SHA256 = "06be52e2f97100320bd66b713bf34f87a5403b13d43e11e5d463248a000f3c19"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -302,6 +302,16 @@ def test_falsify_emb_010__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[2])
 def test_falsify_emb_010__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "triton", "float16", case)
+
+# FALSIFY-EMB-011 → EMB-DTY-001 (dtypes): Declared dtypes only (embedding)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DTY-001", check="FALSIFY-EMB-011", backend="torch", variant="undeclared")
+def test_falsify_emb_011__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-EMB-011", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DTY-001", check="FALSIFY-EMB-011", backend="triton", variant="undeclared")
+def test_falsify_emb_011__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

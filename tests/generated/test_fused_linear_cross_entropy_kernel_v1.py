@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "927d887a02c0b45d454ab58658dfc1be754dd3176929ad16f51f3a6fabf655e2"
+SHA256 = "f9f0e389d304c6938ed84d0f1cf44ba9edc7ad0fb00bfa715324a51357826cc3"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -273,6 +273,16 @@ def test_falsify_flce_007__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[2])
 def test_falsify_flce_007__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "triton", "float16", case)
+
+# FALSIFY-FLCE-008 → FLCE-DTY-001 (dtypes): Declared dtypes only (fused_linear_cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DTY-001", check="FALSIFY-FLCE-008", backend="torch", variant="undeclared")
+def test_falsify_flce_008__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-FLCE-008", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DTY-001", check="FALSIFY-FLCE-008", backend="triton", variant="undeclared")
+def test_falsify_flce_008__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-FLCE-008", "triton", "undeclared", None)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

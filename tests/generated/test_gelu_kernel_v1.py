@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "559702ebc1e2628f4fc8559e6a02cdb915cac5bb195e9568fec58ed051e0aba4"
+SHA256 = "70057cb74fdd6bb3e44d88f38272c53e52549645a57a60b2f793abe310bda9cb"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -433,6 +433,26 @@ def test_falsify_gelu_014__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[2])
 def test_falsify_gelu_014__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-014", "torch", "float16", case)
+
+# FALSIFY-GELU-015 → GELU-DTY-001 (dtypes): Declared dtypes only (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-015", backend="torch", variant="undeclared")
+def test_falsify_gelu_015__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GELU-015", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-015", backend="triton", variant="undeclared")
+def test_falsify_gelu_015__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GELU-015", "triton", "undeclared", None)
+
+# FALSIFY-GELU-016 → GELU-DTY-001 (dtypes): Declared dtypes only (gelu_gap)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-016", backend="torch", variant="undeclared")
+def test_falsify_gelu_016__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GELU-016", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-016", backend="triton", variant="undeclared")
+def test_falsify_gelu_016__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GELU-016", "triton", "undeclared", None)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "26e710fe1a5e21721950e6855ce75e7473950b19e2aab114f14c61970bb8b124"
+SHA256 = "795fa3646f931a8f76de59f8e84fdc7493b8677d7a25609f871829b6377468e1"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -462,6 +462,16 @@ def test_falsify_gemm_016__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[2])
 def test_falsify_gemm_016__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-016", "torch", "float16", case)
+
+# FALSIFY-GEMM-017 → GEMM-DTY-001 (dtypes): Declared dtypes only (gemm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DTY-001", check="FALSIFY-GEMM-017", backend="torch", variant="undeclared")
+def test_falsify_gemm_017__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GEMM-017", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DTY-001", check="FALSIFY-GEMM-017", backend="triton", variant="undeclared")
+def test_falsify_gemm_017__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GEMM-017", "triton", "undeclared", None)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "97cde064ded702c9551aeb0735ac3de38c60ca0a0e4023b510aacd3f5fe80eee"
+SHA256 = "a7c6fffdaec8fd4175ed23ccb8365fab414726bc21add71b22145df26de6fc21"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 
@@ -153,6 +153,12 @@ def test_falsify_gacc_012__reference__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[2])
 def test_falsify_gacc_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-012", "torch", "float32", case)
+
+# FALSIFY-GACC-013 → GACC-DTY-001 (dtypes): Declared dtypes only (accumulate_grad)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DTY-001", check="FALSIFY-GACC-013", backend="torch", variant="undeclared")
+def test_falsify_gacc_013__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GACC-013", "torch", "undeclared", None)
 
 
 # MUT-GACC-001 → GACC-INV-001: each micro-batch normalised by its own token count, then averaged over micro-batches

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4fc4557dd57ac3ee2a82eca8b5d8c941f115a3a8e158589c943fa7fdad73cf7f"
+SHA256 = "32e18f55c2d3331daa18e3d677479e66f8ad61786a191f3b0278c32459f1653c"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -440,6 +440,16 @@ def test_falsify_clip_016__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[2])
 def test_falsify_clip_016__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "triton", "float16", case)
+
+# FALSIFY-CLIP-017 → CLIP-DTY-001 (dtypes): Declared dtypes only (clip_grad_norm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DTY-001", check="FALSIFY-CLIP-017", backend="torch", variant="undeclared")
+def test_falsify_clip_017__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CLIP-017", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DTY-001", check="FALSIFY-CLIP-017", backend="triton", variant="undeclared")
+def test_falsify_clip_017__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-CLIP-017", "triton", "undeclared", None)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1c2ae40baae0824551441306913f5ddf00cf3674656dad044123347cd3416875"
+SHA256 = "e9bf7292e4f729cba0123965a0bb5559198e81735d08b293c795b0a2ecdea152"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -295,6 +295,18 @@ def test_falsify_kd_011__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[3])
 def test_falsify_kd_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-011", "torch", "float16", case)
+
+# FALSIFY-KD-012 → KD-DTY-001 (dtypes): Declared dtypes only (kd_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DTY-001", check="FALSIFY-KD-012", backend="torch", variant="undeclared")
+def test_falsify_kd_012__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-KD-012", "torch", "undeclared", None)
+
+# FALSIFY-KD-013 → KD-DTY-001 (dtypes): Declared dtypes only (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-DTY-001", check="FALSIFY-KD-013", backend="torch", variant="undeclared")
+def test_falsify_kd_013__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

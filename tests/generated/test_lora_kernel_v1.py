@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "09956aaae7e95e62c79d10bd94008d824e4d55b2c9f5e7afbf44b8287a663d6f"
+SHA256 = "ebd0d8faf54d7931e1e52e15c3853e357eab96759b789f8d93bd06087b0f4129"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -662,6 +662,26 @@ def test_falsify_lora_021__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[3])
 def test_falsify_lora_021__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-021", "torch", "float16", case)
+
+# FALSIFY-LORA-022 → LORA-DTY-001 (dtypes): Declared dtypes only (lora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-022", backend="torch", variant="undeclared")
+def test_falsify_lora_022__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-LORA-022", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-022", backend="triton", variant="undeclared")
+def test_falsify_lora_022__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-LORA-022", "triton", "undeclared", None)
+
+# FALSIFY-LORA-023 → LORA-DTY-001 (dtypes): Declared dtypes only (lora_merge)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-023", backend="torch", variant="undeclared")
+def test_falsify_lora_023__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-LORA-023", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-023", backend="triton", variant="undeclared")
+def test_falsify_lora_023__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

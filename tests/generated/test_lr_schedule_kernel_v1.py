@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "86ca0c97848cfa84f3ac748f579e60ac417122fc30bed3f24ad1bcdb586a6d57"
+SHA256 = "87dfbe01ad5cf1507ae9a0723ea933b5273d0a6e339dd0212eab819e5c4f537a"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "51f1c19b32bf96973904d179b1056ef3091613175a1251e7b1a1c7bc9aec1635"
+SHA256 = "e83dcabfabe761effe4294074fd26c3aaf3bfb4efc9cdde95d1725b2b29a3d8c"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 
@@ -587,6 +587,36 @@ def test_falsify_nf4_019__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[3])
 def test_falsify_nf4_019__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "triton", "float16", case)
+
+# FALSIFY-NF4-020 → NF4-DTY-001 (dtypes): Declared dtypes only (nf4_quantize)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-020", backend="torch", variant="undeclared")
+def test_falsify_nf4_020__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-020", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-020", backend="triton", variant="undeclared")
+def test_falsify_nf4_020__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-020", "triton", "undeclared", None)
+
+# FALSIFY-NF4-021 → NF4-DTY-001 (dtypes): Declared dtypes only (nf4_dequantize)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-021", backend="torch", variant="undeclared")
+def test_falsify_nf4_021__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-021", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-021", backend="triton", variant="undeclared")
+def test_falsify_nf4_021__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-021", "triton", "undeclared", None)
+
+# FALSIFY-NF4-022 → NF4-DTY-001 (dtypes): Declared dtypes only (nf4_roundtrip)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-022", backend="torch", variant="undeclared")
+def test_falsify_nf4_022__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-022", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DTY-001", check="FALSIFY-NF4-022", backend="triton", variant="undeclared")
+def test_falsify_nf4_022__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-NF4-022", "triton", "undeclared", None)
 
 
 # MUT-NF4-001 → NF4-EQV-001: element 2i packed into the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "89e8f5560b8180e524d6dc4c7e223848d6f079832db08eda2f065e70b81863aa"
+SHA256 = "1f5870160143e9f5e0221c52b5fc43dacf244bfa459724aeb381c2d1ceca703f"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -414,6 +414,16 @@ def test_falsify_qlora_013__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[3])
 def test_falsify_qlora_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-013", "torch", "float16", case)
+
+# FALSIFY-QLORA-014 → QLORA-DTY-001 (dtypes): Declared dtypes only (qlora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DTY-001", check="FALSIFY-QLORA-014", backend="torch", variant="undeclared")
+def test_falsify_qlora_014__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-QLORA-014", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DTY-001", check="FALSIFY-QLORA-014", backend="triton", variant="undeclared")
+def test_falsify_qlora_014__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-QLORA-014", "triton", "undeclared", None)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3308e80d9ebe25adaf01013131ea52154db109e9396bb6af44e7a6b06f834718"
+SHA256 = "ad55be32fea8a84fc776fc9d757c9faa45de4a6e85242cd460855ec8d59e33f8"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -457,6 +457,26 @@ def test_falsify_rn_014__triton__float32(case):
 def test_falsify_rn_014__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "triton", "float16", case)
 
+# FALSIFY-RN-015 → RN-DTY-001 (dtypes): Declared dtypes only (rmsnorm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-015", backend="torch", variant="undeclared")
+def test_falsify_rn_015__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-RN-015", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-015", backend="triton", variant="undeclared")
+def test_falsify_rn_015__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-RN-015", "triton", "undeclared", None)
+
+# FALSIFY-RN-016 → RN-DTY-001 (dtypes): Declared dtypes only (rmsnorm_forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-016", backend="torch", variant="undeclared")
+def test_falsify_rn_016__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-RN-016", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-016", backend="triton", variant="undeclared")
+def test_falsify_rn_016__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
+
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-001", obligation="RN-EQV-001", backend="torch")
@@ -504,3 +524,9 @@ def test_mut_rn_007():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-008", obligation="RN-BIN-001", backend="torch")
 def test_mut_rn_008():
     rt.assert_killed(CONTRACT, "MUT-RN-008")
+
+
+# MUT-RN-009 → RN-DTY-001: any floating dtype accepted: float64 computed by the float32 kernel and returned as float64 (float32 accuracy under a float64 label), bfloat16 through an unchecked path; right on every declared dtype
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-009", obligation="RN-DTY-001", backend="torch")
+def test_mut_rn_009():
+    rt.assert_killed(CONTRACT, "MUT-RN-009")

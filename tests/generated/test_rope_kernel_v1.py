@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "90ce0a8fdb824557bfdad1513e5ab5b5f37f6193bdbd206249c46ea1ca242ecc"
+SHA256 = "7d74f6597e284afd86c82a6a4511128cdfbb315e67856e47505abf98e7d1335b"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -382,6 +382,26 @@ def test_falsify_rope_010__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[2])
 def test_falsify_rope_010__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "triton", "float16", case)
+
+# FALSIFY-ROPE-011 → ROPE-DTY-001 (dtypes): Declared dtypes only (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-011", backend="torch", variant="undeclared")
+def test_falsify_rope_011__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ROPE-011", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-011", backend="triton", variant="undeclared")
+def test_falsify_rope_011__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ROPE-011", "triton", "undeclared", None)
+
+# FALSIFY-ROPE-012 → ROPE-DTY-001 (dtypes): Declared dtypes only (rope_grouping)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-012", backend="torch", variant="undeclared")
+def test_falsify_rope_012__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ROPE-012", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-012", backend="triton", variant="undeclared")
+def test_falsify_rope_012__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c93520652545cd237b543f5e7752660326728f65d6e2cbb56945836934f7a867"
+SHA256 = "9da70afc1c0011f08dde1c451b3063ad35c87ddc634f4788c6440b4eabe57b6c"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -385,6 +385,16 @@ def test_falsify_sm_011__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[2])
 def test_falsify_sm_011__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "triton", "float16", case)
+
+# FALSIFY-SM-012 → SM-DTY-001 (dtypes): Declared dtypes only (softmax)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DTY-001", check="FALSIFY-SM-012", backend="torch", variant="undeclared")
+def test_falsify_sm_012__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SM-012", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DTY-001", check="FALSIFY-SM-012", backend="triton", variant="undeclared")
+def test_falsify_sm_012__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SM-012", "triton", "undeclared", None)
 
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)

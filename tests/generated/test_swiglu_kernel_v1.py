@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "13e37aa1c44e8a68f98bc996d64b4d2b083f7ea9329ac1007501680af2f1d09e"
+SHA256 = "a92f44f8f8bff35274ec776eb0d34b3de5b04c5c6316b8d00f8d11db0125ed0c"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -452,6 +452,36 @@ def test_falsify_swg_014__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[2])
 def test_falsify_swg_014__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-014", "torch", "float16", case)
+
+# FALSIFY-SWG-015 → SWG-DTY-001 (dtypes): Declared dtypes only (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-015", backend="torch", variant="undeclared")
+def test_falsify_swg_015__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-015", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-015", backend="triton", variant="undeclared")
+def test_falsify_swg_015__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-015", "triton", "undeclared", None)
+
+# FALSIFY-SWG-016 → SWG-DTY-001 (dtypes): Declared dtypes only (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-016", backend="torch", variant="undeclared")
+def test_falsify_swg_016__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-016", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-016", backend="triton", variant="undeclared")
+def test_falsify_swg_016__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-016", "triton", "undeclared", None)
+
+# FALSIFY-SWG-017 → SWG-DTY-001 (dtypes): Declared dtypes only (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-017", backend="torch", variant="undeclared")
+def test_falsify_swg_017__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-017", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-017", backend="triton", variant="undeclared")
+def test_falsify_swg_017__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
