@@ -36,7 +36,7 @@ import inspect
 import types
 from dataclasses import dataclass, field
 
-from falsify.harness.coverage import obligation_status, run_state
+from falsify.harness.coverage import NEEDS_GPU, obligation_status, run_state, skipped_for_gpu
 from falsify.harness.ledger import run_key
 from falsify.harness.model import Contract
 from falsify.harness.plan import backends_of, equation_of, runs
@@ -304,7 +304,7 @@ def export_findings(c: Contract) -> list[str]:
 # The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
 # kernel contract runs on the backends it binds, or declares inapplicable with the reason in
 # `metadata.inapplicable` (whose schema enum lists the same names).
-MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes")
+MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "device")
 # kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
 
@@ -351,9 +351,9 @@ def invariance_lines(c: Contract) -> tuple[list[str], list[str]]:
 
 
 # a matrix cell: the worst state over the kind's runs on that equation × backend
-_CELL_ORDER = ("failing", "stale", "skipped", "not-run", "covered")
+_CELL_ORDER = ("failing", "stale", "skipped", "not-run", "needs-gpu", "covered")
 _CELL_TEXT = {"failing": "FAILED", "stale": "stale", "skipped": "skipped", "not-run": "not run",
-              "covered": "passed"}
+              "needs-gpu": "not run: no GPU", "covered": "passed"}
 
 
 def matrix(c: Contract, ledger: dict | None) -> list[dict]:
@@ -372,7 +372,10 @@ def matrix(c: Contract, ledger: dict | None) -> list[dict]:
             else:
                 key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
                                    variant=r.variant))
-                state = run_state(c, ledger["runs"].get(key), t)
+                e = ledger["runs"].get(key)
+                state = run_state(c, e, t)
+                if state == "skipped" and skipped_for_gpu(e):
+                    state = "needs-gpu"
             rows.setdefault((eq, r.backend), {}).setdefault(t.kind, []).append(state)
     out = []
     for (eq, b), kinds in sorted(rows.items()):
@@ -430,7 +433,10 @@ def audit(c: Contract, ledger: dict) -> Audit:
                            + (f" (killed by {m['killed_by']})" if m.get("killed_by") else ""))
         if not checks:
             a.gaps.append(f"{o.id}: no executable check")
-        a.gaps += [f"{o.id}: {r}" for r in st.reasons if r != "no executable check"]
+        if st.status == NEEDS_GPU:  # reported, not a gap: no machine here could close it
+            a.warnings += [f"{o.id}: {r}" for r in st.reasons]
+        else:
+            a.gaps += [f"{o.id}: {r}" for r in st.reasons if r != "no executable check"]
     if c.mode == "native" and not c.mutants:
         a.gaps.append("no mutants: nothing shows the checks can fail")
     a.gaps += check_gaps(c)

@@ -6,6 +6,11 @@ was killed. Otherwise, by precedence: `failing` (a required run failed, errored 
 `mutant-survived`, `stale` (a result is from an older contract text, or from an implementation
 whose source has changed since: falsify.harness.fingerprint), `skipped`, `not-run`
 (a required run or mutant has no result, or the obligation has no executable check).
+
+An obligation whose every check is a `device` check (GPU against CPU) cannot run without a GPU:
+while every one of its runs and mutants is recorded as skipped for that reason, it is
+`needs-gpu`, listed apart and left out of the percentage (neither covered nor counted), never
+passed. Once a run on a GPU records results, the usual rules apply.
 """
 
 from __future__ import annotations
@@ -18,6 +23,13 @@ from falsify.harness.model import Check, Contract, Mutant
 from falsify.harness.plan import runs
 
 PRECEDENCE = ("failing", "mutant-survived", "stale", "skipped", "not-run", "covered")
+NEEDS_GPU = "needs-gpu"
+
+
+def skipped_for_gpu(e: dict | None) -> bool:
+    from falsify.harness.kinds.device import NO_GPU
+
+    return bool(e) and e.get("outcome") == "skipped" and NO_GPU in (e.get("message") or "")
 
 
 @dataclass
@@ -52,12 +64,14 @@ def _mutant_state(c: Contract, e: dict | None, m: Mutant | None = None) -> str:
         return "not-run"
     if not current(c, e, mutant=m):
         return "stale"
-    return {"killed": "covered", "survived": "mutant-survived"}.get(e["outcome"], "failing")
+    return {"killed": "covered", "survived": "mutant-survived",
+            "skipped": "skipped"}.get(e["outcome"], "failing")
 
 
 def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
     st = ObligationStatus(c.id, oid, "not-run")
     states = []
+    entries = []
     checks = c.checks_for(oid)
     if not checks:
         st.reasons.append("no executable check")
@@ -66,6 +80,7 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         for r in runs(c, t):
             key = run_key(dict(contract=c.id, check=t.id, backend=r.backend, variant=r.variant))
             e = ledger["runs"].get(key)
+            entries.append(e)
             s = run_state(c, e, t)
             states.append(s)
             st.runs.append(dict(check=t.id, backend=r.backend, variant=r.variant,
@@ -79,6 +94,7 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         if m.obligation != oid:
             continue
         e = ledger["mutants"].get(mutant_key(dict(contract=c.id, mutant=m.id)))
+        entries.append(e)
         s = _mutant_state(c, e, m)
         states.append(s)
         st.mutants.append(dict(id=m.id, killed=None if e is None else e["outcome"] == "killed",
@@ -89,6 +105,10 @@ def obligation_status(c: Contract, oid: str, ledger: dict) -> ObligationStatus:
         st.status = "not-run"
         return st
     st.status = next(p for p in PRECEDENCE if p in states or p == "covered")
+    if (all(t.kind == "device" for t in checks) and set(states) == {"skipped"}
+            and all(skipped_for_gpu(e) for e in entries)):
+        st.status = NEEDS_GPU
+        st.reasons = ["needs a GPU: its device checks were skipped here (no GPU), not passed"]
     return st
 
 
@@ -102,11 +122,25 @@ class Coverage:
         return self.table[(contract_id, obligation_id)]
 
     def totals(self, contract_id: str) -> tuple[int, int]:
-        rows = [s for (cid, _), s in self.table.items() if cid == contract_id]
+        """(covered, counted) for one contract; `needs-gpu` obligations are not counted."""
+        rows = [s for (cid, _), s in self.table.items()
+                if cid == contract_id and s.status != NEEDS_GPU]
         return sum(s.status == "covered" for s in rows), len(rows)
 
     def overall(self) -> tuple[int, int]:
-        return (sum(s.status == "covered" for s in self.table.values()), len(self.table))
+        """(covered, counted) over every contract; `needs-gpu` obligations are not counted."""
+        rows = [s for s in self.table.values() if s.status != NEEDS_GPU]
+        return sum(s.status == "covered" for s in rows), len(rows)
+
+    def needs_gpu(self) -> list[str]:
+        """`contract:obligation` of every obligation that only a GPU run can cover."""
+        return [f"{cid}:{oid}" for (cid, oid), s in self.table.items() if s.status == NEEDS_GPU]
+
+    def needs_gpu_note(self) -> str:
+        """'; N obligation(s) need a GPU: not run here, not counted' or ''."""
+        n = len(self.needs_gpu())
+        return (f"; {n} obligation(s) need a GPU (device consistency): not run here, not "
+                "counted") if n else ""
 
     def backend_counts(self, contract_id: str) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -129,7 +163,8 @@ class Coverage:
         covered, total = self.overall()
         return {
             "overall": {"covered": covered, "total": total,
-                        "percent": round(100.0 * covered / total, 2) if total else 100.0},
+                        "percent": round(100.0 * covered / total, 2) if total else 100.0,
+                        "needs_gpu": self.needs_gpu()},
             "contracts": [
                 {"id": c.id, "covered": self.totals(c.id)[0], "total": self.totals(c.id)[1],
                  "obligations": [vars(self.table[(c.id, o.id)]) for o in c.obligations]}
@@ -148,7 +183,8 @@ class Coverage:
                 lines.append(f"  {o.id:<16} {s.status:<16}{why}")
         covered, total = self.overall()
         pct = 100.0 * covered / total if total else 100.0
-        lines.append(f"coverage: {covered}/{total} obligations covered ({pct:.1f}%)")
+        lines.append(f"coverage: {covered}/{total} obligations covered ({pct:.1f}%)"
+                     + self.needs_gpu_note())
         return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ PACKAGE_DIRS = {"falsify.reference": "reference", "falsify.impl": "impl",
                 "falsify.harness": "harness", "falsify": "falsify"}
 
 # Obligation statuses the coverage layer reports, in the order the dashboard explains them.
-STATUSES = ("covered", "failing", "mutant-survived", "stale", "skipped", "not-run")
+STATUSES = ("covered", "failing", "mutant-survived", "stale", "skipped", "not-run", "needs-gpu")
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not-run"
 FAILED_OUTCOMES = {"failed", "error", "errored", "xpass", "unproven", "timeout"}
 
@@ -712,6 +712,8 @@ _STATUS_HELP = {
     "stale": "results are older than the contract file (its hash changed)",
     "skipped": "checks were skipped (e.g. a GPU-only dtype without a GPU)",
     "not-run": "no result in the ledger",
+    "needs-gpu": "device-consistency checks (GPU against CPU) that were skipped for want of a "
+                 "GPU: not run, and not counted in the percentages",
 }
 
 

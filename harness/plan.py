@@ -21,9 +21,10 @@ REQUIRED_FIELDS = {
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
     "dtypes": ("input",),
+    "device": ("input", "parity"),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes"}
+               "determinism", "batch_invariance", "dtypes", "device"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
         return ["torch"]
     eq = contract.equations.get(equation_of(contract, check) or "")
     bound = [b for b in BACKENDS if eq and b in eq.bindings]
-    if kind in ("parity", "dtypes"):  # the float64 reference is the oracle, not a subject
+    if kind in ("parity", "dtypes", "device"):  # the float64 reference is the oracle, not a subject
         return [b for b in bound if b != "reference"]
     return bound
 

@@ -178,8 +178,8 @@ def pytest_runtest_makereport(item, call):
         entry = dict(base, contract=c.id, sha256=c.sha256,
                      impl_sha=fingerprint.impl_hash(c, kw["backend"], mutant=mutant),
                      mutant=kw["mutant"], obligation=kw["obligation"], backend=kw["backend"],
-                     outcome="killed" if killed else ("survived" if status == "failed"
-                                                      else "error"),
+                     outcome="killed" if killed else {"failed": "survived",
+                                                      "skipped": "skipped"}.get(status, "error"),
                      killed_by=r.killed_by if (r and killed) else None,
                      kill_message=r.message if (r and killed) else None,
                      tried=r.tried if r else None)

@@ -236,6 +236,18 @@ def kind_module(kind: str):
     return importlib.import_module(f"falsify.harness.kinds.{kind}")
 
 
+def unless_unavailable(contract_ref: str | Contract, check_id: str, backend: str):
+    """A generated test's skip marker for a kind that cannot run on this machine (its module's
+    `unavailable(backend)` gives the reason): the test is reported as skipped with that reason
+    before hypothesis starts, never as passed. The kind's `run` refuses the same way, so a
+    mutant run through `kill_mutant` is skipped too."""
+    import pytest
+
+    c = contract(contract_ref)
+    why = kind_module(_check(c, check_id).kind).unavailable(backend)
+    return pytest.mark.skipif(bool(why), reason=why or "")
+
+
 @dataclass
 class Recording:
     """What the checks of one test reported: details of passed checks, a mutant's result."""

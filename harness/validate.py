@@ -530,6 +530,28 @@ def _check_batch(ctx, t, base, fname, inp: dict, dim: str) -> None:
                 "shape, so no row could be batched")
 
 
+def _check_device_bound(ctx, c: Contract, t, base, fname) -> None:
+    """device: `parity` names a parity check of the same equation with a tolerance for every
+    dtype the device check runs (that tolerance, doubled, is its bound)."""
+    name = t.spec["parity"]
+    p = c.check(name)
+    eq = equation_of(c, t)
+    where = (base + ("check", "parity"), fname + ".check.parity")
+    if p is None or not p.spec or p.kind != "parity" or equation_of(c, p) != eq:
+        ctx.add("V018", *where, f"{t.id}: parity {name!r} must name a parity check of equation "
+                f"{eq!r}: its tolerance, doubled, bounds the GPU-vs-CPU difference")
+        return
+    if (p.spec.get("call") or {}) != (t.spec.get("call") or {}):
+        ctx.add("V018", *where, f"{t.id}: `call` {t.spec.get('call') or {}} differs from "
+                f"{name}'s {p.spec.get('call') or {}}: the parity bound holds for the "
+                "computation it checked, so the device check passes the same arguments")
+    tol = p.spec.get("tolerance") or {}
+    missing = [v for v in variants_of(c, t) if tol and v not in tol]
+    if missing:
+        ctx.add("V018", *where, f"{t.id}: parity check {name} declares no tolerance for "
+                f"{', '.join(missing)}, which this device check runs")
+
+
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
     kind = spec.get("kind")
@@ -585,6 +607,8 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
     _check_names(ctx, c, t, base, fname, inp)
     if kind == "batch_invariance" and inp is not None and isinstance(spec.get("batch"), str):
         _check_batch(ctx, t, base, fname, inp, spec["batch"])
+    if kind == "device" and isinstance(spec.get("parity"), str):
+        _check_device_bound(ctx, c, t, base, fname)
     if kind == "gradient" and isinstance(spec.get("call"), dict):
         for w in spec.get("wrt") or []:
             if w in spec["call"]:

@@ -111,15 +111,15 @@ def test_declared_reads_bitwise_bounded_and_inapplicable_from_the_contracts():
 
 
 def test_audit_warns_of_a_kernel_contract_silent_on_the_invariance_kinds(tmp_path):
-    from falsify.harness.audit import audit_checks
+    from falsify.harness.audit import MATRIX_KINDS, audit_checks
 
     data = contract_dict({"f": {"reference": f"{FNS}:row_sums"}}, {"rows": ROWS},
                          [{"kind": "property", "input": "rows", "predicate": "np.isfinite(y)"}])
     data["metadata"]["kernel"] = "f"
     a = audit_checks(load(tmp_path, data))
-    assert sorted(w.split(":")[0] for w in a.warnings) == ["batch_invariance", "determinism"]
-    data["metadata"]["inapplicable"] = {"determinism": "f is a pure numpy function here",
-                                        "batch_invariance": "f is a pure numpy function here"}
+    assert sorted(w.split(":")[0] for w in a.warnings) == sorted(MATRIX_KINDS)
+    data["metadata"]["inapplicable"] = {k: "f is a pure numpy function here"
+                                        for k in MATRIX_KINDS}
     a = audit_checks(load(tmp_path, data))
     assert not a.warnings
     assert "determinism: inapplicable — f is a pure numpy function here" in a.chain
@@ -135,19 +135,23 @@ def test_audit_matrix_shows_per_equation_and_backend_what_ran_and_what_passed():
     assert declared_only[("gemm", "triton")]["determinism"] == "declared"
     empty = {(r["equation"], r["backend"]): r["cells"]
              for r in matrix(gemm, {"runs": {}, "mutants": {}})}
-    assert empty[("gemm", "triton")] == {"determinism": "not run", "batch_invariance": "not run"}
-    # one passing entry per run of the triton determinism check, one failure for batch
+    assert empty[("gemm", "triton")] == {"determinism": "not run", "batch_invariance": "not run",
+                                         "dtypes": "not run", "device": "not run"}
+    # one passing entry per run of the triton determinism check, one failure for batch, the
+    # device check skipped for want of a GPU (which reads "not run", never "passed")
+    outcome = {"determinism": "passed", "batch_invariance": "failed", "device": "skipped"}
     ledger = {"runs": {}, "mutants": {}}
     for t in gemm.checks:
-        if t.kind in ("determinism", "batch_invariance") and equation_of(gemm, t) == "gemm":
+        if t.kind in outcome and equation_of(gemm, t) == "gemm":
             for r in runs(gemm, t):
                 if r.backend == "triton":
                     e = dict(contract=gemm.id, check=t.id, backend="triton", variant=r.variant,
-                             sha256=gemm.sha256,
-                             outcome="passed" if t.kind == "determinism" else "failed")
+                             sha256=gemm.sha256, outcome=outcome[t.kind],
+                             message="Skipped: needs a GPU: torch sees no CUDA device")
                     ledger["runs"][run_key(e)] = e
     cells = {(r["equation"], r["backend"]): r["cells"] for r in matrix(gemm, ledger)}
-    assert cells[("gemm", "triton")] == {"determinism": "passed", "batch_invariance": "FAILED"}
+    assert cells[("gemm", "triton")] == {"determinism": "passed", "batch_invariance": "FAILED",
+                                         "dtypes": "not run", "device": "not run: no GPU"}
     kd = runtime.contract("kd-loss-kernel-v1")
     assert [r["cells"] for r in matrix(kd, None) if r["equation"] == "*"] == [
         {"batch_invariance": "inapplicable: " + kd.inapplicable["batch_invariance"]}]

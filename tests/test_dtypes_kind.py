@@ -56,17 +56,6 @@ def test_an_input_no_dtype_reaches_is_a_contract_error(tmp_path):
     assert not runtime.is_falsification(e.value)
 
 
-def test_v024_dtypes_listed_that_no_argument_takes(tmp_path):
-    fixed = dict(ROWS, dtypes=["float32", "float16"],
-                 args={"x": {"shape": ["m"], "dtype": "float32", "values": [-1.0, 1.0]}})
-    rep = _contract(tmp_path, "honest", {"rows": fixed}, checks=[PARITY], expect_errors=True)
-    assert any(f.rule == "V024" and "lists dtypes nobody ran" in f.message for f in rep.errors)
-    # a `call:` that passes the case dtype on makes the variants real
-    ok = _contract(tmp_path, "honest", {"rows": fixed},
-                   checks=[dict(PARITY, call={"dtype": "dtype"})], expect_errors=True)
-    assert not [f for f in ok.errors if f.rule == "V024"]
-
-
 # ---------------------------------------------------------------- the RMSNorm mutant
 RN = "rmsnorm-kernel-v1"
 MUTANT = "MUT-RN-009"

@@ -8,7 +8,6 @@ subprocesses from it, as a user would type them.
 from __future__ import annotations
 
 import json
-
 import os
 import subprocess
 import sys

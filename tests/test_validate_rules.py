@@ -3,7 +3,7 @@ fires, and check its id and the `file:line` of the offending field.
 
 The baseline is tests/fixtures/valid/softmax-lite-v1.yaml (the softmax contract bound to the
 reference and torch backends, which always import), valid with zero findings in native and in
-forced compat mode. Native rules are V001-V023; W1xx are the compat-mode warnings.
+forced compat mode. Native rules are V001-V024; W1xx are the compat-mode warnings.
 """
 
 from __future__ import annotations
@@ -554,3 +554,16 @@ def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V023", "error")
     assert "FALSIFY-RN-013" in f.message and f.line == line_of(text, "determinism: \"said")
+
+
+def test_v024_dtypes_listed_that_no_argument_takes(tmp_path):
+    from tests.test_dtypes_kind import PARITY, ROWS, _contract
+
+    fixed = dict(ROWS, dtypes=["float32", "float16"],
+                 args={"x": {"shape": ["m"], "dtype": "float32", "values": [-1.0, 1.0]}})
+    rep = _contract(tmp_path, "honest", {"rows": fixed}, checks=[PARITY], expect_errors=True)
+    assert any(f.rule == "V024" and "lists dtypes nobody ran" in f.message for f in rep.errors)
+    # a `call:` that passes the case dtype on makes the variants real
+    ok = _contract(tmp_path, "honest", {"rows": fixed},
+                   checks=[dict(PARITY, call={"dtype": "dtype"})], expect_errors=True)
+    assert not [f for f in ok.errors if f.rule == "V024"]

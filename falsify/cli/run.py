@@ -273,9 +273,21 @@ def _print_failures(contracts, entries, console, seed=None, flags=""):
             console.print(f"  reproduce: {line}", markup=False, soft_wrap=True)
 
 
+def _needs_gpu(e: dict) -> bool:
+    """A mutant skipped because its checks need a GPU: not run, neither killed nor survived
+    (coverage lists its obligation as needs-gpu); any other skip is a failure to judge it."""
+    from falsify.harness.coverage import skipped_for_gpu
+
+    return skipped_for_gpu(e)
+
+
 def _print_survivors(mutants, console):
     for e in mutants:
         if e["outcome"] == "killed":
+            continue
+        if _needs_gpu(e):
+            console.print(f"MUTANT NOT RUN {e['contract']} {e['mutant']} ({e['obligation']}, "
+                          f"{e['backend']}): {e.get('message')}", markup=False, style="yellow")
             continue
         why = ("no check of the obligation failed against it" if e["outcome"] == "survived"
                else e.get("message") or "the mutant test errored")
@@ -297,17 +309,20 @@ def _summary(contracts, data, runs, mutants, select, bind_note, keep) -> str:
         return (f"{checks}; mutants not run (--no-mutants), so no obligation coverage figure: "
                 "`falsify run` without --no-mutants runs both")
     killed = sum(e["outcome"] == "killed" for e in mutants)
+    judged = [e for e in mutants if not _needs_gpu(e)]
     hollow = len(hollow_kills(runs, mutants))
     hollow_note = (f" ({hollow} only by checks that fail on the implementation too: no "
                    "evidence until those pass)") if hollow else ""
-    covered, total = coverage.compute(contracts, data).overall()
+    cov = coverage.compute(contracts, data)
+    covered, total = cov.overall()
     pct = 100.0 * covered / total if total else 100.0
     skipped = sorted({r.backend for c in contracts for t in c.checks for r in planned(c, t)}
                      - set(keep))
     why = (f" ({', '.join(skipped)} not run: not in --backend or the project's `backends`)"
            if skipped else "")
     return (f"coverage: {covered}/{total} obligations covered ({pct:.1f}%){why}, counting "
-            f"checks and mutants; {checks}; mutants {killed}/{len(mutants)} killed{hollow_note}")
+            f"checks and mutants; {checks}; mutants {killed}/{len(judged)} killed{hollow_note}"
+            f"{cov.needs_gpu_note()}")
 
 
 def hollow_kills(runs, mutants) -> list[dict]:
@@ -390,7 +405,7 @@ def cmd_run(args) -> int:
         console.print(f"JUnit XML written to {junit}")
     if rc == 5:
         raise UsageError("no check selected (wrong --backend or -k?)")
-    survived = any(e["outcome"] != "killed" for e in muts)
+    survived = any(e["outcome"] != "killed" and not _needs_gpu(e) for e in muts)
     return 0 if rc == 0 and not survived else 1
 
 
@@ -419,12 +434,14 @@ def cmd_mutants(args) -> int:
     survived = 0
     for e in muts:
         style = {"killed": "green", "survived": "bold red"}.get(e["outcome"], "yellow")
-        survived += e["outcome"] != "killed"
+        survived += e["outcome"] != "killed" and not _needs_gpu(e)
         t.add_row(e["contract"], e["mutant"], e["obligation"], e["backend"],
                   f"[{style}]{e['outcome']}[/]", e.get("killed_by") or "")
     console.print(t)
-    console.print(f"mutants: {len(muts) - survived} of {len(muts)} killed" if not survived
-                  else f"[bold red]{survived} mutant(s) not killed[/]")
+    gpu = sum(_needs_gpu(e) for e in muts)
+    gpu_note = f"; {gpu} need a GPU: not run" if gpu else ""
+    console.print(f"mutants: {len(muts) - survived - gpu} of {len(muts) - gpu} killed{gpu_note}"
+                  if not survived else f"[bold red]{survived} mutant(s) not killed[/]{gpu_note}")
     if rc == 5:
         raise UsageError("no mutant selected")
     return 0 if rc == 0 and not survived else 1

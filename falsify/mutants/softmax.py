@@ -6,6 +6,7 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 import torch
 
 from falsify.impl.launch import next_power_of_2
+from falsify.impl.torch.softmax import softmax as torch_softmax
 from falsify.impl.triton import softmax as tri_softmax
 
 
@@ -28,6 +29,14 @@ def half_precision_normalizer(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     e = torch.exp(xf - xf.amax(dim=-1, keepdim=True))
     return (e / e.half().sum(dim=-1, keepdim=True).float()).to(x.dtype)
+
+
+def cuda_half_normalizer(x: torch.Tensor) -> torch.Tensor:
+    """The real torch kernel on the CPU; on CUDA the row sum is accumulated in fp16 (a
+    device-only fast path). Every CPU check passes it; only a run on the GPU can see it."""
+    if not x.is_cuda:
+        return torch_softmax(x)
+    return half_precision_normalizer(x)
 
 
 def _largest_power_of_2_at_most(n):

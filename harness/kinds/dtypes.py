@@ -72,11 +72,11 @@ def _probe(ctx, case: cases.Case, dtype: str) -> str:
         msg = str(e)
         if dtype not in msg:
             raise CheckFailed(f"{dtype} (not declared on {ctx.backend}) was refused with "
-                              f"{type(e).__name__}: {msg!r}, which does not name the dtype")
+                              f"{type(e).__name__}: {msg!r}, which does not name the dtype") from e
         changed = [k for k in before if not _same_bits(before[k], args[k])]
         if changed:
             raise CheckFailed(f"{dtype} was refused only after writing into {changed}: the "
-                              "dtype must be checked before any work")
+                              "dtype must be checked before any work") from e
         return f"{type(e).__name__}: {msg}"
     except Exception as e:  # noqa: BLE001 - any other exception is the finding itself
         raise CheckFailed(f"{dtype} (not declared on {ctx.backend}) raised {type(e).__name__}: "

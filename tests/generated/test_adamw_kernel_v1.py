@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "75c2cd1ea827bb8e8344fb00a8eac3d99333aaab80489abbaddfd6800dcbc172"
+SHA256 = "b70f74c773acfc0dd90b7543880a9265e5c72ec72849cc3cf3d0df109bcea022"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -533,6 +533,74 @@ def test_falsify_aw_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-023", backend="triton", variant="undeclared")
 def test_falsify_aw_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-AW-023", "triton", "undeclared", None)
+
+# FALSIFY-AW-024 → AW-DEV-001 (device): Device consistency (adamw_step)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[3])
+def test_falsify_aw_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[3])
+def test_falsify_aw_024__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[3])
+def test_falsify_aw_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[3])
+def test_falsify_aw_024__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "triton", "float16", case)
+
+# FALSIFY-AW-025 → AW-DEV-001 (device): Device consistency (adamw_run)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-025", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[2])
+def test_falsify_aw_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-025", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-AW-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[2])
+def test_falsify_aw_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-025", "triton", "float32", case)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "599f6e8755dd4c1fbae7b5bbd327cfb3478bde07de83f239d0bf2f34e5672bf2"
+SHA256 = "5d242c8da5f68cb7bcd9893b5ae4463a7faee7bf20835f10c36f2f55903a0205"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -272,6 +272,28 @@ def test_falsify_dpo_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-012", backend="torch", variant="undeclared")
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
+
+# FALSIFY-DPO-013 → DPO-DEV-001 (device): Device consistency (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DEV-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-DPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[2])
+def test_falsify_dpo_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DEV-001", check="FALSIFY-DPO-013", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-DPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[2])
+def test_falsify_dpo_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float16", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

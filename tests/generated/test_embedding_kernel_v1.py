@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "06be52e2f97100320bd66b713bf34f87a5403b13d43e11e5d463248a000f3c19"
+SHA256 = "0f0525192b947ddf2c2d5161ac894353af2ddf7715d1f50f989b6a0cc00c267d"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -312,6 +312,48 @@ def test_falsify_emb_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DTY-001", check="FALSIFY-EMB-011", backend="triton", variant="undeclared")
 def test_falsify_emb_011__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
+
+# FALSIFY-EMB-012 → EMB-DEV-001 (device): Device consistency (embedding)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[2])
+def test_falsify_emb_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[2])
+def test_falsify_emb_012__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[2])
+def test_falsify_emb_012__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[2])
+def test_falsify_emb_012__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "triton", "float16", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

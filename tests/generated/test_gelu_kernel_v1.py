@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "70057cb74fdd6bb3e44d88f38272c53e52549645a57a60b2f793abe310bda9cb"
+SHA256 = "cea979b0bc1d5f7f90d0a89956b7feead7068030663d63fc9dc926ddc47682a6"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -453,6 +453,90 @@ def test_falsify_gelu_016__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-016", backend="triton", variant="undeclared")
 def test_falsify_gelu_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GELU-016", "triton", "undeclared", None)
+
+# FALSIFY-GELU-017 → GELU-DEV-001 (device): Device consistency (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[2])
+def test_falsify_gelu_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[2])
+def test_falsify_gelu_017__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[2])
+def test_falsify_gelu_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[2])
+def test_falsify_gelu_017__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "triton", "float16", case)
+
+# FALSIFY-GELU-018 → GELU-DEV-001 (device): Device consistency (gelu, tanh form)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[2])
+def test_falsify_gelu_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[2])
+def test_falsify_gelu_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-018", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[2])
+def test_falsify_gelu_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-018", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[2])
+def test_falsify_gelu_018__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-018", "triton", "float16", case)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

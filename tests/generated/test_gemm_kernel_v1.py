@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "795fa3646f931a8f76de59f8e84fdc7493b8677d7a25609f871829b6377468e1"
+SHA256 = "16b05b01e57c4c697a9a622815aef9cc699ca0f3eae2b68275f7320e763b99c8"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -472,6 +472,52 @@ def test_falsify_gemm_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DTY-001", check="FALSIFY-GEMM-017", backend="triton", variant="undeclared")
 def test_falsify_gemm_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GEMM-017", "triton", "undeclared", None)
+
+# FALSIFY-GEMM-018 → GEMM-DEV-001 (device): Device consistency (gemm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[3])
+def test_falsify_gemm_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[3])
+def test_falsify_gemm_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[3])
+def test_falsify_gemm_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[3])
+def test_falsify_gemm_018__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "triton", "float16", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "32e18f55c2d3331daa18e3d677479e66f8ad61786a191f3b0278c32459f1653c"
+SHA256 = "706e27cbce7fc8c47514369ec90e5856264393b6179704a5e588dd5ef57d2053"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -450,6 +450,48 @@ def test_falsify_clip_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DTY-001", check="FALSIFY-CLIP-017", backend="triton", variant="undeclared")
 def test_falsify_clip_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CLIP-017", "triton", "undeclared", None)
+
+# FALSIFY-CLIP-018 → CLIP-DEV-001 (device): Device consistency (clip_grad_norm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[2])
+def test_falsify_clip_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[2])
+def test_falsify_clip_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[2])
+def test_falsify_clip_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[2])
+def test_falsify_clip_018__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "triton", "float16", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "87dfbe01ad5cf1507ae9a0723ea933b5273d0a6e339dd0212eab819e5c4f537a"
+SHA256 = "11a0638b372d545a4b690757bc5db1bb3d25ca522d4dbf5c03fdccc5f3c239cf"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

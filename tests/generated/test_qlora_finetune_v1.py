@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e57d38adbc32f2cac9df0d29ef9702b6347206d1b3f4fab5508f093ec1022445"
+SHA256 = "142cc1c6556639fa7a2e9473aa59ce39c973a55d14e8c22fa382f63186b4dc72"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

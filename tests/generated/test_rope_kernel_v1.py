@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7d74f6597e284afd86c82a6a4511128cdfbb315e67856e47505abf98e7d1335b"
+SHA256 = "2ba2bc72ad5d7bf92666d81e2bc85e7a314d72c08abaa0c4b566f6fb628dc269"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -402,6 +402,48 @@ def test_falsify_rope_012__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-012", backend="triton", variant="undeclared")
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
+
+# FALSIFY-ROPE-013 → ROPE-DEV-001 (device): Device consistency (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[2])
+def test_falsify_rope_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[2])
+def test_falsify_rope_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[2])
+def test_falsify_rope_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[2])
+def test_falsify_rope_013__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "triton", "float16", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

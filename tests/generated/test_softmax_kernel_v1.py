@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9da70afc1c0011f08dde1c451b3063ad35c87ddc634f4788c6440b4eabe57b6c"
+SHA256 = "1d6a8802c24329d4232b04879d863c463037043243caf79f138394ef1174af7c"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -396,6 +396,48 @@ def test_falsify_sm_012__torch__undeclared():
 def test_falsify_sm_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SM-012", "triton", "undeclared", None)
 
+# FALSIFY-SM-013 → SM-DEV-001 (device): Device consistency (softmax)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[2])
+def test_falsify_sm_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[2])
+def test_falsify_sm_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[2])
+def test_falsify_sm_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[2])
+def test_falsify_sm_013__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "triton", "float16", case)
+
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-001", obligation="SM-BND-002", backend="torch")
@@ -419,3 +461,9 @@ def test_mut_sm_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-003", obligation="SM-EQV-001", backend="triton")
 def test_mut_sm_003():
     rt.assert_killed(CONTRACT, "MUT-SM-003")
+
+
+# MUT-SM-005 → SM-DEV-001: the torch kernel takes an fp16-accumulating path on CUDA only: every CPU check passes it, the device check on a GPU kills it (without a GPU it is skipped, so the obligation reads needs-gpu)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-005", obligation="SM-DEV-001", backend="torch")
+def test_mut_sm_005():
+    rt.assert_killed(CONTRACT, "MUT-SM-005")

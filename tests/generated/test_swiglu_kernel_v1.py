@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a92f44f8f8bff35274ec776eb0d34b3de5b04c5c6316b8d00f8d11db0125ed0c"
+SHA256 = "ec4533b8f6585f6f59a0acae31882cc72419d159d405274db67f3905b94874a2"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -482,6 +482,124 @@ def test_falsify_swg_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-017", backend="triton", variant="undeclared")
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
+
+# FALSIFY-SWG-018 → SWG-DEV-001 (device): Device consistency (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[2])
+def test_falsify_swg_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[2])
+def test_falsify_swg_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[2])
+def test_falsify_swg_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[2])
+def test_falsify_swg_018__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "triton", "float16", case)
+
+# FALSIFY-SWG-019 → SWG-DEV-001 (device): Device consistency (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
+def test_falsify_swg_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[1])
+def test_falsify_swg_019__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
+def test_falsify_swg_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[1])
+def test_falsify_swg_019__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "triton", "float16", case)
+
+# FALSIFY-SWG-020 → SWG-DEV-001 (device): Device consistency (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
+def test_falsify_swg_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
+def test_falsify_swg_020__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
+def test_falsify_swg_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
+def test_falsify_swg_020__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float16", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7adad1eb45aeba859455bba469520b27347b7514cd114593d49ec61a0bf7d2b3"
+SHA256 = "f7565e70764d8fa4ed3bc90b0bd6d80a1b3f1a63a6bac527efc611db8b86ddfa"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
