@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "11a0638b372d545a4b690757bc5db1bb3d25ca522d4dbf5c03fdccc5f3c239cf"
+SHA256 = "904ebd545c812c90c9c54b235873f203c1773e021a9ef2a3fc9a5af850534cd5"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "142cc1c6556639fa7a2e9473aa59ce39c973a55d14e8c22fa382f63186b4dc72"
+SHA256 = "cd20594b1204b6fa0aa222624038f23a7b95a830d844eb1fccd582f1d66da21e"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f7565e70764d8fa4ed3bc90b0bd6d80a1b3f1a63a6bac527efc611db8b86ddfa"
+SHA256 = "f2496639a5523075b6906034be45da035544a288a68261e37a0ee9ac725522d4"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
