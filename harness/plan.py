@@ -21,9 +21,11 @@ REQUIRED_FIELDS = {
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
     "dtypes": ("input",),
+    "gradgrad": ("input", "wrt", "backward"),
+    "jvp": ("input", "wrt", "backward"),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes"}
+               "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
         return ["torch"]
     eq = contract.equations.get(equation_of(contract, check) or "")
     bound = [b for b in BACKENDS if eq and b in eq.bindings]
-    if kind in ("parity", "dtypes"):  # the float64 reference is the oracle, not a subject
+    # the float64 reference is the oracle, not a subject
+    if kind in ("parity", "dtypes", "gradgrad", "jvp"):
         return [b for b in bound if b != "reference"]
     return bound
 

@@ -132,6 +132,14 @@ class _CrossEntropy(torch.autograd.Function):
         logits, labels, lse = ctx.saved_tensors
         ignore_index, reduction, z_loss, label_smoothing = ctx.cfg
         T = logits.shape[0]
+        if torch.is_grad_enabled():
+            # create_graph=True: this backward will be differentiated. The saved lse is an
+            # intermediate of the forward, a constant to autograd: softmax = exp(z − lse) built
+            # on it would silently lose the −softmax·softmaxᵀ half of the Hessian. Recompute it
+            # from the logits with the forward's own operations (bit-identical values).
+            lse = torch.cat([rows_forward(logits[r0:r0 + TOKEN_CHUNK], labels[r0:r0 + TOKEN_CHUNK],
+                                          ignore_index, z_loss, label_smoothing)[1]
+                             for r0 in range(0, T, TOKEN_CHUNK)])
         scale = upstream_scale(dy, reduction, labels, ignore_index, T)
         dz = torch.empty_like(logits)
         for r0 in range(0, T, TOKEN_CHUNK):

@@ -33,6 +33,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.attention import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["attention", "flash_attention"]
 
@@ -294,6 +295,7 @@ class _FlashAttentionTriton(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable("flash_attention (Triton)")
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale = ctx.cfg

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ad55be32fea8a84fc776fc9d757c9faa45de4a6e85242cd460855ec8d59e33f8"
+SHA256 = "75b2816b719355ec9f635581d870a7f016d0524218f456cdde59f6f81dd6e6c5"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -477,6 +477,40 @@ def test_falsify_rn_016__torch__undeclared():
 def test_falsify_rn_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
 
+# FALSIFY-RN-017 → RN-EQV-007 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[0])
+def test_falsify_rn_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float32", case)
+
+# FALSIFY-RN-018 → RN-EQV-007 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[0])
+def test_falsify_rn_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "triton", "float32", case)
+
+# FALSIFY-RN-019 → RN-EQV-008 (jvp): Forward mode is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-019", "float32")[0])
+def test_falsify_rn_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-019", "float32")[0])
+def test_falsify_rn_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-019", "triton", "float32", case)
+
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-001", obligation="RN-EQV-001", backend="torch")
@@ -530,3 +564,9 @@ def test_mut_rn_008():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-009", obligation="RN-DTY-001", backend="torch")
 def test_mut_rn_009():
     rt.assert_killed(CONTRACT, "MUT-RN-009")
+
+
+# MUT-RN-010 → RN-EQV-007: the backward written out of place on the saved inv_rms (non-differentiable): dx, dw exact, so every first-order check passes; the double backward misses every term through ∂r/∂x
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-010", obligation="RN-EQV-007", backend="torch")
+def test_mut_rn_010():
+    rt.assert_killed(CONTRACT, "MUT-RN-010")
