@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "70057cb74fdd6bb3e44d88f38272c53e52549645a57a60b2f793abe310bda9cb"
+SHA256 = "c09524d0599aae631d15c0b105e193d6ddb675718459a141f8e840215d5f751b"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -454,6 +454,60 @@ def test_falsify_gelu_016__torch__undeclared():
 def test_falsify_gelu_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GELU-016", "triton", "undeclared", None)
 
+# FALSIFY-GELU-019 → GELU-EQV-004 (gradgrad): Double backward of the none form (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-019", "float32")[0])
+def test_falsify_gelu_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-019", "torch", "float32", case)
+
+# FALSIFY-GELU-020 → GELU-EQV-004 (gradgrad): Double backward of the tanh form (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-020", "float32")[0])
+def test_falsify_gelu_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-020", "torch", "float32", case)
+
+# FALSIFY-GELU-021 → GELU-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-021", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-021", "float32")[0])
+def test_falsify_gelu_021__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-021", "triton", "float32", case)
+
+# FALSIFY-GELU-022 → GELU-EQV-005 (jvp): Forward mode of the none form (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-022", "float32")[0])
+def test_falsify_gelu_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-022", "torch", "float32", case)
+
+# FALSIFY-GELU-023 → GELU-EQV-005 (jvp): Forward mode of the tanh form (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-023", "float32")[0])
+def test_falsify_gelu_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-023", "torch", "float32", case)
+
+# FALSIFY-GELU-024 → GELU-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-024", "float32")[0])
+def test_falsify_gelu_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-024", "triton", "float32", case)
+
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-001", obligation="GELU-EQV-001", backend="torch")
@@ -477,3 +531,9 @@ def test_mut_gelu_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-004", obligation="GELU-EQV-003", backend="torch")
 def test_mut_gelu_004():
     rt.assert_killed(CONTRACT, "MUT-GELU-004")
+
+
+# MUT-GELU-005 → GELU-EQV-005: forward and backward exact; the jvp staticmethod drops the x·φ(x) term (t·Φ(x)): every reverse-mode check passes, forward mode is wrong
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-005", obligation="GELU-EQV-005", backend="torch")
+def test_mut_gelu_005():
+    rt.assert_killed(CONTRACT, "MUT-GELU-005")
