@@ -109,7 +109,9 @@ def upstream_scale(dy, reduction, labels, ignore_index, T):
         return dy
     if reduction == "sum":
         return dy.reshape(()).expand(T)
-    n = (labels != ignore_index).sum().float()
+    # n ≥ 1: with every row ignored each row's scale is masked to 0 anyway, and dy/0 = inf
+    # would make the double backward's ∂/∂dy 0·inf = NaN where the derivative is 0
+    n = (labels != ignore_index).sum().clamp_min(1).float()
     return (dy.reshape(()) / n).expand(T)
 
 

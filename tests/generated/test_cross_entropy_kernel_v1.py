@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4996aeef3f71a72758001246400619d7e6b8adfb98b16c9f3c48d1715c7b9e57"
+SHA256 = "a168e58c2adcef01b0cf62db8e937c7276b64969bff824683be2bb8adaecbc01"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -858,6 +858,40 @@ def test_falsify_ce_023__torch__undeclared():
 def test_falsify_ce_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
 
+# FALSIFY-CE-024 → CE-EQV-006 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[0])
+def test_falsify_ce_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-024", "torch", "float32", case)
+
+# FALSIFY-CE-025 → CE-EQV-006 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-025", "float32")[0])
+def test_falsify_ce_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-025", "triton", "float32", case)
+
+# FALSIFY-CE-026 → CE-EQV-007 (jvp): Forward mode is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-026", "float32")[0])
+def test_falsify_ce_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-026", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-026", "float32")[0])
+def test_falsify_ce_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-026", "triton", "float32", case)
+
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-001", obligation="CE-EQV-002", backend="torch")
@@ -881,3 +915,9 @@ def test_mut_ce_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-004", obligation="CE-EQV-001", backend="triton")
 def test_mut_ce_004():
     rt.assert_killed(CONTRACT, "MUT-CE-004")
+
+
+# MUT-CE-005 → CE-EQV-006: the backward always rebuilds softmax from the saved lse (the torch backend before it recomputed lse under create_graph): every first-order check passes, the double backward drops the −p·pᵀ term
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-005", obligation="CE-EQV-006", backend="torch")
+def test_mut_ce_005():
+    rt.assert_killed(CONTRACT, "MUT-CE-005")
