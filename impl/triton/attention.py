@@ -315,9 +315,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if needs_grad:
             raise RuntimeError("attention: out= does not support autograd (inputs require grad)")
         return launch_forward(q, k, v, causal, scale, out)
-    if needs_grad:
-        return _FlashAttentionTriton.apply(q, k, v, causal, scale)
-    return launch_forward(q, k, v, causal, scale)
+    # Always through the Function, even when nothing requires grad: forward-mode AD does not
+    # set requires_grad (nor need grad mode), and a bare kernel launch would drop the inputs'
+    # tangents silently; the Function refuses forward mode with a clear error instead.
+    return _FlashAttentionTriton.apply(q, k, v, causal, scale)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6ae9850cb8f5f9c60c42b79dad96c4b8c8e2122ea7a7985ee43849b467e9a2f1"
+SHA256 = "b4891c6ab39366429aa445b140c3cb1e9c75c00d137449c09438815a6ed7d225"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -673,6 +673,76 @@ def test_falsify_att_026__torch__undeclared():
 def test_falsify_att_026__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
 
+# FALSIFY-ATT-027 → ATT-EQV-010 (gradgrad): flash_attention's double backward (torch) through o and lse matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[0])
+def test_falsify_att_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-027", "torch", "float32", case)
+
+# FALSIFY-ATT-028 → ATT-EQV-010 (gradgrad): SDPA attention refuses double backward with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[0])
+def test_falsify_att_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-028", "torch", "float32", case)
+
+# FALSIFY-ATT-029 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-029", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-029", "float32")[0])
+def test_falsify_att_029__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-029", "triton", "float32", case)
+
+# FALSIFY-ATT-030 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (flash_attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-030", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-030", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-030", "float32")[0])
+def test_falsify_att_030__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-030", "triton", "float32", case)
+
+# FALSIFY-ATT-031 → ATT-EQV-011 (jvp): SDPA attention refuses forward mode with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-031", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-031", "float32")[0])
+def test_falsify_att_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-031", "torch", "float32", case)
+
+# FALSIFY-ATT-032 → ATT-EQV-011 (jvp): Forward mode of the tiled and Triton attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-032", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-032", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-032", "float32")[0])
+def test_falsify_att_032__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-032", "triton", "float32", case)
+
+# FALSIFY-ATT-033 → ATT-EQV-011 (jvp): Forward mode of flash_attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-033", "float32")[0])
+def test_falsify_att_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-033", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-033", "float32")[0])
+def test_falsify_att_033__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-033", "triton", "float32", case)
+
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-001", obligation="ATT-EQV-001", backend="triton")
@@ -726,3 +796,9 @@ def test_mut_att_008():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-009", obligation="ATT-EQV-009", backend="triton")
 def test_mut_att_009():
     rt.assert_killed(CONTRACT, "MUT-ATT-009")
+
+
+# MUT-ATT-010 → ATT-EQV-010: the tiled backward run on detached o and lse: dQ, dK, dV are the same numbers, so every first-order check passes, but the double backward loses every term through P = exp(S − lse) and Δ = Σ dO·O
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-010", obligation="ATT-EQV-010", backend="torch")
+def test_mut_att_010():
+    rt.assert_killed(CONTRACT, "MUT-ATT-010")
