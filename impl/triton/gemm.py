@@ -32,6 +32,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.gemm import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["gemm"]
 
@@ -163,6 +164,7 @@ class GemmTriton(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable("gemm (Triton)")
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         alpha, beta, trans_a, trans_b = ctx.cfg
