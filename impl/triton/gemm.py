@@ -186,6 +186,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha:
         if needs_grad:
             raise RuntimeError("gemm: out= does not support autograd (inputs require grad)")
         return launch(a, b, c, alpha, beta, trans_a, trans_b, out, m, n, k)
-    if needs_grad:
-        return GemmTriton.apply(a, b, c, alpha, beta, trans_a, trans_b)
-    return _gemm_nograd(a, b, c, alpha, beta, trans_a, trans_b)
+    # Always through the Function, even when nothing requires grad: forward-mode AD does not
+    # set requires_grad (nor need grad mode), and a bare kernel launch would drop the inputs'
+    # tangents silently; the Function refuses forward mode with a clear error instead.
+    return GemmTriton.apply(a, b, c, alpha, beta, trans_a, trans_b)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "06be52e2f97100320bd66b713bf34f87a5403b13d43e11e5d463248a000f3c19"
+SHA256 = "42c75f03b205ea20084eafd8b63bf805004620ec2ab9bf37db0a7da5b2b45aa5"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -312,6 +312,42 @@ def test_falsify_emb_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DTY-001", check="FALSIFY-EMB-011", backend="triton", variant="undeclared")
 def test_falsify_emb_011__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
+
+# FALSIFY-EMB-012 → EMB-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
+def test_falsify_emb_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float32", case)
+
+# FALSIFY-EMB-013 → EMB-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-013", "float32")[0])
+def test_falsify_emb_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-013", "triton", "float32", case)
+
+# FALSIFY-EMB-014 → EMB-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-014", "float32")[0])
+def test_falsify_emb_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-014", "torch", "float32", case)
+
+# FALSIFY-EMB-015 → EMB-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-015", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-015", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-015", "float32")[0])
+def test_falsify_emb_015__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-015", "triton", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)
