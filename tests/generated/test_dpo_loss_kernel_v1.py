@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "599f6e8755dd4c1fbae7b5bbd327cfb3478bde07de83f239d0bf2f34e5672bf2"
+SHA256 = "473ac243ae5fca83bd38de837d511efe49da67514d744f143b22d9362fe67961"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -272,6 +272,24 @@ def test_falsify_dpo_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-012", backend="torch", variant="undeclared")
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
+
+# FALSIFY-DPO-013 → DPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-004", check="FALSIFY-DPO-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
+def test_falsify_dpo_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
+
+# FALSIFY-DPO-014 → DPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-005", check="FALSIFY-DPO-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-014", "float32")[0])
+def test_falsify_dpo_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-014", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen
