@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "75c2cd1ea827bb8e8344fb00a8eac3d99333aaab80489abbaddfd6800dcbc172"
+SHA256 = "a84f56759d26c11b363ea7956ad9c2399a05aa223e92f7526ddd2b9c37cd9939"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a7c6fffdaec8fd4175ed23ccb8365fab414726bc21add71b22145df26de6fc21"
+SHA256 = "c489a87c724eb9480f2ee1799e5dcf3633508ae6ea949d5c3e6b4714f850e84e"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "32e18f55c2d3331daa18e3d677479e66f8ad61786a191f3b0278c32459f1653c"
+SHA256 = "41468d4269f889c03fbf959071ba187d0aa47ac295256482febb9a113d6feb31"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

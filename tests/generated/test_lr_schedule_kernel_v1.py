@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "87dfbe01ad5cf1507ae9a0723ea933b5273d0a6e339dd0212eab819e5c4f537a"
+SHA256 = "43bd991c320253d458982fd491609eed66d49b0ccf66cd4811f03862ae466b2e"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

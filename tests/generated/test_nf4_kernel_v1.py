@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e83dcabfabe761effe4294074fd26c3aaf3bfb4efc9cdde95d1725b2b29a3d8c"
+SHA256 = "c9a61d473795b75171564dfdb78aa4b79563af74088f23e8a92005291ce49196"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

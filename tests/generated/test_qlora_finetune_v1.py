@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e57d38adbc32f2cac9df0d29ef9702b6347206d1b3f4fab5508f093ec1022445"
+SHA256 = "21f9552ccb74bc9218add869bfb2c5e8f60b61001fc37f60e3a12b0657c1ce49"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

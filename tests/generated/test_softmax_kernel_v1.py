@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9da70afc1c0011f08dde1c451b3063ad35c87ddc634f4788c6440b4eabe57b6c"
+SHA256 = "b06ecc4d6b5d4cb618acafe3c83722fa68d6750ed367a1dac564b1b369f5807b"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 

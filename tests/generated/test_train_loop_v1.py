@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7adad1eb45aeba859455bba469520b27347b7514cd114593d49ec61a0bf7d2b3"
+SHA256 = "d39ffda3c65db6ba15daf45ca1601dc57007b1d8f48c4c2e07ca430af61d9c34"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
