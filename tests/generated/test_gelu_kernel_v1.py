@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c09524d0599aae631d15c0b105e193d6ddb675718459a141f8e840215d5f751b"
+SHA256 = "42e5a4376da62601db9259ed33b25ccd6ef9c7ba2402061f31e161fd28ad7d91"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
