@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b4891c6ab39366429aa445b140c3cb1e9c75c00d137449c09438815a6ed7d225"
+SHA256 = "52e6fd92840df02dca364630d6bf81c4b61fb0cfe5ed4eaccce257041a0eabfd"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -673,61 +673,43 @@ def test_falsify_att_026__torch__undeclared():
 def test_falsify_att_026__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
 
-# FALSIFY-ATT-027 → ATT-EQV-010 (gradgrad): flash_attention's double backward (torch) through o and lse matches finite differences of the reference backward
+# FALSIFY-ATT-029 → ATT-EQV-010 (gradgrad): flash_attention's double backward (torch) through o and lse matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[0])
-def test_falsify_att_027__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-027", "torch", "float32", case)
-
-# FALSIFY-ATT-028 → ATT-EQV-010 (gradgrad): SDPA attention refuses double backward with a clear error
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-028", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[0])
-def test_falsify_att_028__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-028", "torch", "float32", case)
-
-# FALSIFY-ATT-029 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (attention)
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-029", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-029", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-029", "float32")[0])
-def test_falsify_att_029__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-029", "triton", "float32", case)
+def test_falsify_att_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-029", "torch", "float32", case)
 
-# FALSIFY-ATT-030 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (flash_attention)
+# FALSIFY-ATT-030 → ATT-EQV-010 (gradgrad): SDPA attention refuses double backward with a clear error
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-030", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-030", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-030", "float32")[0])
-def test_falsify_att_030__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-030", "triton", "float32", case)
+def test_falsify_att_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-030", "torch", "float32", case)
 
-# FALSIFY-ATT-031 → ATT-EQV-011 (jvp): SDPA attention refuses forward mode with a clear error
+# FALSIFY-ATT-031 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (attention)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-031", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "torch")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-031", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-031", "float32")[0])
-def test_falsify_att_031__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-031", "torch", "float32", case)
+def test_falsify_att_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-031", "triton", "float32", case)
 
-# FALSIFY-ATT-032 → ATT-EQV-011 (jvp): Forward mode of the tiled and Triton attention is refused with a clear error
+# FALSIFY-ATT-032 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (flash_attention)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-032", backend="triton", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-032", backend="triton", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-ATT-032", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-032", "float32")[0])
 def test_falsify_att_032__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-032", "triton", "float32", case)
 
-# FALSIFY-ATT-033 → ATT-EQV-011 (jvp): Forward mode of flash_attention is refused with a clear error
+# FALSIFY-ATT-033 → ATT-EQV-011 (jvp): SDPA attention refuses forward mode with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="torch", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "torch")
@@ -736,12 +718,30 @@ def test_falsify_att_032__triton__float32(case):
 def test_falsify_att_033__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-033", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-033", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-033", "float32")[0])
-def test_falsify_att_033__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-033", "triton", "float32", case)
+# FALSIFY-ATT-034 → ATT-EQV-011 (jvp): Forward mode of the tiled and Triton attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-034", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-034", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-034", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-034", "float32")[0])
+def test_falsify_att_034__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-034", "triton", "float32", case)
+
+# FALSIFY-ATT-035 → ATT-EQV-011 (jvp): Forward mode of flash_attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
+def test_falsify_att_035__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-035", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
+def test_falsify_att_035__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-035", "triton", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "473ac243ae5fca83bd38de837d511efe49da67514d744f143b22d9362fe67961"
+SHA256 = "7f9de411df67bd843982071ac19501758e04022fb0e40b690ca1dc347cc69b6d"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -273,23 +273,23 @@ def test_falsify_dpo_011__torch__undeclared():
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
 
-# FALSIFY-DPO-013 → DPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+# FALSIFY-DPO-014 → DPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-004", check="FALSIFY-DPO-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
-def test_falsify_dpo_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
-
-# FALSIFY-DPO-014 → DPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-005", check="FALSIFY-DPO-014", backend="torch", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-004", check="FALSIFY-DPO-014", backend="torch", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-DPO-014", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-014", "float32")[0])
 def test_falsify_dpo_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-014", "torch", "float32", case)
+
+# FALSIFY-DPO-015 → DPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-005", check="FALSIFY-DPO-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-015", "float32")[0])
+def test_falsify_dpo_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-015", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

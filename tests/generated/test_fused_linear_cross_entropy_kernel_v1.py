@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b646cc4575725c90c6069d7e14afd989f52433e016f7a6d07b9e83917106ab82"
+SHA256 = "39cff8b3ed3beb0114e669bc8af7c26169e97efad14a82116be470558a4a2b73"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -284,41 +284,41 @@ def test_falsify_flce_008__torch__undeclared():
 def test_falsify_flce_008__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-FLCE-008", "triton", "undeclared", None)
 
-# FALSIFY-FLCE-009 → FLCE-EQV-003 (gradgrad): The torch backward refuses to be differentiated again
+# FALSIFY-FLCE-010 → FLCE-EQV-003 (gradgrad): The torch backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[0])
-def test_falsify_flce_009__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-009", "torch", "float32", case)
-
-# FALSIFY-FLCE-010 → FLCE-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-010", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-010", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-010", "float32")[0])
-def test_falsify_flce_010__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-010", "triton", "float32", case)
+def test_falsify_flce_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-010", "torch", "float32", case)
 
-# FALSIFY-FLCE-011 → FLCE-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+# FALSIFY-FLCE-011 → FLCE-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-011", "torch")
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-011", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-011", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-011", "float32")[0])
-def test_falsify_flce_011__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-011", "torch", "float32", case)
+def test_falsify_flce_011__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-011", "triton", "float32", case)
 
-# FALSIFY-FLCE-012 → FLCE-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+# FALSIFY-FLCE-012 → FLCE-EQV-004 (jvp): Forward mode on torch is refused with a clear error
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-012", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-012", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-012", "float32")[0])
-def test_falsify_flce_012__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-012", "triton", "float32", case)
+def test_falsify_flce_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-012", "torch", "float32", case)
+
+# FALSIFY-FLCE-013 → FLCE-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-013", "float32")[0])
+def test_falsify_flce_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-013", "triton", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

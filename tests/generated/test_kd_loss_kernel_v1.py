@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2661c75285907a2fb1fdf321b07e4cb7b75665b606e1f5e35f91b0f2a2ffb151"
+SHA256 = "ed68710ef21ded81b2a503ee14e56d5ed2ab57daa7bc74e38f3f632b70bb5d49"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -308,23 +308,23 @@ def test_falsify_kd_012__torch__undeclared():
 def test_falsify_kd_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
 
-# FALSIFY-KD-014 → KD-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+# FALSIFY-KD-016 → KD-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-005", check="FALSIFY-KD-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[0])
-def test_falsify_kd_014__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-005", check="FALSIFY-KD-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-016", "float32")[0])
+def test_falsify_kd_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-016", "torch", "float32", case)
 
-# FALSIFY-KD-015 → KD-EQV-006 (jvp): Forward mode (torch) agrees with the reference backward
+# FALSIFY-KD-017 → KD-EQV-006 (jvp): Forward mode (torch) agrees with the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-006", check="FALSIFY-KD-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[0])
-def test_falsify_kd_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-006", check="FALSIFY-KD-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-017", "float32")[0])
+def test_falsify_kd_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-017", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "03688b435c347eedec81093fe63854624a633d3b4e6c79e4c1528a40fceece56"
+SHA256 = "8f8713a06baaab94dc916a6b24c40b4fe85851d5d27260b81ed0c86c50325a5c"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -683,41 +683,41 @@ def test_falsify_lora_023__torch__undeclared():
 def test_falsify_lora_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
 
-# FALSIFY-LORA-024 → LORA-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+# FALSIFY-LORA-026 → LORA-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[0])
-def test_falsify_lora_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float32", case)
-
-# FALSIFY-LORA-025 → LORA-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[0])
-def test_falsify_lora_025__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-025", "triton", "float32", case)
-
-# FALSIFY-LORA-026 → LORA-EQV-005 (jvp): Forward mode on torch is refused with a clear error
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-026", backend="torch", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-026", backend="torch", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-LORA-026", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-026", "float32")[0])
 def test_falsify_lora_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-026", "torch", "float32", case)
 
-# FALSIFY-LORA-027 → LORA-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
+# FALSIFY-LORA-027 → LORA-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-027", backend="triton", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-027", backend="triton", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-LORA-027", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-027", "float32")[0])
 def test_falsify_lora_027__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-027", "triton", "float32", case)
+
+# FALSIFY-LORA-028 → LORA-EQV-005 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-028", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-028", "float32")[0])
+def test_falsify_lora_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-028", "torch", "float32", case)
+
+# FALSIFY-LORA-029 → LORA-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-029", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-029", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-029", "float32")[0])
+def test_falsify_lora_029__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-029", "triton", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

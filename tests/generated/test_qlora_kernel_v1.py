@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f62f09b73643116158f6569f2a0225b40c7a8fd5443895b35247019204b6e859"
+SHA256 = "d4359510634b22929a6abde08dc37cae65e8e58fed3066743d29044d488e6db8"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -425,41 +425,41 @@ def test_falsify_qlora_014__torch__undeclared():
 def test_falsify_qlora_014__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-QLORA-014", "triton", "undeclared", None)
 
-# FALSIFY-QLORA-015 → QLORA-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+# FALSIFY-QLORA-016 → QLORA-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float32")[0])
-def test_falsify_qlora_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "torch", "float32", case)
-
-# FALSIFY-QLORA-016 → QLORA-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-016", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-016", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-016", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-016", "float32")[0])
-def test_falsify_qlora_016__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-016", "triton", "float32", case)
+def test_falsify_qlora_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-016", "torch", "float32", case)
 
-# FALSIFY-QLORA-017 → QLORA-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+# FALSIFY-QLORA-017 → QLORA-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-017", "torch")
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-017", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-017", "float32")[0])
-def test_falsify_qlora_017__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-017", "torch", "float32", case)
+def test_falsify_qlora_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-017", "triton", "float32", case)
 
-# FALSIFY-QLORA-018 → QLORA-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+# FALSIFY-QLORA-018 → QLORA-EQV-004 (jvp): Forward mode on torch is refused with a clear error
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-018", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-018", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-018", "float32")[0])
-def test_falsify_qlora_018__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-018", "triton", "float32", case)
+def test_falsify_qlora_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-018", "torch", "float32", case)
+
+# FALSIFY-QLORA-019 → QLORA-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-019", "float32")[0])
+def test_falsify_qlora_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-019", "triton", "float32", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "777d28e54f29ea39c6aa51aa79e1c4c8aa8ecf874bf1dd59ee4d361e38e042ec"
+SHA256 = "69560287c24fb73a804aa2f24246ee3e93efaec002e4a25e708fba91902cbc8d"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -403,41 +403,41 @@ def test_falsify_rope_012__torch__undeclared():
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
 
-# FALSIFY-ROPE-013 → ROPE-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+# FALSIFY-ROPE-014 → ROPE-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
-def test_falsify_rope_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
-
-# FALSIFY-ROPE-014 → ROPE-EQV-005 (gradgrad): The Triton backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-014", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-014", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-014", "float32")[0])
-def test_falsify_rope_014__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-014", "triton", "float32", case)
+def test_falsify_rope_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-014", "torch", "float32", case)
 
-# FALSIFY-ROPE-015 → ROPE-EQV-006 (jvp): Forward mode on torch is refused with a clear error
+# FALSIFY-ROPE-015 → ROPE-EQV-005 (gradgrad): The Triton backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-015", "torch")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-015", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-015", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-015", "float32")[0])
-def test_falsify_rope_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-015", "torch", "float32", case)
+def test_falsify_rope_015__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-015", "triton", "float32", case)
 
-# FALSIFY-ROPE-016 → ROPE-EQV-006 (jvp): Forward mode on Triton is refused with a clear error
+# FALSIFY-ROPE-016 → ROPE-EQV-006 (jvp): Forward mode on torch is refused with a clear error
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-016", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-016", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-016", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-016", "float32")[0])
-def test_falsify_rope_016__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-016", "triton", "float32", case)
+def test_falsify_rope_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-016", "torch", "float32", case)
+
+# FALSIFY-ROPE-017 → ROPE-EQV-006 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-017", "float32")[0])
+def test_falsify_rope_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-017", "triton", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

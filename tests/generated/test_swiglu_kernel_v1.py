@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6f6655111a7aaaa2d1e8806be7a19ffe27a153f2f6b08291731add7218abdb95"
+SHA256 = "1b3ded90f9c6bd51371fa78fb1890724eb813454ef6587b4b88866e92a1b9e9c"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -483,77 +483,77 @@ def test_falsify_swg_017__torch__undeclared():
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
 
-# FALSIFY-SWG-018 → SWG-EQV-006 (gradgrad): SwiGLU double backward (torch) matches finite differences of the reference backward
+# FALSIFY-SWG-021 → SWG-EQV-006 (gradgrad): SwiGLU double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
-def test_falsify_swg_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
-
-# FALSIFY-SWG-019 → SWG-EQV-006 (gradgrad): SiLU double backward (torch) matches finite differences of the reference backward
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
-def test_falsify_swg_019__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
-
-# FALSIFY-SWG-020 → SWG-EQV-006 (gradgrad): The Triton SwiGLU backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
-def test_falsify_swg_020__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float32", case)
-
-# FALSIFY-SWG-021 → SWG-EQV-006 (gradgrad): The Triton SiLU backward refuses to be differentiated again
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-021", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-021", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-021", "float32")[0])
-def test_falsify_swg_021__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-021", "triton", "float32", case)
+def test_falsify_swg_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-021", "torch", "float32", case)
 
-# FALSIFY-SWG-022 → SWG-EQV-007 (jvp): SwiGLU forward mode (torch) agrees with the reference backward
+# FALSIFY-SWG-022 → SWG-EQV-006 (gradgrad): SiLU double backward (torch) matches finite differences of the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-022", backend="torch", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-022", backend="torch", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-SWG-022", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-022", "float32")[0])
 def test_falsify_swg_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-022", "torch", "float32", case)
 
-# FALSIFY-SWG-023 → SWG-EQV-007 (jvp): SiLU forward mode (torch) agrees with the reference backward
+# FALSIFY-SWG-023 → SWG-EQV-006 (gradgrad): The Triton SwiGLU backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-023", "torch")
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-023", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-023", "float32")[0])
-def test_falsify_swg_023__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-023", "torch", "float32", case)
+def test_falsify_swg_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-023", "triton", "float32", case)
 
-# FALSIFY-SWG-024 → SWG-EQV-007 (jvp): SwiGLU forward mode on Triton is refused with a clear error
+# FALSIFY-SWG-024 → SWG-EQV-006 (gradgrad): The Triton SiLU backward refuses to be differentiated again
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-024", backend="triton", variant="float32")
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-024", backend="triton", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-SWG-024", "triton")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-024", "float32")[0])
 def test_falsify_swg_024__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-024", "triton", "float32", case)
 
-# FALSIFY-SWG-025 → SWG-EQV-007 (jvp): SiLU forward mode on Triton is refused with a clear error
+# FALSIFY-SWG-025 → SWG-EQV-007 (jvp): SwiGLU forward mode (torch) agrees with the reference backward
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-025", "triton")
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-025", "torch")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-025", "float32")[0])
-def test_falsify_swg_025__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-025", "triton", "float32", case)
+def test_falsify_swg_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-025", "torch", "float32", case)
+
+# FALSIFY-SWG-026 → SWG-EQV-007 (jvp): SiLU forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-026", "float32")[0])
+def test_falsify_swg_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-026", "torch", "float32", case)
+
+# FALSIFY-SWG-027 → SWG-EQV-007 (jvp): SwiGLU forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-027", "float32")[0])
+def test_falsify_swg_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-027", "triton", "float32", case)
+
+# FALSIFY-SWG-028 → SWG-EQV-007 (jvp): SiLU forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-028", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-028", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-028", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-028", "float32")[0])
+def test_falsify_swg_028__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-028", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
