@@ -304,25 +304,32 @@ def export_findings(c: Contract) -> list[str]:
 # The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
 # kernel contract runs on the backends it binds, or declares inapplicable with the reason in
 # `metadata.inapplicable` (whose schema enum lists the same names).
-MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "device")
+MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "device")
 # kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
+# kinds whose check either compares a backend's derivatives with the reference (`checked`) or,
+# with `expect: {error: ...}`, confirms that the backend refuses them with a clear error
+DERIVATIVE_KINDS = ("gradgrad", "jvp")
 
 
 def _label(kind: str, t) -> str:
     if kind in INVARIANCE_KINDS:
         return "bounded" if "tolerance" in t.spec else "bitwise"
+    if kind in DERIVATIVE_KINDS and (t.spec.get("expect") or {}).get("error"):
+        return "refuses"
     return "checked"
 
 
 def declared(c: Contract, kind: str) -> dict | None:
     """For a kind in MATRIX_KINDS: {label: backends} over the checks that run it (for the
     invariance kinds `bitwise` and `bounded`, the latter when the kernel says it is not
-    invariant and the check enforces a bound; `checked` for the others), or `inapplicable`
+    invariant and the check enforces a bound; for gradgrad and jvp `checked` and `refuses`,
+    the latter where the check confirms a clear error; `checked` for the others), or `inapplicable`
     with the reason; None when the contract neither runs the kind nor says why not."""
     if kind in c.inapplicable:
         return {"inapplicable": c.inapplicable[kind]}
-    labels = ("bitwise", "bounded") if kind in INVARIANCE_KINDS else ("checked",)
+    labels = (("bitwise", "bounded") if kind in INVARIANCE_KINDS
+              else ("checked", "refuses") if kind in DERIVATIVE_KINDS else ("checked",))
     out = {k: set() for k in labels}
     for t in c.checks:
         if t.kind == kind:

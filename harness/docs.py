@@ -468,7 +468,9 @@ def _invariance(c: Contract) -> list[str]:
             "inapplicable with the reason. For determinism (the same bits run after run) and "
             "batch invariance (a row alone or in any batch), *bounded* means the contract "
             "declares the backend does not hold it, and its check enforces the stated bound "
-            "instead.", ""] + \
+            "instead. For gradgrad (double backward) and jvp (forward mode), *refuses* means "
+            "the backend does not support it and the check confirms it raises a clear error "
+            "rather than returning numbers.", ""] + \
         table(["kind", "holds", "backends / reason"], rows)
 
 

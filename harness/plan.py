@@ -21,10 +21,12 @@ REQUIRED_FIELDS = {
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
     "dtypes": ("input",),
+    "gradgrad": ("input", "wrt", "backward"),
+    "jvp": ("input", "wrt", "backward"),
     "device": ("input", "parity"),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes", "device"}
+               "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "device"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
         return ["torch"]
     eq = contract.equations.get(equation_of(contract, check) or "")
     bound = [b for b in BACKENDS if eq and b in eq.bindings]
-    if kind in ("parity", "dtypes", "device"):  # the float64 reference is the oracle, not a subject
+    # the float64 reference is the oracle, not a subject
+    if kind in ("parity", "dtypes", "gradgrad", "jvp", "device"):
         return [b for b in bound if b != "reference"]
     return bound
 

@@ -31,6 +31,13 @@ Errors (native mode):
   V024 a check runs in several dtypes, but nothing takes the case dtype (every argument of its
        input declares its own `dtype`, no `call:` reads `dtype`): the variants are one
        computation under several labels, dtypes the contract lists but nobody ran
+  V027 a gradgrad or jvp check whose mode is inconsistent: it names the reference backend (the
+       float64 reference is the oracle), its `expect` holds anything but `error` or an `error`
+       that is not a regular expression, it checks values without a `tolerance`, or it expects
+       an error and declares a tolerance nobody applies
+  V028 a gradgrad or jvp check whose oracle cannot run: its `backward` equation has no
+       reference binding, or a `wrt` argument is not a floating tensor argument of its input
+       (missing, an integer `dtype`, a `const`/`choices` scalar, or replaced by `call`)
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -472,7 +479,7 @@ def _check_outputs(ctx, c: Contract, t, base, fname, eq, inp, allow_import,
             continue
         seen[i] = entry
         selected.append((j, i))
-    if spec.get("kind") != "gradient":
+    if spec.get("kind") not in ("gradient", "gradgrad", "jvp"):
         return
     statistics = [(j, i) for j, i in selected
                   if i < len(eq.outputs) and eq.outputs[i] in eq.non_differentiable]
@@ -615,12 +622,76 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
                 ctx.add("V018", base + ("check", "call", w), f"{fname}.check.call.{w}",
                         f"{t.id}: `call` replaces {w!r}, which the check differentiates "
                         "(wrt): the gradient would be taken of a constant")
+    if kind in ("gradgrad", "jvp"):
+        _check_derivative_kind(ctx, c, t, base, fname, inp)
     for key in ("predicate", "relation", "statistic"):
         if isinstance(spec.get(key), str):
             err = expr.syntax_error(spec[key])
             if err:
                 ctx.add("V018", base + ("check", key), f"{fname}.check.{key}",
                         f"{t.id}: {key} is not a valid expression: {err}")
+
+
+def _check_derivative_kind(ctx, c: Contract, t, base, fname, inp) -> None:
+    """V027 (mode) and V028 (oracle) for the gradgrad and jvp kinds."""
+    spec = t.spec
+    kind = spec["kind"]
+    if "reference" in (spec.get("backends") or []):
+        ctx.add("V027", base + ("check", "backends"), fname + ".check.backends",
+                f"{t.id}: a {kind} check compares optimized backends with the float64 "
+                "reference backward; the reference backend is the oracle, not a subject")
+    expect = spec.get("expect")
+    want = None
+    if expect is not None:
+        extra = sorted(set(expect) - {"error"}) if isinstance(expect, dict) else ["?"]
+        if extra:
+            ctx.add("V027", base + ("check", "expect"), fname + ".check.expect",
+                    f"{t.id}: a {kind} check's expect takes only `error` (a regular "
+                    f"expression the refusal must match), got {', '.join(map(str, extra))}")
+        want = expect.get("error") if isinstance(expect, dict) else None
+        if not isinstance(want, str) or not want:
+            ctx.add("V027", base + ("check", "expect", "error"), fname + ".check.expect.error",
+                    f"{t.id}: expect.error must be a non-empty regular expression")
+            want = None
+        else:
+            try:
+                re.compile(want)
+            except re.error as e:
+                ctx.add("V027", base + ("check", "expect", "error"),
+                        fname + ".check.expect.error",
+                        f"{t.id}: expect.error {want!r} is not a regular expression: {e}")
+    if want and "tolerance" in spec:
+        ctx.add("V027", base + ("check", "tolerance"), fname + ".check.tolerance",
+                f"{t.id}: the check expects an error, so no value is compared and the "
+                "tolerance would never apply: drop one of them")
+    if expect is None and "tolerance" not in spec:
+        ctx.add("V027", base + ("check",), fname + ".check",
+                f"{t.id}: a {kind} check that compares values needs a `tolerance` for the "
+                "backend's rounding in the case dtype (the finite-difference side is derived "
+                "by the harness), or `expect: {error: ...}` where the backend refuses")
+    bwd = c.equations.get(spec.get("backward") or "")
+    if bwd is not None and "reference" not in bwd.bindings:
+        ctx.add("V028", base + ("check", "backward"), fname + ".check.backward",
+                f"{t.id}: backward equation {spec['backward']!r} has no reference binding: "
+                f"the {kind} oracle is the float64 reference backward")
+    if not isinstance(inp, dict):
+        return
+    args = inp.get("args") or {}
+    call = spec.get("call") if isinstance(spec.get("call"), dict) else {}
+    for j, w in enumerate(spec.get("wrt") or []):
+        a = args.get(w)
+        why = None
+        if not isinstance(a, dict):
+            why = f"is not an argument of input {spec.get('input')!r}"
+        elif "const" in a or "choices" in a or "shape" not in a:
+            why = "is a scalar argument, not a tensor"
+        elif str(a.get("dtype", "float")).startswith(("int", "uint", "bool")):
+            why = f"has the integer dtype {a['dtype']!r}"
+        elif w in call:
+            why = "is replaced by `call`, so the check would differentiate a constant"
+        if why:
+            ctx.add("V028", base + ("check", "wrt", j), f"{fname}.check.wrt[{j}]",
+                    f"{t.id}: wrt {w!r} {why}: {kind} differentiates floating tensors")
 
 
 def load_all(paths, mode: str | None = None) -> Report:

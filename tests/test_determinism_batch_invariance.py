@@ -135,8 +135,10 @@ def test_audit_matrix_shows_per_equation_and_backend_what_ran_and_what_passed():
     assert declared_only[("gemm", "triton")]["determinism"] == "declared"
     empty = {(r["equation"], r["backend"]): r["cells"]
              for r in matrix(gemm, {"runs": {}, "mutants": {}})}
-    assert empty[("gemm", "triton")] == {"determinism": "not run", "batch_invariance": "not run",
-                                         "dtypes": "not run", "device": "not run"}
+    # every matrix kind the contract runs on gemm × triton has a cell, none run yet
+    assert set(empty[("gemm", "triton")]) >= {"determinism", "batch_invariance", "dtypes",
+                                              "device"}
+    assert set(empty[("gemm", "triton")].values()) == {"not run"}
     # one passing entry per run of the triton determinism check, one failure for batch, the
     # device check skipped for want of a GPU (which reads "not run", never "passed")
     outcome = {"determinism": "passed", "batch_invariance": "failed", "device": "skipped"}
@@ -150,8 +152,9 @@ def test_audit_matrix_shows_per_equation_and_backend_what_ran_and_what_passed():
                              message="Skipped: needs a GPU: torch sees no CUDA device")
                     ledger["runs"][run_key(e)] = e
     cells = {(r["equation"], r["backend"]): r["cells"] for r in matrix(gemm, ledger)}
-    assert cells[("gemm", "triton")] == {"determinism": "passed", "batch_invariance": "FAILED",
-                                         "dtypes": "not run", "device": "not run: no GPU"}
+    assert cells[("gemm", "triton")] == {**empty[("gemm", "triton")], "determinism": "passed",
+                                         "batch_invariance": "FAILED",
+                                         "device": "not run: no GPU"}
     kd = runtime.contract("kd-loss-kernel-v1")
     assert [r["cells"] for r in matrix(kd, None) if r["equation"] == "*"] == [
         {"batch_invariance": "inapplicable: " + kd.inapplicable["batch_invariance"]}]

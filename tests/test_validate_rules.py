@@ -567,3 +567,44 @@ def test_v024_dtypes_listed_that_no_argument_takes(tmp_path):
     ok = _contract(tmp_path, "honest", {"rows": fixed},
                    checks=[dict(PARITY, call={"dtype": "dtype"})], expect_errors=True)
     assert not [f for f in ok.errors if f.rule == "V024"]
+
+def _derivative_contract(tmp_path, spec: dict, args: dict | None = None):
+    from tests.test_check_semantics import contract_dict, load
+
+    fns = "tests.fixtures.higher_fns"
+    eqs = {"cube": {"reference": f"{fns}:reference", "torch": f"{fns}:plain"},
+           "cube_backward": {"reference": f"{fns}:reference_backward"},
+           "cube_torch_only": {"torch": f"{fns}:plain"}}
+    rows = {"dtypes": ["float32"], "dims": {"m": [2, 6]}, "examples": [{"m": 3}],
+            "args": args or {"x": {"shape": ["m"], "values": [0.5, 2.0]}}}
+    chk = {"input": "rows", "equation": "cube", "wrt": ["x"], "backward": "cube_backward",
+           **spec}
+    return load(tmp_path, contract_dict(eqs, {"rows": rows}, [chk]), expect_errors=True).errors
+
+
+TOL1 = {"why": "fixture", "float32": {"atol": "eps"}}
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"kind": "gradgrad", "backends": ["reference"], "tolerance": TOL1}, "oracle, not a subject"),
+    ({"kind": "jvp", "expect": {"error": "x", "mma": True}}, "takes only `error`"),
+    ({"kind": "gradgrad", "expect": {"error": "("}}, "is not a regular expression"),
+    ({"kind": "jvp"}, "needs a `tolerance`"),
+    ({"kind": "gradgrad", "expect": {"error": "once"}, "tolerance": TOL1}, "would never apply"),
+])
+def test_v027_derivative_kind_mode(tmp_path, spec, message):
+    errors = _derivative_contract(tmp_path, spec)
+    assert [f.rule for f in errors] == ["V027"] and message in errors[0].message, errors
+
+
+@pytest.mark.parametrize("spec, args, message", [
+    ({"backward": "cube_torch_only"}, None, "has no reference binding"),
+    ({"wrt": ["n"]}, {"x": {"shape": ["m"], "values": [0.5, 2.0]},
+                      "n": {"shape": ["m"], "dtype": "int64", "values": [0, 3]}},
+     "integer dtype"),
+    ({"wrt": ["x"], "call": {"x": "1.0"}}, None, "replaced by `call`"),
+])
+def test_v028_derivative_kind_oracle(tmp_path, spec, args, message):
+    errors = _derivative_contract(tmp_path, {"kind": "gradgrad", "tolerance": TOL1, **spec},
+                                  args)
+    assert [f.rule for f in errors] == ["V028"] and message in errors[0].message, errors

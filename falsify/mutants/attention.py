@@ -296,3 +296,25 @@ def triton_flash_adds_dlse(q, k, v, causal=True, scale=None, out=None):
                                and any(t.requires_grad for t in (q, k, v))):
         return xa.flash_attention(q, k, v, causal, scale, out)
     return _FlashAddsDlseTriton.apply(q, k, v, causal, scale)
+
+
+# ---------------------------------------------------------------- second order
+class _SecondOrderOnDetachedStatistics(ta._FlashAttentionTorch):
+    """The real tiled forward and backward, with the saved o and lse detached before use: the
+    first derivatives are the same numbers, but to autograd P = exp(S − lse) and Δ = Σ dO·O no
+    longer depend on q, k, v, so the double backward drops those terms."""
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale = ctx.cfg
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = ta.backward(q, k, v, o.detach(), lse.detach(), do, dlse, causal,
+                                         scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def flash_second_order_on_detached_statistics(q, k, v, causal=True, scale=None, out=None):
+    *_, scale = ta.check_args(q, k, v, causal, scale, out)
+    return _SecondOrderOnDetachedStatistics.apply(q, k, v, bool(causal), scale)

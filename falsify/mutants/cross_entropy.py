@@ -113,3 +113,29 @@ def triton_online_lse_without_rescale(logits, labels, ignore_index=-100, reducti
         out.copy_(res)
         return out
     return res
+
+
+# ---------------------------------------------------------------- second order
+class _SecondOrderOnSavedLse(tce._CrossEntropy):
+    """The real forward and first-order backward, with softmax always rebuilt from the saved
+    lse: an intermediate of the forward, so a constant to autograd under create_graph."""
+
+    @staticmethod
+    def backward(ctx, dy):
+        logits, labels, lse = ctx.saved_tensors
+        ignore_index, reduction, z_loss, label_smoothing = ctx.cfg
+        T = logits.shape[0]
+        scale = tce.upstream_scale(dy, reduction, labels, ignore_index, T)
+        dz = torch.empty_like(logits)
+        for r0 in range(0, T, tce.TOKEN_CHUNK):
+            sl = slice(r0, r0 + tce.TOKEN_CHUNK)
+            tce.rows_grad(logits[sl], labels[sl], lse[sl], scale[sl], ignore_index, z_loss,
+                          label_smoothing, out=dz[sl])
+        return dz, None, None, None, None, None
+
+
+def second_order_through_saved_lse(logits, labels, ignore_index=-100, reduction="mean",
+                                   z_loss=0.0, label_smoothing=0.0):
+    tce.check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
+    return _SecondOrderOnSavedLse.apply(logits, labels, ignore_index, reduction, float(z_loss),
+                                        float(label_smoothing))

@@ -57,3 +57,20 @@ def derivative_missing_pdf_term(x, approximate, out=None):
     gelu_torch.check_args(x, approximate, out)
     y = _MissingPdfTerm.apply(x, approximate)
     return out.copy_(y) if out is not None else y
+
+
+# ---------------------------------------------------------------- forward mode
+class _JvpMissingPdfTerm(gelu_torch._GELUFunction):
+    """The real forward and backward; a forward-mode derivative of t·Φ(x) only."""
+
+    @staticmethod
+    def jvp(ctx, x_t, _approximate_t):
+        (x,) = ctx.saved_tensors
+        phi = 0.5 * (1.0 + torch.erf(x.float() * gelu_torch.INV_SQRT_2))
+        return (x_t.float() * phi).to(x.dtype)
+
+
+def jvp_missing_pdf_term(x, approximate, out=None):
+    gelu_torch.check_args(x, approximate, out)
+    y = _JvpMissingPdfTerm.apply(x, approximate)
+    return out.copy_(y) if out is not None else y

@@ -207,3 +207,29 @@ def computes_float64_in_float32(x, w, eps, out=None):
         raise TypeError(f"rmsnorm: x and w must be floating point, got {x.dtype}, {w.dtype}")
     y = rmsnorm_torch.rmsnorm(x.float(), w.float(), eps).to(x.dtype)
     return out.copy_(y) if out is not None else y
+
+
+# ---------------------------------------------------------------- second order
+class _SecondOrderOnSavedStatistic(rmsnorm_torch._RMSNormFunction):
+    """The real forward; a backward with the same formula, out of place (so it can be
+    differentiated again) but on the saved inv_rms, which the forward marks
+    non-differentiable: to autograd r is a constant, so dx and dw are exact while the double
+    backward drops every term through ∂r/∂x."""
+
+    @staticmethod
+    def backward(ctx, dy, _d_inv_rms):
+        x, w, inv_rms = ctx.saved_tensors
+        r = inv_rms.unsqueeze(-1)
+        xhat = x.float() * r
+        dyf = dy.float()
+        g = dyf * w.float()
+        c = torch.linalg.vecdot(g, xhat).div(x.shape[-1]).unsqueeze(-1)
+        dx = ((g - xhat * c) * r).to(x.dtype)
+        dw = (xhat * dyf).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
+        return dx, dw, None
+
+
+def second_order_through_saved_inv_rms(x, w, eps, out=None):
+    rmsnorm_torch.check_args(x, w, eps, out)
+    y = _SecondOrderOnSavedStatistic.apply(x, w, float(eps))[0]
+    return out.copy_(y) if out is not None else y

@@ -25,7 +25,6 @@ import math
 import torch
 
 from falsify.impl.dtypes import CHECKED, FP32, require
-
 from falsify.reference.adamw import check_hyperparameters
 
 # adamw_multi is the training loop's update (impl/llm/ops.py) and AdamW its optimizer

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from falsify.impl.dtypes import CHECKED, require
-
 from falsify.reference.cross_entropy import REDUCTIONS
 
 __all__ = ["cross_entropy", "cross_entropy_grad"]
@@ -109,7 +108,9 @@ def upstream_scale(dy, reduction, labels, ignore_index, T):
         return dy
     if reduction == "sum":
         return dy.reshape(()).expand(T)
-    n = (labels != ignore_index).sum().float()
+    # n ≥ 1: with every row ignored each row's scale is masked to 0 anyway, and dy/0 = inf
+    # would make the double backward's ∂/∂dy 0·inf = NaN where the derivative is 0
+    n = (labels != ignore_index).sum().clamp_min(1).float()
     return (dy.reshape(()) / n).expand(T)
 
 
@@ -132,6 +133,14 @@ class _CrossEntropy(torch.autograd.Function):
         logits, labels, lse = ctx.saved_tensors
         ignore_index, reduction, z_loss, label_smoothing = ctx.cfg
         T = logits.shape[0]
+        if torch.is_grad_enabled():
+            # create_graph=True: this backward will be differentiated. The saved lse is an
+            # intermediate of the forward, a constant to autograd: softmax = exp(z − lse) built
+            # on it would silently lose the −softmax·softmaxᵀ half of the Hessian. Recompute it
+            # from the logits with the forward's own operations (bit-identical values).
+            lse = torch.cat([rows_forward(logits[r0:r0 + TOKEN_CHUNK], labels[r0:r0 + TOKEN_CHUNK],
+                                          ignore_index, z_loss, label_smoothing)[1]
+                             for r0 in range(0, T, TOKEN_CHUNK)])
         scale = upstream_scale(dy, reduction, labels, ignore_index, T)
         dz = torch.empty_like(logits)
         for r0 in range(0, T, TOKEN_CHUNK):

@@ -91,6 +91,13 @@ class _FLCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        if torch.is_grad_enabled():
+            # create_graph=True asks for a backward that can be differentiated again; this one
+            # is computed in the forward (or by fused in-place blocks), constants to autograd,
+            # so every second derivative through it would silently be zero
+            raise RuntimeError("fused_linear_cross_entropy: the backward is not differentiable "
+                               "(double backward is not supported; its gradients are computed "
+                               "in the forward): call it without create_graph=True")
         ignore_index, reduction, z_loss, label_smoothing, chunk, block, wdt = ctx.cfg
         none = (None,) * 7
         if reduction != "none":

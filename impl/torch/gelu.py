@@ -55,16 +55,29 @@ def _derivative(xf, approximate):
 
 
 class _GELUFunction(torch.autograd.Function):
+    """Reverse mode (backward, itself differentiable: its ops are autograd ops on the saved
+    input) and forward mode (jvp, for torch.func.jvp), both from the same derivative."""
+
     @staticmethod
-    def forward(ctx, x, approximate):
-        ctx.save_for_backward(x)
-        ctx.approximate = approximate
+    def forward(x, approximate):
         return _forward(x.float(), approximate).to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, approximate = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        ctx.approximate = approximate
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         return (dy.float() * _derivative(x.float(), ctx.approximate)).to(x.dtype), None
+
+    @staticmethod
+    def jvp(ctx, x_t, _approximate_t):
+        (x,) = ctx.saved_tensors
+        return (x_t.float() * _derivative(x.float(), ctx.approximate)).to(x.dtype)
 
 
 def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:

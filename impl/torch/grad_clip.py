@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 from falsify.impl.dtypes import CHECKED, require
-
 from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
 # clip_grad_norm_ is the training loop's clip (impl/llm/ops.py): the bound clip_grad_norm

@@ -15,7 +15,6 @@ import math
 import torch
 
 from falsify.impl.dtypes import CHECKED, require
-
 from falsify.reference.lora import lora_scale
 
 __all__ = ["lora_linear", "lora_merge", "lora_init"]
@@ -72,6 +71,11 @@ class _LoraLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x, w, a, b, t = ctx.saved_tensors
         s = ctx.s
+        if torch.is_grad_enabled():
+            # create_graph=True: this backward will be differentiated. The saved t = x·Aᵀ is an
+            # intermediate of the forward, a constant to autograd: db = s·gᵀ·t built on it
+            # would silently lose ∂db/∂x and ∂db/∂A. Recompute it (the same matmul).
+            t = x.reshape(-1, w.shape[1]).float() @ a.float().T
         out_f, in_f = w.shape
         g = gy.reshape(-1, out_f).float()
         u = g @ b.float()

@@ -48,12 +48,15 @@ class _RMSNormFunction(torch.autograd.Function):
         # normed then ·w in place: the same two fp32 roundings, one [.., n] buffer
         y = (xf * inv_rms.unsqueeze(-1)).mul_(w.float()).to(x.dtype)
         ctx.save_for_backward(x, w, inv_rms)
+        ctx.eps = eps
         ctx.mark_non_differentiable(inv_rms)
         return y, inv_rms
 
     @staticmethod
     def backward(ctx, dy, _d_inv_rms):
         x, w, inv_rms = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: this backward will be differentiated
+            return (*_differentiable_backward(x, w, ctx.eps, dy, ctx.needs_input_grad), None)
         r = inv_rms.unsqueeze(-1)
         xhat = x.float() * r  # the forward's `normed`, recomputed bit-exactly
         dyf = dy.float()
@@ -66,6 +69,26 @@ class _RMSNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = xhat.mul_(dyf).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
         return dx, dw, None
+
+
+def _differentiable_backward(x, w, eps, dy, needs):
+    """(dx, dw) as out-of-place autograd ops, for a backward that is itself differentiated.
+    The saved inv_rms is an output marked non-differentiable, a constant to autograd: a
+    backward built on it would silently drop every second-order term through ∂r/∂x. So r is
+    recomputed from x with the forward's own operations (bit-identical to the saved one), and
+    nothing is updated in place (the fast path overwrites values its own graph would need)."""
+    xf = x.float()
+    r = torch.rsqrt(torch.linalg.vecdot(xf, xf) / x.shape[-1] + eps).unsqueeze(-1)
+    xhat = xf * r
+    dyf = dy.float()
+    dx = dw = None
+    if needs[0]:
+        g = dyf * w.float()
+        c = torch.linalg.vecdot(g, xhat).div(x.shape[-1]).unsqueeze(-1)
+        dx = ((g - xhat * c) * r).to(x.dtype)
+    if needs[1]:
+        dw = (xhat * dyf).reshape(-1, x.shape[-1]).sum(dim=0).to(w.dtype)
+    return dx, dw
 
 
 def rmsnorm_forward(x: torch.Tensor, w: torch.Tensor, eps: float, out=None):

@@ -77,7 +77,19 @@ class _RoPEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: `rotate` writes through out=, which
+            return _rotate_differentiable(dy, cos, -sin), None, None  # autograd refuses
         return rotate(dy, cos, -sin), None, None  # R(a)ᵀ = R(−a)
+
+
+def _rotate_differentiable(x, cos, sin):
+    """`rotate` as out-of-place autograd ops (the same products and sums, so the same values),
+    for a backward that is itself differentiated."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, out=None) -> torch.Tensor:

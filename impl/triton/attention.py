@@ -33,6 +33,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.attention import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["attention", "flash_attention"]
 
@@ -294,6 +295,7 @@ class _FlashAttentionTriton(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable("flash_attention (Triton)")
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale = ctx.cfg
@@ -313,9 +315,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if needs_grad:
             raise RuntimeError("attention: out= does not support autograd (inputs require grad)")
         return launch_forward(q, k, v, causal, scale, out)
-    if needs_grad:
-        return _FlashAttentionTriton.apply(q, k, v, causal, scale)
-    return launch_forward(q, k, v, causal, scale)
+    # Always through the Function, even when nothing requires grad: forward-mode AD does not
+    # set requires_grad (nor need grad mode), and a bare kernel launch would drop the inputs'
+    # tangents silently; the Function refuses forward mode with a clear error instead.
+    return _FlashAttentionTriton.apply(q, k, v, causal, scale)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,

@@ -28,6 +28,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import next_power_of_2_capped
 from falsify.impl.torch.cross_entropy import check_ce_args, reduce_rows
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["cross_entropy", "cross_entropy_grad"]
 
@@ -144,6 +145,7 @@ class _CrossEntropy(torch.autograd.Function):
         return reduce_rows(loss, labels, ignore_index, reduction).to(logits.dtype)
 
     @staticmethod
+    @once_differentiable("cross_entropy (Triton)")
     def backward(ctx, dy):
         logits, labels, lse = ctx.saved_tensors
         ignore_index, reduction, z_loss, label_smoothing = ctx.cfg

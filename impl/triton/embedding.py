@@ -23,6 +23,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.embedding import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["embedding"]
 
@@ -95,6 +96,7 @@ class _EmbeddingTriton(torch.autograd.Function):
         return launch_forward(ids, table)
 
     @staticmethod
+    @once_differentiable("embedding (Triton)")
     def backward(ctx, dy):
         (ids,) = ctx.saved_tensors
         return None, launch_backward(ids, dy, ctx.vocab).to(ctx.dtype)

@@ -26,6 +26,7 @@ from falsify.impl.torch.gelu import (
     SQRT_2_OVER_PI,
     check_args,
 )
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["gelu", "gelu_gap"]
 
@@ -138,6 +139,7 @@ class _GELUTriton(torch.autograd.Function):
         return launch_forward(x, approximate)
 
     @staticmethod
+    @once_differentiable("gelu (Triton)")
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         return _launch_backward(x, dy, ctx.approximate), None

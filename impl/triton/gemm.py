@@ -32,6 +32,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch.gemm import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["gemm"]
 
@@ -163,6 +164,7 @@ class GemmTriton(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable("gemm (Triton)")
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         alpha, beta, trans_a, trans_b = ctx.cfg
@@ -184,6 +186,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, alpha:
         if needs_grad:
             raise RuntimeError("gemm: out= does not support autograd (inputs require grad)")
         return launch(a, b, c, alpha, beta, trans_a, trans_b, out, m, n, k)
-    if needs_grad:
-        return GemmTriton.apply(a, b, c, alpha, beta, trans_a, trans_b)
-    return _gemm_nograd(a, b, c, alpha, beta, trans_a, trans_b)
+    # Always through the Function, even when nothing requires grad: forward-mode AD does not
+    # set requires_grad (nor need grad mode), and a bare kernel launch would drop the inputs'
+    # tangents silently; the Function refuses forward mode with a clear error instead.
+    return GemmTriton.apply(a, b, c, alpha, beta, trans_a, trans_b)

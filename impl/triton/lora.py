@@ -31,6 +31,7 @@ import falsify.impl.triton
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch import lora as _t
+from falsify.impl.triton.autograd import once_differentiable
 from falsify.reference.lora import lora_scale
 
 __all__ = ["lora_linear", "lora_merge"]
@@ -159,6 +160,7 @@ class _LoraLinear(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], out_f)
 
     @staticmethod
+    @once_differentiable("lora_linear (Triton)")
     def backward(ctx, gy):
         x2, w, a, b, t = ctx.saved_tensors
         g = _as_rows(gy, w.shape[0]).to(x2.dtype)

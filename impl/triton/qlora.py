@@ -28,6 +28,7 @@ from falsify.impl.launch import log2_exact
 from falsify.impl.torch import qlora as _t
 from falsify.impl.triton import lora as _lora
 from falsify.impl.triton import nf4 as _nf4
+from falsify.impl.triton.autograd import once_differentiable
 from falsify.reference.lora import lora_scale
 
 __all__ = ["qlora_linear"]
@@ -157,6 +158,7 @@ class _QLoraLinear(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], wq.out_f)
 
     @staticmethod
+    @once_differentiable("qlora_linear (Triton)")
     def backward(ctx, gy):
         x2, a, b, t = ctx.saved_tensors
         g = _lora._as_rows(gy, ctx.wq.out_f).to(x2.dtype)

@@ -25,6 +25,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rmsnorm import check_args
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["rmsnorm", "rmsnorm_forward"]
 
@@ -144,6 +145,7 @@ class _RMSNormTriton(torch.autograd.Function):
         return y, inv
 
     @staticmethod
+    @once_differentiable("rmsnorm (Triton)")
     def backward(ctx, dy, _d_inv):
         x, w, inv = ctx.saved_tensors
         dx, dw = launch_backward(x, w, inv, dy)

@@ -24,6 +24,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2
 from falsify.impl.torch.rope import check_args, rope_tables
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["rope", "rope_grouped_and_per_head"]
 
@@ -77,6 +78,7 @@ class RoPETriton(torch.autograd.Function):
         return launch(x, cos, sin)
 
     @staticmethod
+    @once_differentiable("rope (Triton)")
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
         return launch(dy, cos, sin, sign=-1.0), None, None

@@ -27,6 +27,7 @@ import triton.language as tl
 from falsify.impl.dtypes import triton_dtypes
 from falsify.impl.launch import cdiv, next_power_of_2_capped
 from falsify.impl.torch.swiglu import _float_tensor, check_args, check_inplace_args, check_out
+from falsify.impl.triton.autograd import once_differentiable
 
 __all__ = ["swiglu", "silu", "swiglu_backward_inplace"]
 
@@ -141,6 +142,7 @@ class _SwiGLUTriton(torch.autograd.Function):
         return _launch_forward(gate, up)
 
     @staticmethod
+    @once_differentiable("swiglu (Triton)")
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
         return launch_backward(gate, up, dy, torch.empty_like(gate), torch.empty_like(up))
@@ -153,6 +155,7 @@ class _SiLUTriton(torch.autograd.Function):
         return _launch_forward(x, None)
 
     @staticmethod
+    @once_differentiable("silu (Triton)")
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         return launch_backward(x, None, dy, torch.empty_like(x), None)[0]

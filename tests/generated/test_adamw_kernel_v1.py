@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b70f74c773acfc0dd90b7543880a9265e5c72ec72849cc3cf3d0df109bcea022"
+SHA256 = "237999b23b63b778bb953737b061675b174767e5b481b7e1363db1006d794c50"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

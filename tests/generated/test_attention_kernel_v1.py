@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9a7bb1c4207e8c4b18326a5163e72be5d0a3c11252cfd3e1d4a441d00469e651"
+SHA256 = "6683cde0184fe143b652c5bedf16fb35d16075f13c0ef76a67494e2e8d6e58a9"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -765,6 +765,76 @@ def test_falsify_att_028__triton__float32(case):
 def test_falsify_att_028__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-028", "triton", "float16", case)
 
+# FALSIFY-ATT-029 → ATT-EQV-010 (gradgrad): flash_attention's double backward (torch) through o and lse matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-029", "float32")[0])
+def test_falsify_att_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-029", "torch", "float32", case)
+
+# FALSIFY-ATT-030 → ATT-EQV-010 (gradgrad): SDPA attention refuses double backward with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-030", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-030", "float32")[0])
+def test_falsify_att_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-030", "torch", "float32", case)
+
+# FALSIFY-ATT-031 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-031", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-031", "float32")[0])
+def test_falsify_att_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-031", "triton", "float32", case)
+
+# FALSIFY-ATT-032 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (flash_attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-032", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-032", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-032", "float32")[0])
+def test_falsify_att_032__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-032", "triton", "float32", case)
+
+# FALSIFY-ATT-033 → ATT-EQV-011 (jvp): SDPA attention refuses forward mode with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-033", "float32")[0])
+def test_falsify_att_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-033", "torch", "float32", case)
+
+# FALSIFY-ATT-034 → ATT-EQV-011 (jvp): Forward mode of the tiled and Triton attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-034", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-034", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-034", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-034", "float32")[0])
+def test_falsify_att_034__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-034", "triton", "float32", case)
+
+# FALSIFY-ATT-035 → ATT-EQV-011 (jvp): Forward mode of flash_attention is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
+def test_falsify_att_035__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-035", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
+def test_falsify_att_035__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-035", "triton", "float32", case)
+
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-001", obligation="ATT-EQV-001", backend="triton")
@@ -818,3 +888,9 @@ def test_mut_att_008():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-009", obligation="ATT-EQV-009", backend="triton")
 def test_mut_att_009():
     rt.assert_killed(CONTRACT, "MUT-ATT-009")
+
+
+# MUT-ATT-010 → ATT-EQV-010: the tiled backward run on detached o and lse: dQ, dK, dV are the same numbers, so every first-order check passes, but the double backward loses every term through P = exp(S − lse) and Δ = Σ dO·O
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-010", obligation="ATT-EQV-010", backend="torch")
+def test_mut_att_010():
+    rt.assert_killed(CONTRACT, "MUT-ATT-010")

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "629646b67b8ac9163f1e8a820c63e201906dc2aa02084916f8c2b527cfd1117a"
+SHA256 = "14fb4b973191597e3969c13909e611a9c10210dd99062bafceccb6df8d2f361a"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -904,6 +904,40 @@ def test_falsify_ce_024__triton__float32(case):
 def test_falsify_ce_024__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-024", "triton", "float16", case)
 
+# FALSIFY-CE-025 → CE-EQV-006 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-025", "float32")[0])
+def test_falsify_ce_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-025", "torch", "float32", case)
+
+# FALSIFY-CE-026 → CE-EQV-006 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-026", "float32")[0])
+def test_falsify_ce_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-026", "triton", "float32", case)
+
+# FALSIFY-CE-027 → CE-EQV-007 (jvp): Forward mode is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-027", "float32")[0])
+def test_falsify_ce_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-027", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-027", "float32")[0])
+def test_falsify_ce_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-027", "triton", "float32", case)
+
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-001", obligation="CE-EQV-002", backend="torch")
@@ -927,3 +961,9 @@ def test_mut_ce_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-004", obligation="CE-EQV-001", backend="triton")
 def test_mut_ce_004():
     rt.assert_killed(CONTRACT, "MUT-CE-004")
+
+
+# MUT-CE-005 → CE-EQV-006: the backward always rebuilds softmax from the saved lse (the torch backend before it recomputed lse under create_graph): every first-order check passes, the double backward drops the −p·pᵀ term
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-005", obligation="CE-EQV-006", backend="torch")
+def test_mut_ce_005():
+    rt.assert_killed(CONTRACT, "MUT-CE-005")

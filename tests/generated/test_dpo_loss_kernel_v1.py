@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5d242c8da5f68cb7bcd9893b5ae4463a7faee7bf20835f10c36f2f55903a0205"
+SHA256 = "b0165035c00b7177b9db81bb6e78c2229b3df47dacf344e0384a94153f45788e"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -294,6 +294,24 @@ def test_falsify_dpo_013__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[2])
 def test_falsify_dpo_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float16", case)
+
+# FALSIFY-DPO-014 → DPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-004", check="FALSIFY-DPO-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-014", "float32")[0])
+def test_falsify_dpo_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-014", "torch", "float32", case)
+
+# FALSIFY-DPO-015 → DPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-005", check="FALSIFY-DPO-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-015", "float32")[0])
+def test_falsify_dpo_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-015", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0f0525192b947ddf2c2d5161ac894353af2ddf7715d1f50f989b6a0cc00c267d"
+SHA256 = "fa19840f1b9bd9e59ed63aade337b27112faacedd6cdfca4deb69142f7040662"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -354,6 +354,42 @@ def test_falsify_emb_012__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[2])
 def test_falsify_emb_012__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-012", "triton", "float16", case)
+
+# FALSIFY-EMB-013 → EMB-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-013", "float32")[0])
+def test_falsify_emb_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-013", "torch", "float32", case)
+
+# FALSIFY-EMB-014 → EMB-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-014", "float32")[0])
+def test_falsify_emb_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-014", "triton", "float32", case)
+
+# FALSIFY-EMB-015 → EMB-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-015", "float32")[0])
+def test_falsify_emb_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-015", "torch", "float32", case)
+
+# FALSIFY-EMB-016 → EMB-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-016", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-016", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-016", "float32")[0])
+def test_falsify_emb_016__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-016", "triton", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1fefc8e89e43dc56059b827e2ed17f525fefbdfc1fb2cb2595b3d618d775d339"
+SHA256 = "1fab4afd4edd34bff13afb84c55354b072eb4b5593a245377b6291e06c40c6a6"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -325,6 +325,42 @@ def test_falsify_flce_009__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float16")[2])
 def test_falsify_flce_009__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-009", "triton", "float16", case)
+
+# FALSIFY-FLCE-010 → FLCE-EQV-003 (gradgrad): The torch backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-010", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-010", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-010", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-010", "float32")[0])
+def test_falsify_flce_010__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-010", "torch", "float32", case)
+
+# FALSIFY-FLCE-011 → FLCE-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-011", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-011", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-011", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-011", "float32")[0])
+def test_falsify_flce_011__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-011", "triton", "float32", case)
+
+# FALSIFY-FLCE-012 → FLCE-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-012", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-012", "float32")[0])
+def test_falsify_flce_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-012", "torch", "float32", case)
+
+# FALSIFY-FLCE-013 → FLCE-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-013", "float32")[0])
+def test_falsify_flce_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-013", "triton", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "cea979b0bc1d5f7f90d0a89956b7feead7068030663d63fc9dc926ddc47682a6"
+SHA256 = "19981919c4192ff2566da3afde8398747b3520c42bf33b54b10b91bcd634ae94"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -538,6 +538,60 @@ def test_falsify_gelu_018__triton__float32(case):
 def test_falsify_gelu_018__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-018", "triton", "float16", case)
 
+# FALSIFY-GELU-019 → GELU-EQV-004 (gradgrad): Double backward of the none form (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-019", "float32")[0])
+def test_falsify_gelu_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-019", "torch", "float32", case)
+
+# FALSIFY-GELU-020 → GELU-EQV-004 (gradgrad): Double backward of the tanh form (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-020", "float32")[0])
+def test_falsify_gelu_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-020", "torch", "float32", case)
+
+# FALSIFY-GELU-021 → GELU-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-021", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-021", "float32")[0])
+def test_falsify_gelu_021__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-021", "triton", "float32", case)
+
+# FALSIFY-GELU-022 → GELU-EQV-005 (jvp): Forward mode of the none form (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-022", "float32")[0])
+def test_falsify_gelu_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-022", "torch", "float32", case)
+
+# FALSIFY-GELU-023 → GELU-EQV-005 (jvp): Forward mode of the tanh form (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-023", "float32")[0])
+def test_falsify_gelu_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-023", "torch", "float32", case)
+
+# FALSIFY-GELU-024 → GELU-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-024", "float32")[0])
+def test_falsify_gelu_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-024", "triton", "float32", case)
+
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-001", obligation="GELU-EQV-001", backend="torch")
@@ -561,3 +615,9 @@ def test_mut_gelu_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-004", obligation="GELU-EQV-003", backend="torch")
 def test_mut_gelu_004():
     rt.assert_killed(CONTRACT, "MUT-GELU-004")
+
+
+# MUT-GELU-005 → GELU-EQV-005: forward and backward exact; the jvp staticmethod drops the x·φ(x) term (t·Φ(x)): every reverse-mode check passes, forward mode is wrong
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-005", obligation="GELU-EQV-005", backend="torch")
+def test_mut_gelu_005():
+    rt.assert_killed(CONTRACT, "MUT-GELU-005")

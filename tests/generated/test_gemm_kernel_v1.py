@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "16b05b01e57c4c697a9a622815aef9cc699ca0f3eae2b68275f7320e763b99c8"
+SHA256 = "08eefc6261b830b17d676e83abed468658ca3c8728a02e02c1800e3564ab9bb8"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -518,6 +518,42 @@ def test_falsify_gemm_018__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[3])
 def test_falsify_gemm_018__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-018", "triton", "float16", case)
+
+# FALSIFY-GEMM-019 → GEMM-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-003", check="FALSIFY-GEMM-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-019", "float32")[0])
+def test_falsify_gemm_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-019", "torch", "float32", case)
+
+# FALSIFY-GEMM-020 → GEMM-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-003", check="FALSIFY-GEMM-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-020", "float32")[0])
+def test_falsify_gemm_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-020", "triton", "float32", case)
+
+# FALSIFY-GEMM-021 → GEMM-EQV-004 (jvp): Forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-004", check="FALSIFY-GEMM-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-021", "float32")[0])
+def test_falsify_gemm_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-021", "torch", "float32", case)
+
+# FALSIFY-GEMM-022 → GEMM-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-004", check="FALSIFY-GEMM-022", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-022", "float32")[0])
+def test_falsify_gemm_022__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-022", "triton", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

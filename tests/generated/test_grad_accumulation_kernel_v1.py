@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6b583970331ec8b713647a822572d18bfa8b92002ea00dc969442ab7529c675f"
+SHA256 = "38841483b44607eec48a577c636fe4850e82f808a8c8894f5c254b14dd421443"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "706e27cbce7fc8c47514369ec90e5856264393b6179704a5e588dd5ef57d2053"
+SHA256 = "3b8fd5f20b449513f0dda4c17e26a1516d65b703644d4db7afc57d109bf7549c"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

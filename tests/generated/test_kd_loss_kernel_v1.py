@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5ff37af4dd32a61f27030797cdd8b7635e535861e096271bb59a69e83a799571"
+SHA256 = "36912a64c8296514e00a486cbb9d55812a2a459097c1368d60b0d80340185810"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -343,6 +343,24 @@ def test_falsify_kd_014__torch__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[2])
 def test_falsify_kd_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
+
+# FALSIFY-KD-016 → KD-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-005", check="FALSIFY-KD-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-016", "float32")[0])
+def test_falsify_kd_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-016", "torch", "float32", case)
+
+# FALSIFY-KD-017 → KD-EQV-006 (jvp): Forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-006", check="FALSIFY-KD-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-017", "float32")[0])
+def test_falsify_kd_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-017", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "069f0ce20aab90f14db189454ade27ce8acb1148d9df09b1de0dd115226c20f0"
+SHA256 = "a88a5b35770bca8050159874c32e7439bf0ff29e55213e3e460c6ff933640587"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -770,6 +770,42 @@ def test_falsify_lora_025__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[2])
 def test_falsify_lora_025__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-025", "triton", "float16", case)
+
+# FALSIFY-LORA-026 → LORA-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-026", "float32")[0])
+def test_falsify_lora_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-026", "torch", "float32", case)
+
+# FALSIFY-LORA-027 → LORA-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-027", "float32")[0])
+def test_falsify_lora_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-027", "triton", "float32", case)
+
+# FALSIFY-LORA-028 → LORA-EQV-005 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-028", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-028", "float32")[0])
+def test_falsify_lora_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-028", "torch", "float32", case)
+
+# FALSIFY-LORA-029 → LORA-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-029", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-029", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-029", "float32")[0])
+def test_falsify_lora_029__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-029", "triton", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "904ebd545c812c90c9c54b235873f203c1773e021a9ef2a3fc9a5af850534cd5"
+SHA256 = "7f35b393b330ad745ab67a1a5ee0c78a8334d3b368702bfce225b3a55de0b36b"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

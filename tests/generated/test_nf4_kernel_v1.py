@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c4f3b92e852d21af5e8cd1fe0ab8b30b19623d1a7640d2a267a93cec6cca8ad4"
+SHA256 = "1fc1f1a663e31a4459a1de53ed7ace009e7a7d73f2684682e8b1cca5f8e3826c"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "cd20594b1204b6fa0aa222624038f23a7b95a830d844eb1fccd582f1d66da21e"
+SHA256 = "f776dd415c89d167c8496fee13206bdee175524f17249ee09ea6edb8beb04078"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ab3541a6d3dc67f5cc81cdb470754ca5b849645fa42d7f02a1fd6977026731a6"
+SHA256 = "b66ccf8926e616902a8adb57d7b74a01665eba8f9d6b91128ecd62ea1d8ecdf3"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -470,6 +470,42 @@ def test_falsify_qlora_015__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float16")[3])
 def test_falsify_qlora_015__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-015", "triton", "float16", case)
+
+# FALSIFY-QLORA-016 → QLORA-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-016", "float32")[0])
+def test_falsify_qlora_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-016", "torch", "float32", case)
+
+# FALSIFY-QLORA-017 → QLORA-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-017", "float32")[0])
+def test_falsify_qlora_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-017", "triton", "float32", case)
+
+# FALSIFY-QLORA-018 → QLORA-EQV-004 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-018", "float32")[0])
+def test_falsify_qlora_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-018", "torch", "float32", case)
+
+# FALSIFY-QLORA-019 → QLORA-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-019", "float32")[0])
+def test_falsify_qlora_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-019", "triton", "float32", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "aee2028c18b9e57f76629a4f808d53e8a7ae4c0a0a28a6c55b2004dac3a6df66"
+SHA256 = "a476be5b59ccb31b17ca8a31a5cb73eeb7232af66ed378f5ba55d5c64041ec7b"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -569,6 +569,40 @@ def test_falsify_rn_018__triton__float32(case):
 def test_falsify_rn_018__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-018", "triton", "float16", case)
 
+# FALSIFY-RN-019 → RN-EQV-007 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-019", "float32")[0])
+def test_falsify_rn_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-019", "torch", "float32", case)
+
+# FALSIFY-RN-020 → RN-EQV-007 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-020", "float32")[0])
+def test_falsify_rn_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-020", "triton", "float32", case)
+
+# FALSIFY-RN-021 → RN-EQV-008 (jvp): Forward mode is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-021", "float32")[0])
+def test_falsify_rn_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-021", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-021", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-021", "float32")[0])
+def test_falsify_rn_021__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-021", "triton", "float32", case)
+
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-001", obligation="RN-EQV-001", backend="torch")
@@ -622,3 +656,9 @@ def test_mut_rn_008():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-009", obligation="RN-DTY-001", backend="torch")
 def test_mut_rn_009():
     rt.assert_killed(CONTRACT, "MUT-RN-009")
+
+
+# MUT-RN-010 → RN-EQV-007: the backward written out of place on the saved inv_rms (non-differentiable): dx, dw exact, so every first-order check passes; the double backward misses every term through ∂r/∂x
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-010", obligation="RN-EQV-007", backend="torch")
+def test_mut_rn_010():
+    rt.assert_killed(CONTRACT, "MUT-RN-010")

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2ba2bc72ad5d7bf92666d81e2bc85e7a314d72c08abaa0c4b566f6fb628dc269"
+SHA256 = "8262b977773190a6bf70bca8f2e7bc43895af4bdd3a36175bf7dd4f2bbac24fc"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -444,6 +444,42 @@ def test_falsify_rope_013__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[2])
 def test_falsify_rope_013__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-013", "triton", "float16", case)
+
+# FALSIFY-ROPE-014 → ROPE-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-014", "float32")[0])
+def test_falsify_rope_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-014", "torch", "float32", case)
+
+# FALSIFY-ROPE-015 → ROPE-EQV-005 (gradgrad): The Triton backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-015", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-015", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-015", "float32")[0])
+def test_falsify_rope_015__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-015", "triton", "float32", case)
+
+# FALSIFY-ROPE-016 → ROPE-EQV-006 (jvp): Forward mode on torch is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-016", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-016", "float32")[0])
+def test_falsify_rope_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-016", "torch", "float32", case)
+
+# FALSIFY-ROPE-017 → ROPE-EQV-006 (jvp): Forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-017", "float32")[0])
+def test_falsify_rope_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-017", "triton", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1d6a8802c24329d4232b04879d863c463037043243caf79f138394ef1174af7c"
+SHA256 = "0e4b1ffe7da42194cae3b6f95a1a7b5b4fd5b85671d9023fab0a2fa5bdb2807d"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ec4533b8f6585f6f59a0acae31882cc72419d159d405274db67f3905b94874a2"
+SHA256 = "1da7e5d4f87ef3496134e09b842cd45c3bc81576d51f0f08f88cf69dbf8a6885"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -600,6 +600,78 @@ def test_falsify_swg_020__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
 def test_falsify_swg_020__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float16", case)
+
+# FALSIFY-SWG-021 → SWG-EQV-006 (gradgrad): SwiGLU double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-021", "float32")[0])
+def test_falsify_swg_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-021", "torch", "float32", case)
+
+# FALSIFY-SWG-022 → SWG-EQV-006 (gradgrad): SiLU double backward (torch) matches finite differences of the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-022", "float32")[0])
+def test_falsify_swg_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-022", "torch", "float32", case)
+
+# FALSIFY-SWG-023 → SWG-EQV-006 (gradgrad): The Triton SwiGLU backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-023", "float32")[0])
+def test_falsify_swg_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-023", "triton", "float32", case)
+
+# FALSIFY-SWG-024 → SWG-EQV-006 (gradgrad): The Triton SiLU backward refuses to be differentiated again
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-024", "float32")[0])
+def test_falsify_swg_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-024", "triton", "float32", case)
+
+# FALSIFY-SWG-025 → SWG-EQV-007 (jvp): SwiGLU forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-025", "float32")[0])
+def test_falsify_swg_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-025", "torch", "float32", case)
+
+# FALSIFY-SWG-026 → SWG-EQV-007 (jvp): SiLU forward mode (torch) agrees with the reference backward
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-026", "float32")[0])
+def test_falsify_swg_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-026", "torch", "float32", case)
+
+# FALSIFY-SWG-027 → SWG-EQV-007 (jvp): SwiGLU forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-027", "float32")[0])
+def test_falsify_swg_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-027", "triton", "float32", case)
+
+# FALSIFY-SWG-028 → SWG-EQV-007 (jvp): SiLU forward mode on Triton is refused with a clear error
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-028", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-028", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-028", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-028", "float32")[0])
+def test_falsify_swg_028__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-028", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs

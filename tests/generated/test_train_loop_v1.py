@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f2496639a5523075b6906034be45da035544a288a68261e37a0ee9ac725522d4"
+SHA256 = "8edc368b9c3f1f7c343fb266b57b3df6236689222c96ed48719b8b840bf558aa"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
