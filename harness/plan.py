@@ -21,9 +21,10 @@ REQUIRED_FIELDS = {
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
     "dtypes": ("input",),
+    "layouts": ("input", "parity", "zero_size"),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes"}
+               "determinism", "batch_invariance", "dtypes", "layouts"}
 
 
 @dataclass(frozen=True)

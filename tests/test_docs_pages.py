@@ -205,7 +205,8 @@ def test_statuses_from_coverage_object(softmax):
     # mutants: killed with killed_by, survived
     for m in softmax.mutants:
         row = _row(page, m.id)
-        ob_status = expect[[o.id for o in obs].index(m.obligation)]
+        i = [o.id for o in obs].index(m.obligation)
+        ob_status = expect[i] if i < len(expect) else "not-run"  # mixed(): not-run past 5
         if ob_status == "mutant-survived":
             assert 'fs-survived">survived' in row
         elif ob_status == "not-run":

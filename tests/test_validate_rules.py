@@ -554,3 +554,20 @@ def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V023", "error")
     assert "FALSIFY-RN-013" in f.message and f.line == line_of(text, "determinism: \"said")
+
+
+def test_v024_dtypes_nobody_ran(tmp_path):
+    from tests.test_dtypes_kind import test_v024_dtypes_listed_that_no_argument_takes as v024
+
+    v024(tmp_path)  # written beside the dtypes kind it guards
+
+
+def test_v025_layouts_rules_fit_the_input(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "contracts" / "softmax-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+    bad = edit(text, "      zero_size: {m: empty, n: error}\n", "      zero_size: {m: empty}\n")
+    bad = edit(bad, "      parity: FALSIFY-SM-005\n", "      parity: FALSIFY-SM-006\n")
+    p, findings = run(tmp_path, bad, name="softmax-kernel-v1.yaml")
+    msgs = [f.message for f in only(findings, "V025", "error")]
+    assert any("states no rule for n" in m for m in msgs)
+    assert any("FALSIFY-SM-006 runs equation 'softmax' on input 'large'" in m for m in msgs)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "75c2cd1ea827bb8e8344fb00a8eac3d99333aaab80489abbaddfd6800dcbc172"
+SHA256 = "fd895d9eabf1f86235719bf646266cb7ba553b49c953eafcbff4f53e738c5f53"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -533,6 +533,46 @@ def test_falsify_aw_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DTY-001", check="FALSIFY-AW-023", backend="triton", variant="undeclared")
 def test_falsify_aw_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-AW-023", "triton", "undeclared", None)
+
+# FALSIFY-AW-024 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_step)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
+def test_falsify_aw_024__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
+def test_falsify_aw_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
+def test_falsify_aw_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-024", "triton", "float32", case)
+
+# FALSIFY-AW-025 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_run)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
+def test_falsify_aw_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-025", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
+def test_falsify_aw_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
+def test_falsify_aw_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-025", "triton", "float32", case)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6ae9850cb8f5f9c60c42b79dad96c4b8c8e2122ea7a7985ee43849b467e9a2f1"
+SHA256 = "0be5c916494be929b05d28fdf3478727eddc7fcd61467bd5ffe296d50486698f"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -672,6 +672,46 @@ def test_falsify_att_026__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DTY-001", check="FALSIFY-ATT-026", backend="triton", variant="undeclared")
 def test_falsify_att_026__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
+
+# FALSIFY-ATT-027 → ATT-LAY-001 (layouts): Layouts and size 0 (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
+def test_falsify_att_027__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-027", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
+def test_falsify_att_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-027", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
+def test_falsify_att_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-027", "triton", "float32", case)
+
+# FALSIFY-ATT-028 → ATT-LAY-001 (layouts): Layouts and size 0 (flash_attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
+def test_falsify_att_028__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-028", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
+def test_falsify_att_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-028", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
+def test_falsify_att_028__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-028", "triton", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4996aeef3f71a72758001246400619d7e6b8adfb98b16c9f3c48d1715c7b9e57"
+SHA256 = "37a072dd6e7cb5eadf9fb8c6a6f165a82f053ada5551f2c82d2c4af50b015eb6"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -857,6 +857,26 @@ def test_falsify_ce_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-023", backend="triton", variant="undeclared")
 def test_falsify_ce_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
+
+# FALSIFY-CE-024 → CE-LAY-001 (layouts): Layouts and size 0 (cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
+def test_falsify_ce_024__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-024", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
+def test_falsify_ce_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
+def test_falsify_ce_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-024", "triton", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

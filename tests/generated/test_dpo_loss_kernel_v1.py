@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "599f6e8755dd4c1fbae7b5bbd327cfb3478bde07de83f239d0bf2f34e5672bf2"
+SHA256 = "a4f434352e12bc970bdef592a6d250c77929630787e37c593473eeafcaeb50fa"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -272,6 +272,20 @@ def test_falsify_dpo_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-012", backend="torch", variant="undeclared")
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
+
+# FALSIFY-DPO-013 → DPO-LAY-001 (layouts): Layouts and size 0 (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
+def test_falsify_dpo_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
+def test_falsify_dpo_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "06be52e2f97100320bd66b713bf34f87a5403b13d43e11e5d463248a000f3c19"
+SHA256 = "6e4334303f63e7d944801002acd2e73bf2cd94da47ad60f4865be7e47be0e035"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -312,6 +312,26 @@ def test_falsify_emb_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DTY-001", check="FALSIFY-EMB-011", backend="triton", variant="undeclared")
 def test_falsify_emb_011__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
+
+# FALSIFY-EMB-012 → EMB-LAY-001 (layouts): Layouts and size 0 (embedding)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+def test_falsify_emb_012__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+def test_falsify_emb_012__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
+def test_falsify_emb_012__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-012", "triton", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

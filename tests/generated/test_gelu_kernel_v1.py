@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "70057cb74fdd6bb3e44d88f38272c53e52549645a57a60b2f793abe310bda9cb"
+SHA256 = "35cd5b23e220a57511c5adb7be0a404c70629793a3c00a3c801c460288bb0d13"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -454,6 +454,26 @@ def test_falsify_gelu_016__torch__undeclared():
 def test_falsify_gelu_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GELU-016", "triton", "undeclared", None)
 
+# FALSIFY-GELU-017 → GELU-LAY-001 (layouts): Layouts and size 0 (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-017", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+def test_falsify_gelu_017__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+def test_falsify_gelu_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+def test_falsify_gelu_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "triton", "float32", case)
+
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-001", obligation="GELU-EQV-001", backend="torch")
@@ -477,3 +497,9 @@ def test_mut_gelu_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-004", obligation="GELU-EQV-003", backend="torch")
 def test_mut_gelu_004():
     rt.assert_killed(CONTRACT, "MUT-GELU-004")
+
+
+# MUT-GELU-005 → GELU-LAY-001: the elementwise form run on x.view(-1): a RuntimeError for any transposed or stepped input, where .reshape would copy
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-005", obligation="GELU-LAY-001", backend="torch")
+def test_mut_gelu_005():
+    rt.assert_killed(CONTRACT, "MUT-GELU-005")

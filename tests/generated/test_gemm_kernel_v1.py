@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "795fa3646f931a8f76de59f8e84fdc7493b8677d7a25609f871829b6377468e1"
+SHA256 = "97bbb96c32fea9f909bb22381805952a3f47a66428ff0be4581314e5588a7858"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -472,6 +472,26 @@ def test_falsify_gemm_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DTY-001", check="FALSIFY-GEMM-017", backend="triton", variant="undeclared")
 def test_falsify_gemm_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GEMM-017", "triton", "undeclared", None)
+
+# FALSIFY-GEMM-018 → GEMM-LAY-001 (layouts): Layouts and size 0 (gemm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
+def test_falsify_gemm_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
+def test_falsify_gemm_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
+def test_falsify_gemm_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "triton", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a7c6fffdaec8fd4175ed23ccb8365fab414726bc21add71b22145df26de6fc21"
+SHA256 = "c5cec6701640473dbbc741292d2d0af17ef28bbb5263684103044947c8dcf639"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 
@@ -159,6 +159,20 @@ def test_falsify_gacc_012__torch__float32(case):
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DTY-001", check="FALSIFY-GACC-013", backend="torch", variant="undeclared")
 def test_falsify_gacc_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GACC-013", "torch", "undeclared", None)
+
+# FALSIFY-GACC-014 → GACC-LAY-001 (layouts): Layouts and size 0 (accumulate_grad)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-014", "float32"))
+def test_falsify_gacc_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-014", "float32"))
+def test_falsify_gacc_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-014", "torch", "float32", case)
 
 
 # MUT-GACC-001 → GACC-INV-001: each micro-batch normalised by its own token count, then averaged over micro-batches

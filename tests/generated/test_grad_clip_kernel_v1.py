@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "32e18f55c2d3331daa18e3d677479e66f8ad61786a191f3b0278c32459f1653c"
+SHA256 = "313c26bd3dccff117a5a2af5da2af599965514131b64fd792b650c77e2ae2c21"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -450,6 +450,26 @@ def test_falsify_clip_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DTY-001", check="FALSIFY-CLIP-017", backend="triton", variant="undeclared")
 def test_falsify_clip_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CLIP-017", "triton", "undeclared", None)
+
+# FALSIFY-CLIP-018 → CLIP-LAY-001 (layouts): Layouts and size 0 (clip_grad_norm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+def test_falsify_clip_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+def test_falsify_clip_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+def test_falsify_clip_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "triton", "float32", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e9bf7292e4f729cba0123965a0bb5559198e81735d08b293c795b0a2ecdea152"
+SHA256 = "1e6635ef9ea3ee89dafbe6a6be31a58257333124bb089e953afaa9bbe8f84f3f"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -307,6 +307,20 @@ def test_falsify_kd_012__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DTY-001", check="FALSIFY-KD-013", backend="torch", variant="undeclared")
 def test_falsify_kd_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
+
+# FALSIFY-KD-014 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
+def test_falsify_kd_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
+def test_falsify_kd_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

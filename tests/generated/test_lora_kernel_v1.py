@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ebd0d8faf54d7931e1e52e15c3853e357eab96759b789f8d93bd06087b0f4129"
+SHA256 = "0a59dc5972bc4ea1cd014edabb21179178108b1d4990c80f475140f73b1cec5a"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -682,6 +682,46 @@ def test_falsify_lora_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-023", backend="triton", variant="undeclared")
 def test_falsify_lora_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
+
+# FALSIFY-LORA-024 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
+def test_falsify_lora_024__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-024", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
+def test_falsify_lora_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
+def test_falsify_lora_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-024", "triton", "float32", case)
+
+# FALSIFY-LORA-025 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_merge)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
+def test_falsify_lora_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-025", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
+def test_falsify_lora_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
+def test_falsify_lora_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-025", "triton", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

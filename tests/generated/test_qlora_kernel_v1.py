@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1f5870160143e9f5e0221c52b5fc43dacf244bfa459724aeb381c2d1ceca703f"
+SHA256 = "e4429443ddd9be45abc760cdde5ba2f35ebf67727579b5a62516c521b2ff5942"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -424,6 +424,26 @@ def test_falsify_qlora_014__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DTY-001", check="FALSIFY-QLORA-014", backend="triton", variant="undeclared")
 def test_falsify_qlora_014__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-QLORA-014", "triton", "undeclared", None)
+
+# FALSIFY-QLORA-015 → QLORA-LAY-001 (layouts): Layouts and size 0 (qlora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
+def test_falsify_qlora_015__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
+def test_falsify_qlora_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
+def test_falsify_qlora_015__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "triton", "float32", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ad55be32fea8a84fc776fc9d757c9faa45de4a6e85242cd460855ec8d59e33f8"
+SHA256 = "d8c3a8ceacd50d1a4d8355ad6218dd593f83e9afdaca13ae907842570ecf000a"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -476,6 +476,46 @@ def test_falsify_rn_016__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-016", backend="triton", variant="undeclared")
 def test_falsify_rn_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
+
+# FALSIFY-RN-017 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
+def test_falsify_rn_017__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
+def test_falsify_rn_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
+def test_falsify_rn_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "triton", "float32", case)
+
+# FALSIFY-RN-018 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm_forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
+def test_falsify_rn_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
+def test_falsify_rn_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
+def test_falsify_rn_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "triton", "float32", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7d74f6597e284afd86c82a6a4511128cdfbb315e67856e47505abf98e7d1335b"
+SHA256 = "c8997455d24893150a5d4a638a57d2e07dfed6fb4ff1bb7d6d5c3be043398296"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -402,6 +402,26 @@ def test_falsify_rope_012__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-012", backend="triton", variant="undeclared")
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
+
+# FALSIFY-ROPE-013 → ROPE-LAY-001 (layouts): Layouts and size 0 (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+def test_falsify_rope_013__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+def test_falsify_rope_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+def test_falsify_rope_013__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "triton", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a92f44f8f8bff35274ec776eb0d34b3de5b04c5c6316b8d00f8d11db0125ed0c"
+SHA256 = "5e18f9c9953ee06bc9ebaaf1ac06c5d02638df000c7ff86e0294ae5a8adb036d"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -482,6 +482,46 @@ def test_falsify_swg_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-017", backend="triton", variant="undeclared")
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
+
+# FALSIFY-SWG-018 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+def test_falsify_swg_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+def test_falsify_swg_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+def test_falsify_swg_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "triton", "float32", case)
+
+# FALSIFY-SWG-019 → SWG-LAY-001 (layouts): Layouts and size 0 (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+def test_falsify_swg_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+def test_falsify_swg_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+def test_falsify_swg_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
