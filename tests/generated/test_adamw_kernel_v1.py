@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "fd895d9eabf1f86235719bf646266cb7ba553b49c953eafcbff4f53e738c5f53"
+SHA256 = "dc889c9262f4202163118d65799977751439f45162e07c365ad640abad74f1a9"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
