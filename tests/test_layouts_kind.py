@@ -72,6 +72,14 @@ def test_the_strided_view_alone_catches_a_unit_column_stride(tmp_path):
     assert _run(ok)["views"] == ["expanded"]  # stride 0 rows: the row stride alone is right
 
 
+def test_a_stride_0_row_read_as_data_is_caught(tmp_path):
+    # torch refuses the out-of-bounds view; a Triton kernel would read past the row instead
+    c = _contract(tmp_path, "dense_rows", views=["expanded"])
+    with pytest.raises(AssertionError, match="dense_rows raised RuntimeError") as e:
+        _run(c)
+    assert runtime.is_falsification(e.value)
+
+
 def test_names_dim():
     assert layouts.names_dim("attention: Hq = 0 is not a multiple of Hkv = 0", "hkv")
     assert layouts.names_dim("rowsum: n=0", "n")
