@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "37a072dd6e7cb5eadf9fb8c6a6f165a82f053ada5551f2c82d2c4af50b015eb6"
+SHA256 = "4ff9593be630a7e93a96dbbf1a42d6feaac034a526a0ca911d88c850d9652052"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "61f42b327a6ba879f9d2d3ebe40635dd1662d16feec5769745b00e7ae2c0b80e"
+SHA256 = "ad2835d0f95a80b8c0b3c636a4c54016aac3e7aeb3368f109ad2e3298b6d0ab1"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1e6635ef9ea3ee89dafbe6a6be31a58257333124bb089e953afaa9bbe8f84f3f"
+SHA256 = "11887430d6c38f7a9cb154e97561004e97c472c67634141c74cfa66b5b0834ba"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -321,6 +321,20 @@ def test_falsify_kd_014__reference__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
 def test_falsify_kd_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+
+# FALSIFY-KD-015 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-015", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
+def test_falsify_kd_015__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-015", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
+def test_falsify_kd_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²
