@@ -33,8 +33,8 @@ Errors (native mode):
        computation under several labels, dtypes the contract lists but nobody ran
   V025 a layouts check whose `parity` is not a parity check of the same equation and input, or
        whose `zero_size` leaves out a dim that sizes an array argument of its input (a range or
-       fixed dim; `choices` dims are flags) or names one that does not, or whose `no_expand`
-       names no array argument
+       fixed dim; `choices` dims are flags) or names one that does not, or whose `no_expand` or
+       `writes` names no array argument
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -575,11 +575,12 @@ def _check_layouts(ctx, c, t, base, fname, inp: dict) -> None:
                     f"sizing an argument of input {spec.get('input')!r} "
                     f"(those: {', '.join(want) or 'none'})")
     arrays = [k for k, a in (inp.get("args") or {}).items() if isinstance(a, dict) and "shape" in a]
-    for j, k in enumerate(spec.get("no_expand") or []):
-        if k not in arrays:
-            ctx.add("V025", base + ("check", "no_expand", j), f"{fname}.check.no_expand[{j}]",
-                    f"{t.id}: no_expand names {k!r}, not an array argument of input "
-                    f"{spec.get('input')!r} (those: {', '.join(arrays) or 'none'})")
+    for key in ("no_expand", "writes"):
+        for j, k in enumerate(spec.get(key) or []):
+            if k not in arrays:
+                ctx.add("V025", base + ("check", key, j), f"{fname}.check.{key}[{j}]",
+                        f"{t.id}: {key} names {k!r}, not an array argument of input "
+                        f"{spec.get('input')!r} (those: {', '.join(arrays) or 'none'})")
 
 
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):

@@ -80,6 +80,23 @@ def test_a_stride_0_row_read_as_data_is_caught(tmp_path):
     assert runtime.is_falsification(e.value)
 
 
+def _double(tmp_path, fn, **extra):
+    eqs = {"f": {"reference": f"{FNS}:double_reference", "torch": f"{FNS}:{fn}"}}
+    lay = {"kind": "layouts", "input": "rows", "parity": "FALSIFY-FIX-001",
+           "zero_size": {"m": "empty", "n": "empty"}, **extra}
+    return load(tmp_path, contract_dict(eqs, {"rows": ROWS}, [PARITY, lay]))
+
+
+def test_writes_are_in_place_results_that_must_land_in_the_view(tmp_path):
+    with pytest.raises(runtime.CheckFailed, match="wrote into its input"):
+        _run(_double(tmp_path, "double_in_place"))  # undeclared: a write is a finding
+    ok = _double(tmp_path, "double_in_place", writes=["x"])
+    assert _run(ok)["views"] == ["transposed", "strided"]  # never expanded
+    bad = _double(tmp_path, "double_in_place_contiguously", writes=["x"], views=["strided"])
+    with pytest.raises(runtime.CheckFailed, match="strided views .*output 0"):
+        _run(bad)
+
+
 def test_names_dim():
     assert layouts.names_dim("attention: Hq = 0 is not a multiple of Hkv = 0", "hkv")
     assert layouts.names_dim("rowsum: n=0", "n")

@@ -16,7 +16,10 @@ here as:
   The outputs must agree with the float64 reference within the tolerance of the contract's
   parity check named in `parity` (whose `call` and `outputs` apply too), and every input must
   be bit-identical after the call: a kernel that writes into an expanded input writes one
-  element many times, one that writes into any input corrupts the caller's tensor.
+  element many times, one that writes into any input corrupts the caller's tensor. Arguments
+  listed in `writes` are the function's in-place results: they are drawn as transposed and
+  stepped views too (the result must land in the view, not in the gaps around it), never
+  expanded, and are exempt from the no-write rule.
 - zero_size (every backend it binds, the reference included): for each dim of `zero_size`, the
   case with that dim set to 0 (every argument sliced to its shape at 0). `empty`: the backend
   returns what the float64 reference returns — the same shapes (a size-0 output where the dim
@@ -127,7 +130,8 @@ def _run_view(ctx, pctx, case: cases.Case, layout: str) -> bool:
     """One layout: False when no argument of the case can take it (nothing ran)."""
     import torch
 
-    names = _tensor_names(case, ctx.spec.get("no_expand") or ())
+    writes = tuple(ctx.spec.get("writes") or ())
+    names = _tensor_names(case, tuple(ctx.spec.get("no_expand") or ()) + writes)
     axes = {}
     if layout == "expanded":
         case, axes = _expanded_case(case, names)
@@ -154,7 +158,8 @@ def _run_view(ctx, pctx, case: cases.Case, layout: str) -> bool:
     ref_fn = pctx.fn(backend="reference")
     ref = backends.outputs(backends.call(ref_fn, **pctx.ref_args(case)))
     got = backends.outputs(backends.call(pctx.fn(), **args))
-    written = [k for k, (snap, t) in before.items() if not _same_bits(snap, t)]
+    written = [k for k, (snap, t) in before.items()
+               if k not in writes and not _same_bits(snap, t)]
     if written:
         raise CheckFailed(f"{layout} views: the backend wrote into its input(s) "
                           f"{', '.join(written)}")
@@ -222,7 +227,7 @@ def _written(snap: dict) -> list[str]:
 def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str) -> str:
     case0 = zero_case(ctx, case, dim)
     args = pctx.args(case0)
-    snap = _snapshot(args)
+    snap = {k: v for k, v in _snapshot(args).items() if k not in (ctx.spec.get("writes") or ())}
     fn = pctx.fn()
     label = f"{dim} = 0 (rule: {rule})"
     try:

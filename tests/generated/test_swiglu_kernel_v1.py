@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5e18f9c9953ee06bc9ebaaf1ac06c5d02638df000c7ff86e0294ae5a8adb036d"
+SHA256 = "c12e40dab0eb7c96810d43fafaf4bcabec2beec01791fb1c3fce4f14bd00246c"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -522,6 +522,26 @@ def test_falsify_swg_019__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
 def test_falsify_swg_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-019", "triton", "float32", case)
+
+# FALSIFY-SWG-020 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+def test_falsify_swg_020__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+def test_falsify_swg_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+def test_falsify_swg_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
