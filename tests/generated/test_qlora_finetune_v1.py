@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e57d38adbc32f2cac9df0d29ef9702b6347206d1b3f4fab5508f093ec1022445"
+SHA256 = "0a273ce51f21ef973e4d701d1a6901cbe2389812d85b0c6a0cb3d2905271a353"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

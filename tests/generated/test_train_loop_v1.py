@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7adad1eb45aeba859455bba469520b27347b7514cd114593d49ec61a0bf7d2b3"
+SHA256 = "3b568f71efc70ac2a3f514bc116714fbc41b46365819e133dd68e6e1992092b9"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
