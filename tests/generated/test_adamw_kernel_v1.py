@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "dc889c9262f4202163118d65799977751439f45162e07c365ad640abad74f1a9"
+SHA256 = "0061ce098b1a3c030c85cd69d4ad68f731f0d8e91ebfd65e31282f5bc3402372"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

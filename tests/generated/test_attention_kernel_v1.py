@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0be5c916494be929b05d28fdf3478727eddc7fcd61467bd5ffe296d50486698f"
+SHA256 = "c0889772fd95af1e682f90d376167f377e6fbcb4e8be2ac817fa58b1c91c1b4b"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 

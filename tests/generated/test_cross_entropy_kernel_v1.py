@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4ff9593be630a7e93a96dbbf1a42d6feaac034a526a0ca911d88c850d9652052"
+SHA256 = "f88230288d2c5fbb5f14e403a5629ab57eff45a0cbfc58597b3a6ccc2726815b"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a4f434352e12bc970bdef592a6d250c77929630787e37c593473eeafcaeb50fa"
+SHA256 = "4d4f175177a3cb29bdd6c8ac4136edb4c0de17121f4dd04cb634c369dfbfc2c8"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6e4334303f63e7d944801002acd2e73bf2cd94da47ad60f4865be7e47be0e035"
+SHA256 = "459832a94213bd78dd0900550723d6690382448a83303f7a9f6ac9546b10ea22"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 

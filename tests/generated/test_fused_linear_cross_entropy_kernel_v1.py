@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ad2835d0f95a80b8c0b3c636a4c54016aac3e7aeb3368f109ad2e3298b6d0ab1"
+SHA256 = "047d83a46bca4d5f983cda22c196959ebbbeb2c1a57a2abd86e0a8a9e01e24b2"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "35cd5b23e220a57511c5adb7be0a404c70629793a3c00a3c801c460288bb0d13"
+SHA256 = "7bbab6d0434cd3ec568266a319412c269b3a6f40a41259a9b7cc4adcc3f6a847"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "97bbb96c32fea9f909bb22381805952a3f47a66428ff0be4581314e5588a7858"
+SHA256 = "51412cb7c6ceac6fbb24e854468a4f2d5b43735d8995107b40c269a1df683279"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c5cec6701640473dbbc741292d2d0af17ef28bbb5263684103044947c8dcf639"
+SHA256 = "158a952375b718e351c2a35e7c54cc441fcd2064323ce14e4281ba59523a56e8"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

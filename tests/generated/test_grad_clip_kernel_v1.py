@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "313c26bd3dccff117a5a2af5da2af599965514131b64fd792b650c77e2ae2c21"
+SHA256 = "252aa9e08cff7fa871fb83dea276e9192321c0eb7ed2245388e7fbe8f5339b52"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "11887430d6c38f7a9cb154e97561004e97c472c67634141c74cfa66b5b0834ba"
+SHA256 = "68000e50b8b27757b26a62277fa7dcf5a46388deb925dd05ef988d7fb8a8da65"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 

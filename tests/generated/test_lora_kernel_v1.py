@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0a59dc5972bc4ea1cd014edabb21179178108b1d4990c80f475140f73b1cec5a"
+SHA256 = "3454b2cabf678d47f7704ce0ad661fe0c78f201047a2cf52e34fe8fba3375e12"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 

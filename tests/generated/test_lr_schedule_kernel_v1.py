@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "21b250c7f9891c85bcdaeba5070f908445cd47ddb954e6cf3357bd47fc96b81e"
+SHA256 = "f5010644803b225a7d4aa3726c157e58a20000794410da2465752bb6d879fb26"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e4429443ddd9be45abc760cdde5ba2f35ebf67727579b5a62516c521b2ff5942"
+SHA256 = "f4086184f6398f91ae43b04b1f552c02d81f09ee809918dede958fb9d3661691"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d8c3a8ceacd50d1a4d8355ad6218dd593f83e9afdaca13ae907842570ecf000a"
+SHA256 = "e3deeb370e5f020dde3def7f759f3464cad6a3048edc77c6f43681d35fd203d7"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c8997455d24893150a5d4a638a57d2e07dfed6fb4ff1bb7d6d5c3be043398296"
+SHA256 = "55bb4b50fcfde15d4eb42457654e1c82e92ee4e779d3ccde8fbce37c1d44091c"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c12e40dab0eb7c96810d43fafaf4bcabec2beec01791fb1c3fce4f14bd00246c"
+SHA256 = "675c7a7cff238746c4d18867c7a66f552f7b11cd5004026d6e78d9f64ed0d97d"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
