@@ -122,9 +122,9 @@ def test_v025_parity_and_zero_size_must_fit_the_input(tmp_path):
 # ---------------------------------------------------------------- the library mutants
 # mutant id -> (contract, the layouts check that kills it)
 MUTANTS = {
-    "MUT-SM-005": ("softmax-kernel-v1", "FALSIFY-SM-013"),
-    "MUT-SM-006": ("softmax-kernel-v1", "FALSIFY-SM-013"),
-    "MUT-GELU-005": ("gelu-kernel-v1", "FALSIFY-GELU-017"),
+    "MUT-SM-006": ("softmax-kernel-v1", "FALSIFY-SM-014"),
+    "MUT-SM-007": ("softmax-kernel-v1", "FALSIFY-SM-014"),
+    "MUT-GELU-006": ("gelu-kernel-v1", "FALSIFY-GELU-025"),
 }
 # what the earlier checks run; the symbolic, static and training kinds never call the binding
 EARLIER_KINDS = {"parity", "property", "metamorphic", "gradient", "determinism",

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0061ce098b1a3c030c85cd69d4ad68f731f0d8e91ebfd65e31282f5bc3402372"
+SHA256 = "f6b0551f95cd5da17ee7b1f06d10f8a93972252c828ab3e6412fde911aed52ef"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -534,45 +534,45 @@ def test_falsify_aw_023__torch__undeclared():
 def test_falsify_aw_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-AW-023", "triton", "undeclared", None)
 
-# FALSIFY-AW-024 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_step)
+# FALSIFY-AW-026 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_step)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
-def test_falsify_aw_024__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-024", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
-def test_falsify_aw_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
-def test_falsify_aw_024__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-024", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "triton", "float32", case)
 
-# FALSIFY-AW-025 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_run)
+# FALSIFY-AW-027 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_run)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
-def test_falsify_aw_025__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-025", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
-def test_falsify_aw_025__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-025", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
-def test_falsify_aw_025__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-AW-025", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "triton", "float32", case)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

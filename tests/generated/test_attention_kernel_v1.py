@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c0889772fd95af1e682f90d376167f377e6fbcb4e8be2ac817fa58b1c91c1b4b"
+SHA256 = "6ce25460b785f91539057aee92e7d9fc79614ab010548d4fc546846fc3a18cfb"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -673,45 +673,45 @@ def test_falsify_att_026__torch__undeclared():
 def test_falsify_att_026__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
 
-# FALSIFY-ATT-027 → ATT-LAY-001 (layouts): Layouts and size 0 (attention)
+# FALSIFY-ATT-036 → ATT-LAY-001 (layouts): Layouts and size 0 (attention)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
-def test_falsify_att_027__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-027", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
-def test_falsify_att_027__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-027", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
-def test_falsify_att_027__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-027", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "triton", "float32", case)
 
-# FALSIFY-ATT-028 → ATT-LAY-001 (layouts): Layouts and size 0 (flash_attention)
+# FALSIFY-ATT-037 → ATT-LAY-001 (layouts): Layouts and size 0 (flash_attention)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
-def test_falsify_att_028__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-028", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
-def test_falsify_att_028__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-028", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-028", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
-def test_falsify_att_028__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-028", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "triton", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

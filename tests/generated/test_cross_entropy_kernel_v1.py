@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f88230288d2c5fbb5f14e403a5629ab57eff45a0cbfc58597b3a6ccc2726815b"
+SHA256 = "40bb6f4df176d8b79ada4de9b901079ab5580dcb5a0c341ef79c1009b6e0c4eb"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -858,25 +858,25 @@ def test_falsify_ce_023__torch__undeclared():
 def test_falsify_ce_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
 
-# FALSIFY-CE-024 → CE-LAY-001 (layouts): Layouts and size 0 (cross_entropy)
+# FALSIFY-CE-028 → CE-LAY-001 (layouts): Layouts and size 0 (cross_entropy)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
-def test_falsify_ce_024__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CE-024", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
-def test_falsify_ce_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CE-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
-def test_falsify_ce_024__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CE-024", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "triton", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4d4f175177a3cb29bdd6c8ac4136edb4c0de17121f4dd04cb634c369dfbfc2c8"
+SHA256 = "c399ebaff821cf5bf6bf28f271e411fc0a2e19dbe71fb5ec8d509e14db05d49b"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -273,19 +273,19 @@ def test_falsify_dpo_011__torch__undeclared():
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
 
-# FALSIFY-DPO-013 → DPO-LAY-001 (layouts): Layouts and size 0 (dpo_loss)
+# FALSIFY-DPO-016 → DPO-LAY-001 (layouts): Layouts and size 0 (dpo_loss)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
-def test_falsify_dpo_013__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-DPO-013", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
+def test_falsify_dpo_016__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-016", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
-def test_falsify_dpo_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
+def test_falsify_dpo_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-016", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "459832a94213bd78dd0900550723d6690382448a83303f7a9f6ac9546b10ea22"
+SHA256 = "6995aa690c57914f8dc24449e66b907b1e58c463e5663aa3818b9caf9d636248"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -313,25 +313,25 @@ def test_falsify_emb_011__torch__undeclared():
 def test_falsify_emb_011__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
 
-# FALSIFY-EMB-012 → EMB-LAY-001 (layouts): Layouts and size 0 (embedding)
+# FALSIFY-EMB-017 → EMB-LAY-001 (layouts): Layouts and size 0 (embedding)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
-def test_falsify_emb_012__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-EMB-012", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
-def test_falsify_emb_012__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
-def test_falsify_emb_012__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-EMB-012", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "triton", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

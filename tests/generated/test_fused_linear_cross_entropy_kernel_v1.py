@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "047d83a46bca4d5f983cda22c196959ebbbeb2c1a57a2abd86e0a8a9e01e24b2"
+SHA256 = "29368a0a5e920d28b1bb8116850b3cb1d11c8aca303a56b4b3c3c14d586c17bd"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -284,25 +284,25 @@ def test_falsify_flce_008__torch__undeclared():
 def test_falsify_flce_008__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-FLCE-008", "triton", "undeclared", None)
 
-# FALSIFY-FLCE-009 → FLCE-LAY-001 (layouts): Layouts and size 0 (fused_linear_cross_entropy)
+# FALSIFY-FLCE-014 → FLCE-LAY-001 (layouts): Layouts and size 0 (fused_linear_cross_entropy)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
-def test_falsify_flce_009__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-009", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
-def test_falsify_flce_009__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-009", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
-def test_falsify_flce_009__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-FLCE-009", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "triton", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "51412cb7c6ceac6fbb24e854468a4f2d5b43735d8995107b40c269a1df683279"
+SHA256 = "ced2e458ac28bfb8d0ece891e4234b3f42af353e7a751dbda8b87440672b62d0"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -473,25 +473,25 @@ def test_falsify_gemm_017__torch__undeclared():
 def test_falsify_gemm_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GEMM-017", "triton", "undeclared", None)
 
-# FALSIFY-GEMM-018 → GEMM-LAY-001 (layouts): Layouts and size 0 (gemm)
+# FALSIFY-GEMM-023 → GEMM-LAY-001 (layouts): Layouts and size 0 (gemm)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
-def test_falsify_gemm_018__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
-def test_falsify_gemm_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
-def test_falsify_gemm_018__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "triton", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

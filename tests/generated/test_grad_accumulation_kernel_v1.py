@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "158a952375b718e351c2a35e7c54cc441fcd2064323ce14e4281ba59523a56e8"
+SHA256 = "8829a73ea5172b467b29a34f02e2b4c987cc840ffe7442f4080f353263ba24b5"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 
@@ -160,19 +160,19 @@ def test_falsify_gacc_012__torch__float32(case):
 def test_falsify_gacc_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GACC-013", "torch", "undeclared", None)
 
-# FALSIFY-GACC-014 → GACC-LAY-001 (layouts): Layouts and size 0 (accumulate_grad)
+# FALSIFY-GACC-015 → GACC-LAY-001 (layouts): Layouts and size 0 (accumulate_grad)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-014", "float32"))
-def test_falsify_gacc_014__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GACC-014", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
+def test_falsify_gacc_015__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-015", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-014", "float32"))
-def test_falsify_gacc_014__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GACC-014", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
+def test_falsify_gacc_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-015", "torch", "float32", case)
 
 
 # MUT-GACC-001 → GACC-INV-001: each micro-batch normalised by its own token count, then averaged over micro-batches

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "252aa9e08cff7fa871fb83dea276e9192321c0eb7ed2245388e7fbe8f5339b52"
+SHA256 = "01fbc1eb46c0cdb996d1bc62d9ad106d918734922dc994b082102f6da61080c3"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -451,25 +451,25 @@ def test_falsify_clip_017__torch__undeclared():
 def test_falsify_clip_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CLIP-017", "triton", "undeclared", None)
 
-# FALSIFY-CLIP-018 → CLIP-LAY-001 (layouts): Layouts and size 0 (clip_grad_norm)
+# FALSIFY-CLIP-019 → CLIP-LAY-001 (layouts): Layouts and size 0 (clip_grad_norm)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
-def test_falsify_clip_018__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
-def test_falsify_clip_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
-def test_falsify_clip_018__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "triton", "float32", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

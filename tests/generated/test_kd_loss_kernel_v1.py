@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "68000e50b8b27757b26a62277fa7dcf5a46388deb925dd05ef988d7fb8a8da65"
+SHA256 = "e7041df919e4d8dc806361b626b85148b3fbe6fdca91ba1e65cb6ffdbf72b7a8"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -308,33 +308,33 @@ def test_falsify_kd_012__torch__undeclared():
 def test_falsify_kd_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
 
-# FALSIFY-KD-014 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss)
+# FALSIFY-KD-018 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
-def test_falsify_kd_014__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-014", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
+def test_falsify_kd_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-018", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
-def test_falsify_kd_014__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
+def test_falsify_kd_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-018", "torch", "float32", case)
 
-# FALSIFY-KD-015 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss_from_topk)
+# FALSIFY-KD-019 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss_from_topk)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-015", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
-def test_falsify_kd_015__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-015", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
+def test_falsify_kd_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-019", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
-def test_falsify_kd_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
+def test_falsify_kd_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-019", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3454b2cabf678d47f7704ce0ad661fe0c78f201047a2cf52e34fe8fba3375e12"
+SHA256 = "c11054e6800d68ea920edb1ef799b6b345ef3517acce4d87626c33e8ca354a17"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -683,45 +683,45 @@ def test_falsify_lora_023__torch__undeclared():
 def test_falsify_lora_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
 
-# FALSIFY-LORA-024 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_linear)
+# FALSIFY-LORA-030 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_linear)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
-def test_falsify_lora_024__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-024", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
-def test_falsify_lora_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
-def test_falsify_lora_024__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-024", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "triton", "float32", case)
 
-# FALSIFY-LORA-025 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_merge)
+# FALSIFY-LORA-031 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_merge)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
-def test_falsify_lora_025__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-025", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
-def test_falsify_lora_025__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-025", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
-def test_falsify_lora_025__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-025", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "triton", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6cd9811c8c615e07fef39adc20906688fb37d39eab6f38f095cb036b6eb8b7db"
+SHA256 = "97b46a42686c80de85f1053c9aaa80fc9d94d2a13dd42fdfadd7cd472e6276a9"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 
@@ -618,45 +618,45 @@ def test_falsify_nf4_022__torch__undeclared():
 def test_falsify_nf4_022__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-NF4-022", "triton", "undeclared", None)
 
-# FALSIFY-NF4-023 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_quantize)
+# FALSIFY-NF4-025 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_quantize)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float32"))
-def test_falsify_nf4_023__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-023", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float32"))
-def test_falsify_nf4_023__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-023", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float32"))
-def test_falsify_nf4_023__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-023", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "triton", "float32", case)
 
-# FALSIFY-NF4-024 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_dequantize)
+# FALSIFY-NF4-026 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_dequantize)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float32"))
-def test_falsify_nf4_024__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-024", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float32"))
-def test_falsify_nf4_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float32"))
-def test_falsify_nf4_024__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-NF4-024", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "triton", "float32", case)
 
 
 # MUT-NF4-001 → NF4-EQV-001: element 2i packed into the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f4086184f6398f91ae43b04b1f552c02d81f09ee809918dede958fb9d3661691"
+SHA256 = "345f8539559a87cc9b13fd34fdf7f39da04c022cab2976b433aa3b0c80ace398"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -425,25 +425,25 @@ def test_falsify_qlora_014__torch__undeclared():
 def test_falsify_qlora_014__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-QLORA-014", "triton", "undeclared", None)
 
-# FALSIFY-QLORA-015 → QLORA-LAY-001 (layouts): Layouts and size 0 (qlora_linear)
+# FALSIFY-QLORA-020 → QLORA-LAY-001 (layouts): Layouts and size 0 (qlora_linear)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
-def test_falsify_qlora_015__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
-def test_falsify_qlora_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-015", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
-def test_falsify_qlora_015__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-QLORA-015", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "triton", "float32", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e3deeb370e5f020dde3def7f759f3464cad6a3048edc77c6f43681d35fd203d7"
+SHA256 = "01e597830988ce11d55dff1a9134c53227925427360170c9ce0a721383c8be66"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -477,45 +477,45 @@ def test_falsify_rn_016__torch__undeclared():
 def test_falsify_rn_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
 
-# FALSIFY-RN-017 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm)
+# FALSIFY-RN-022 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
-def test_falsify_rn_017__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-017", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
-def test_falsify_rn_017__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-017", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
-def test_falsify_rn_017__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-017", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "triton", "float32", case)
 
-# FALSIFY-RN-018 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm_forward)
+# FALSIFY-RN-023 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm_forward)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
-def test_falsify_rn_018__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-018", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
-def test_falsify_rn_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
-def test_falsify_rn_018__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-018", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "triton", "float32", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

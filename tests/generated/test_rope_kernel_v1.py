@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "55bb4b50fcfde15d4eb42457654e1c82e92ee4e779d3ccde8fbce37c1d44091c"
+SHA256 = "2b0c3580e63e20d0df38e1622f4cb70e7b7a6ba4ef45fd50e6a413741578139c"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -403,25 +403,25 @@ def test_falsify_rope_012__torch__undeclared():
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
 
-# FALSIFY-ROPE-013 → ROPE-LAY-001 (layouts): Layouts and size 0 (rope)
+# FALSIFY-ROPE-018 → ROPE-LAY-001 (layouts): Layouts and size 0 (rope)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
-def test_falsify_rope_013__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
-def test_falsify_rope_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
-def test_falsify_rope_013__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "triton", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

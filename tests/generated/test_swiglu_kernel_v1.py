@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "675c7a7cff238746c4d18867c7a66f552f7b11cd5004026d6e78d9f64ed0d97d"
+SHA256 = "635eb62b0fefcd6bf9ae76864c8f60248f8aa97f3d6c85e964e39628dbad22bc"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -483,65 +483,65 @@ def test_falsify_swg_017__torch__undeclared():
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
 
-# FALSIFY-SWG-018 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu)
+# FALSIFY-SWG-029 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
-def test_falsify_swg_018__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-018", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
-def test_falsify_swg_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
-def test_falsify_swg_018__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-018", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "triton", "float32", case)
 
-# FALSIFY-SWG-019 → SWG-LAY-001 (layouts): Layouts and size 0 (silu)
+# FALSIFY-SWG-030 → SWG-LAY-001 (layouts): Layouts and size 0 (silu)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
-def test_falsify_swg_019__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-019", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
-def test_falsify_swg_019__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
-def test_falsify_swg_019__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-019", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "triton", "float32", case)
 
-# FALSIFY-SWG-020 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu_backward_inplace)
+# FALSIFY-SWG-031 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu_backward_inplace)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "reference")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
-def test_falsify_swg_020__reference__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-020", "reference", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "reference", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
-def test_falsify_swg_020__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
-def test_falsify_swg_020__triton__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-020", "triton", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
