@@ -23,10 +23,12 @@ REQUIRED_FIELDS = {
     "dtypes": ("input",),
     "gradgrad": ("input", "wrt", "backward"),
     "jvp": ("input", "wrt", "backward"),
+    "layouts": ("input", "parity", "zero_size"),
     "device": ("input", "parity"),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "device"}
+               "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts",
+               "device"}
 
 
 @dataclass(frozen=True)

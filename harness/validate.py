@@ -31,6 +31,10 @@ Errors (native mode):
   V024 a check runs in several dtypes, but nothing takes the case dtype (every argument of its
        input declares its own `dtype`, no `call:` reads `dtype`): the variants are one
        computation under several labels, dtypes the contract lists but nobody ran
+  V025 a layouts check whose `parity` is not a parity check of the same equation and input, or
+       whose `zero_size` leaves out a dim that sizes an array argument of its input (a range or
+       fixed dim; `choices` dims are flags) or names one that does not, or whose `no_expand` or
+       `writes` names no array argument
   V027 a gradgrad or jvp check whose mode is inconsistent: it names the reference backend (the
        float64 reference is the oracle), its `expect` holds anything but `error` or an `error`
        that is not a regular expression, it checks values without a `tolerance`, or it expects
@@ -559,6 +563,55 @@ def _check_device_bound(ctx, c: Contract, t, base, fname) -> None:
                 f"{', '.join(missing)}, which this device check runs")
 
 
+def sized_dims(inp: dict) -> list[str]:
+    """The dims of an input that size some array argument, flags (`choices` dims) left out:
+    the dims a layouts check states the size-0 rule of."""
+    dims = inp.get("dims") or {}
+    used = set()
+    for a in (inp.get("args") or {}).values():
+        if isinstance(a, dict) and isinstance(a.get("shape"), list):
+            for s in a["shape"]:
+                used |= expr.names_in(s) if isinstance(s, str) else set()
+    return [d for d, v in dims.items() if d in used and not isinstance(v, dict)]
+
+
+def _check_layouts(ctx, c, t, base, fname, inp: dict) -> None:
+    """V025: the parity check a layouts check borrows its tolerance from, and the dims whose
+    size-0 rule it states."""
+    spec = t.spec
+    pid = spec.get("parity")
+    p = c.check(pid) if isinstance(pid, str) else None
+    if p is None or not p.spec or p.kind != "parity":
+        ctx.add("V025", base + ("check", "parity"), fname + ".check.parity",
+                f"{t.id}: parity {pid!r} is not a parity check of {c.id}")
+    elif equation_of(c, p) != equation_of(c, t) or p.spec.get("input") != spec.get("input"):
+        ctx.add("V025", base + ("check", "parity"), fname + ".check.parity",
+                f"{t.id}: parity check {pid} runs equation {equation_of(c, p)!r} on input "
+                f"{p.spec.get('input')!r}, this check {equation_of(c, t)!r} on "
+                f"{spec.get('input')!r}: its tolerance judges only its own equation and input")
+    zs = spec.get("zero_size")
+    if isinstance(zs, dict):
+        want = sized_dims(inp)
+        missing = [d for d in want if d not in zs]
+        extra = [d for d in zs if d not in want]
+        if missing:
+            ctx.add("V025", base + ("check", "zero_size"), fname + ".check.zero_size",
+                    f"{t.id}: zero_size states no rule for {', '.join(missing)}, which size(s) "
+                    f"arguments of input {spec.get('input')!r}: say `empty` or `error` for each")
+        if extra:
+            ctx.add("V025", base + ("check", "zero_size"), fname + ".check.zero_size",
+                    f"{t.id}: zero_size names {', '.join(extra)}, not a range or fixed dim "
+                    f"sizing an argument of input {spec.get('input')!r} "
+                    f"(those: {', '.join(want) or 'none'})")
+    arrays = [k for k, a in (inp.get("args") or {}).items() if isinstance(a, dict) and "shape" in a]
+    for key in ("no_expand", "writes"):
+        for j, k in enumerate(spec.get(key) or []):
+            if k not in arrays:
+                ctx.add("V025", base + ("check", key, j), f"{fname}.check.{key}[{j}]",
+                        f"{t.id}: {key} names {k!r}, not an array argument of input "
+                        f"{spec.get('input')!r} (those: {', '.join(arrays) or 'none'})")
+
+
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
     kind = spec.get("kind")
@@ -616,6 +669,8 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
         _check_batch(ctx, t, base, fname, inp, spec["batch"])
     if kind == "device" and isinstance(spec.get("parity"), str):
         _check_device_bound(ctx, c, t, base, fname)
+    if kind == "layouts" and inp is not None:
+        _check_layouts(ctx, c, t, base, fname, inp)
     if kind == "gradient" and isinstance(spec.get("call"), dict):
         for w in spec.get("wrt") or []:
             if w in spec["call"]:

@@ -31,6 +31,8 @@ def _check(q, k, v):
     hkv = k.shape[1]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"attention: Hq = {hq} is not a multiple of Hkv = {hkv}")
+    if d == 0:  # q·k is an empty sum and the default scale 1/√d infinite
+        raise ValueError(f"attention: head dim D = 0 (q {q.shape})")
     return hq // hkv, d
 
 
@@ -45,7 +47,7 @@ def probabilities(q, k, causal=True, scale=None):
     if causal:
         n = q.shape[2]
         s = np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, s)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # S = 0: no rows, nothing to reduce
     lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
     return np.exp(s - lse), lse[..., 0], scale
 

@@ -27,7 +27,7 @@ def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothi
                          f"{np.shape(labels)}")
     V = np.shape(logits)[1]
     if V < 1:
-        raise ValueError("vocabulary size must be ≥ 1")
+        raise ValueError(f"vocabulary size V = {V}: must be ≥ 1")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}: must be one of {REDUCTIONS}")
     if not (isinstance(z_loss, (int, float)) and math.isfinite(z_loss) and z_loss >= 0):

@@ -12,6 +12,8 @@ def _ids(ids, vocab):
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
+    if vocab == 0:  # a table of no rows: no id is valid, even in an empty lookup
+        raise ValueError("embedding: the table has V = 0 rows")
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"embedding: ids must lie in [0, {vocab}), got [{ids.min()}, {ids.max()}]")
     return ids.astype(np.int64)

@@ -31,9 +31,13 @@ def check_accumulation_args(x, weight, labels, n_micro, ignore_index, max_norm, 
         raise ValueError(f"shape mismatch: x {x.shape}, weight {weight.shape}, labels "
                          f"{labels.shape}")
     B, V = x.shape[0], weight.shape[0]
+    if V == 0:  # the logsumexp of no logits is −∞ and no label is valid
+        raise ValueError(f"vocabulary size V = 0 (weight {weight.shape})")
     if isinstance(n_micro, bool) or not isinstance(n_micro, (int, np.integer)):
         raise ValueError(f"n_micro={n_micro!r}: must be an integer")
-    if not 1 <= n_micro <= max(B, 1):
+    if B == 0:  # no micro-batch can hold a token, and the loss is a mean over none
+        raise ValueError("no tokens: B = 0")
+    if not 1 <= n_micro <= B:
         raise ValueError(f"n_micro={n_micro}: must lie in [1, B={B}]")
     lab = np.asarray(labels)
     bad = (lab != ignore_index) & ((lab < 0) | (lab >= V))

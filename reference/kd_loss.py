@@ -30,6 +30,8 @@ def check_kd_args(student_logits, labels, temperature, alpha):
     if np.ndim(student_logits) != 2 or np.ndim(labels) != 1 or \
             np.shape(labels)[0] != np.shape(student_logits)[0]:
         raise ValueError("expected student logits [T, V] and labels [T]")
+    if np.shape(student_logits)[1] == 0:  # a softmax over no logits
+        raise ValueError("kd_loss: vocabulary size V = 0")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
             and temperature > 0):
         raise ValueError(f"temperature={temperature!r}: must be finite and > 0")

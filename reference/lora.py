@@ -27,7 +27,7 @@ def lora_scale(alpha, r, rslora=False):
     """α / r, or α / √r for rsLoRA."""
     r = int(r)
     if r < 1:
-        raise ValueError(f"LoRA rank r must be ≥ 1, got {r}")
+        raise ValueError(f"LoRA rank r = {r}: must be ≥ 1")
     return float(alpha) / (math.sqrt(r) if rslora else r)
 
 

@@ -129,7 +129,7 @@ def nf4_quantize(w, blocksize=64, double_quant=False):
     _check_blocksize(blocksize)
     w = np.asarray(w)
     if w.size == 0:
-        raise ValueError("nf4_quantize: empty tensor")
+        raise empty_weight("nf4_quantize", w.shape)
     if not np.all(np.isfinite(w)):
         raise ValueError("nf4_quantize: input has non-finite values (absmax would be inf/NaN)")
     x32 = w.reshape(-1).astype(np.float32)
@@ -158,6 +158,15 @@ def decode_absmax(qabsmax, absmax2, offset):
         + offset[0]
 
 
+def empty_weight(fn: str, shape, names=("m", "n")) -> ValueError:
+    """The error for a weight with no elements (no blocks, so no absmax to scale by), naming
+    its dims as the contracts do: (m, n) for a weight, (o, i) for a layer's base weight."""
+    shape = tuple(int(s) for s in shape)
+    dims = (", ".join(f"{k} = {s}" for k, s in zip(names, shape)) if len(shape) == len(names)
+            else f"shape {shape}")
+    return ValueError(f"{fn}: empty weight ({dims})")
+
+
 def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=None, dtype=None):
     """Decode NF4: out[i] = NF4_CODE[nibble(i)] * absmax[i // blocksize], reshaped to `shape`.
     Nibble(i) is the high nibble of byte i // 2 for even i, the low nibble for odd i. With
@@ -169,6 +178,8 @@ def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=Non
         raise ValueError(f"unsupported output dtype {dtype!r}")
     shape = tuple(int(s) for s in shape)
     n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+        raise empty_weight("nf4_dequantize", shape)
     packed = np.asarray(packed).reshape(-1)
     if packed.size != -(-n // 2):
         raise ValueError(f"packed has {packed.size} bytes, shape {shape} needs cdiv({n}, 2)")

@@ -10,7 +10,7 @@ constant: it receives no gradient and an optimizer step leaves it bit-identical.
 """
 
 from falsify.reference.lora import lora_linear, lora_linear_backward
-from falsify.reference.nf4 import nf4_dequantize
+from falsify.reference.nf4 import empty_weight, nf4_dequantize
 
 
 def dequantized_base(packed, absmax, shape, blocksize, absmax2=None, offset=None):
@@ -19,6 +19,8 @@ def dequantized_base(packed, absmax, shape, blocksize, absmax2=None, offset=None
 
 def qlora_linear(x, packed, absmax, shape, blocksize, a, b, alpha, r, rslora=False,
                  absmax2=None, offset=None):
+    if len(tuple(shape)) == 2 and 0 in tuple(int(s) for s in shape):
+        raise empty_weight("qlora_linear", shape, ("o", "i"))
     w = dequantized_base(packed, absmax, shape, blocksize, absmax2, offset)
     return lora_linear(x, w, a, b, alpha, r, rslora)
 

@@ -19,6 +19,8 @@ def rmsnorm_forward(x, w, eps):
     """(y, inv_rms): inv_rms has shape x.shape[:-1], the only tensor the backward needs
     besides the inputs."""
     x, w = _f64(x), _f64(w)
+    if x.ndim < 1 or x.shape[-1] == 0:  # the mean square of no elements is 0/0
+        raise ValueError(f"rmsnorm: the last dimension n = 0 (x {x.shape}): no mean square")
     inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1) + eps)
     return x * inv_rms[..., None] * w, inv_rms
 

@@ -25,6 +25,8 @@ def angles(pos, d, theta):
 def rope(x, pos, theta):
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
+    if d == 0:
+        raise ValueError("rope: head dim D = 0: no rotation pairs (half = 0)")
     half = d // 2
     a = angles(pos, d, theta)[None, :, None, :]  # broadcast over batch and heads
     c, s = np.cos(a), np.sin(a)

@@ -608,3 +608,14 @@ def test_v028_derivative_kind_oracle(tmp_path, spec, args, message):
     errors = _derivative_contract(tmp_path, {"kind": "gradgrad", "tolerance": TOL1, **spec},
                                   args)
     assert [f.rule for f in errors] == ["V028"] and message in errors[0].message, errors
+
+
+def test_v025_layouts_rules_fit_the_input(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "contracts" / "softmax-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+    bad = edit(text, "      zero_size: {m: empty, n: error}\n", "      zero_size: {m: empty}\n")
+    bad = edit(bad, "      parity: FALSIFY-SM-005\n", "      parity: FALSIFY-SM-006\n")
+    p, findings = run(tmp_path, bad, name="softmax-kernel-v1.yaml")
+    msgs = [f.message for f in only(findings, "V025", "error")]
+    assert any("states no rule for n" in m for m in msgs)
+    assert any("FALSIFY-SM-006 runs equation 'softmax' on input 'large'" in m for m in msgs)

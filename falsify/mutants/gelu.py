@@ -73,4 +73,13 @@ class _JvpMissingPdfTerm(gelu_torch._GELUFunction):
 def jvp_missing_pdf_term(x, approximate, out=None):
     gelu_torch.check_args(x, approximate, out)
     y = _JvpMissingPdfTerm.apply(x, approximate)
+
+
+def flatten_with_view(x, approximate, out=None):
+    """The elementwise form run on x.view(-1): right for every contiguous tensor, a RuntimeError
+    for any transposed or stepped view (.view cannot merge dims whose strides do not chain;
+    .reshape copies instead)."""
+    gelu_torch.check_args(x, approximate, out)
+    flat = x.view(-1)
+    y = gelu_torch._GELUFunction.apply(flat, approximate).view(x.shape)
     return out.copy_(y) if out is not None else y

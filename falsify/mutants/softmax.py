@@ -4,9 +4,11 @@ import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton
 
 # isort: split
 import torch
+import triton
+import triton.language as tl
 
 from falsify.impl.launch import next_power_of_2
-from falsify.impl.torch.softmax import softmax as torch_softmax
+from falsify.impl.torch import softmax as torch_softmax
 from falsify.impl.triton import softmax as tri_softmax
 
 
@@ -35,7 +37,7 @@ def cuda_half_normalizer(x: torch.Tensor) -> torch.Tensor:
     """The real torch kernel on the CPU; on CUDA the row sum is accumulated in fp16 (a
     device-only fast path). Every CPU check passes it; only a run on the GPU can see it."""
     if not x.is_cuda:
-        return torch_softmax(x)
+        return torch_softmax.softmax(x)
     return half_precision_normalizer(x)
 
 
@@ -49,3 +51,40 @@ def triton_no_tail_mask(x: torch.Tensor, out: torch.Tensor | None = None) -> tor
     written (left as whatever `out` held). Identical to the kernel when n is a power of two."""
     tri_softmax.check_args(x, out)
     return tri_softmax.launch(x, out, block_of=_largest_power_of_2_at_most)
+
+
+@triton.jit
+def _unit_column_stride_kernel(x_ptr, y_ptr, n, sx_row, sy_row, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * sx_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    y = tl.div_rn(e, tl.sum(e, axis=0))
+    tl.store(y_ptr + row * sy_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_assumes_unit_column_stride(x: torch.Tensor,
+                                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel given only the row strides, columns indexed contiguously: right for every
+    tensor whose last stride is 1 (the poisoned-margin views included, whose rows are padded),
+    wrong for a transposed or stepped view, whose columns are stride(-1) elements apart."""
+    tri_softmax.check_args(x, out)
+    n = x.shape[-1]
+    x2 = x if x.dim() == 2 else x.reshape(-1, n)
+    m = x2.shape[0]
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y2 = y if y.dim() == 2 else y.view(-1, n)
+    if m > 0:
+        _unit_column_stride_kernel[(m,)](x2, y2, n, x2.stride(0), y2.stride(0),
+                                         BLOCK=next_power_of_2(n))
+    return y
+
+
+def empty_rows_wrong_shape(x: torch.Tensor) -> torch.Tensor:
+    """An early return for an empty input that forgets its shape: for m = 0 it hands back a
+    1-D tensor of no elements, where a (0, n) result is due (the caller's reshape or
+    concatenation then fails far from here). Every nonempty input gets the real softmax."""
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.numel() == 0 and x.shape[-1] > 0:
+        return torch.empty(0, dtype=x.dtype, device=x.device)
+    return torch_softmax.softmax(x)

@@ -83,8 +83,14 @@ def adamw_multi(params, grads, ms, vs, step, lr, beta1, beta2, eps, weight_decay
     if n == 0:
         return
     with torch.no_grad():
-        work = [p if p.dtype == torch.float32 else p.float() for p in params]
-        gs = [g if g.dtype == torch.float32 else g.float() for g in grads]
+        # torch._fused_adamw_ indexes every tensor as contiguous (a stepped or transposed view
+        # is read and written at the wrong elements): noncontiguous tensors go through a
+        # contiguous copy, written back below
+        work = [p.float().contiguous() for p in params]
+        gs = [g.float().contiguous() for g in grads]
+        ms_in, vs_in = ms, vs
+        ms = [m.contiguous() for m in ms_in]
+        vs = [v.contiguous() for v in vs_in]
         by_device: dict[torch.device, list[int]] = {}
         for i, p in enumerate(work):
             by_device.setdefault(p.device, []).append(i)
@@ -97,9 +103,9 @@ def adamw_multi(params, grads, ms, vs, step, lr, beta1, beta2, eps, weight_decay
                                 [t] * len(idx), lr=lr, beta1=beta1, beta2=beta2,
                                 weight_decay=weight_decay, eps=eps, amsgrad=False,
                                 maximize=False, grad_scale=None, found_inf=None)
-        for p, w in zip(params, work):
-            if w is not p:
-                p.copy_(w)
+        for dst, src in zip([*params, *ms_in, *vs_in], [*work, *ms, *vs]):
+            if src is not dst:
+                dst.copy_(src)
 
 
 def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):

@@ -76,8 +76,10 @@ def check_args(q, k, v, causal, scale, out, max_head_dim=None, dtypes: tuple = C
         raise TypeError(f"attention: causal must be a bool, got {type(causal).__name__}")
     if max_head_dim is not None and d > max_head_dim:
         raise ValueError(f"attention: head dim {d} > {max_head_dim} (one tile holds a whole row)")
+    if d == 0:  # q·k is an empty sum and the default scale 1/√d infinite
+        raise ValueError(f"attention: head dim D = 0 (q {tuple(q.shape)})")
     if scale is None:
-        scale = 1.0 / math.sqrt(d) if d > 0 else 1.0
+        scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, numbers.Real) and math.isfinite(scale):
         scale = float(scale)
     else:
@@ -248,6 +250,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         return flash_attention(q, k, v, causal, scale, out)[0]
     if out is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("attention: out= does not support autograd (inputs require grad)")
+    # the flash / memory-efficient kernels need a unit last stride ("No available kernel"
+    # for a transposed or stepped view): such an input is copied, any other view passes as is.
+    # Not .contiguous(): it keeps the strides of a view whose dims are all 1.
+    q, k, v = (t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
+               for t in (q, k, v))
     with sdpa_kernel(_SDPA_BACKENDS[q.device.type]):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale,
                                            enable_gqa=hq != hkv)

@@ -40,7 +40,7 @@ def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothi
     if labels.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"labels dtype {labels.dtype}: must be int64 or int32")
     if logits.shape[1] < 1:
-        raise ValueError("vocabulary size must be ≥ 1")
+        raise ValueError(f"vocabulary size V = {logits.shape[1]}: must be ≥ 1")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}: must be one of {REDUCTIONS}")
     if not (isinstance(z_loss, (int, float)) and z_loss >= 0 and z_loss != float("inf")):

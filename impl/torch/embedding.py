@@ -22,6 +22,8 @@ def check_args(ids, table, out=None, dtypes: tuple = CHECKED):
         raise TypeError(f"embedding: ids must be an int64/int32 tensor, got "
                         f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
     vocab = table.shape[0]
+    if vocab == 0:  # a table of no rows: no id is valid, even in an empty lookup
+        raise ValueError("embedding: the table has V = 0 rows")
     if ids.numel():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab:

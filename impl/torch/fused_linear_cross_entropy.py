@@ -181,7 +181,7 @@ def _check_labels(labels, V, T, ignore_index, reduction, z_loss, label_smoothing
     if labels.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"labels dtype {labels.dtype}: must be int64 or int32")
     if V < 1:
-        raise ValueError("vocabulary size must be ≥ 1")
+        raise ValueError(f"vocabulary size V = {V}: must be ≥ 1")
     if reduction not in ce.REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}: must be one of {ce.REDUCTIONS}")
     if not (isinstance(z_loss, (int, float)) and 0 <= z_loss < float("inf")):

@@ -20,6 +20,8 @@ def check_kd_args(student_logits, labels, temperature, alpha):
     if not isinstance(student_logits, torch.Tensor) or student_logits.dim() != 2:
         raise ValueError("student_logits must be a 2-D tensor [T, V]")
     require("kd_loss", CHECKED, student_logits=student_logits)
+    if student_logits.shape[1] == 0:  # a softmax over no logits
+        raise ValueError("kd_loss: vocabulary size V = 0")
     if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or \
             labels.shape[0] != student_logits.shape[0]:
         raise ValueError(f"labels must be a 1-D tensor of length {student_logits.shape[0]}")

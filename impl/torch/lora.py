@@ -60,7 +60,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, a, b, s):
         out_f, in_f = w.shape
-        x2 = x.reshape(-1, in_f).float()
+        x2 = x.reshape(math.prod(x.shape[:-1]), in_f).float()  # -1 is ambiguous for in_f = 0
         t = x2 @ a.float().T
         y = x2 @ w.float().T + s * (t @ b.float().T)
         ctx.save_for_backward(x, w, a, b, t)
@@ -77,13 +77,13 @@ class _LoraLinear(torch.autograd.Function):
             # would silently lose ∂db/∂x and ∂db/∂A. Recompute it (the same matmul).
             t = x.reshape(-1, w.shape[1]).float() @ a.float().T
         out_f, in_f = w.shape
-        g = gy.reshape(-1, out_f).float()
+        g = gy.reshape(math.prod(gy.shape[:-1]), out_f).float()
         u = g @ b.float()
         dx = da = db = None
         if ctx.needs_input_grad[0]:
             dx = (g @ w.float() + s * (u @ a.float())).reshape(x.shape).to(x.dtype)
         if ctx.needs_input_grad[2]:
-            da = (s * (u.T @ x.reshape(-1, in_f).float())).to(a.dtype)
+            da = (s * (u.T @ x.reshape(math.prod(x.shape[:-1]), in_f).float())).to(a.dtype)
         if ctx.needs_input_grad[3]:
             db = (s * (g.T @ t)).to(b.dtype)
         # W is frozen by contract: no gradient even if someone left requires_grad on.

@@ -28,6 +28,7 @@ from falsify.reference.nf4 import (
     NF4_CODE,
     NF4_MIDPOINTS,
     ZERO_CODE,
+    empty_weight,
 )
 
 # check_blocksize validates the blocksize of a LoRA config (impl/llm/lora_model.py): the
@@ -68,6 +69,8 @@ def output_dtype(dtype, dtypes: tuple = CHECKED) -> torch.dtype:
 
 def check_shape(shape) -> tuple[int, ...]:
     shape = tuple(int(s) for s in shape)
+    if shape and min(shape) == 0:
+        raise empty_weight("nf4_dequantize", shape)
     if not shape or any(s < 1 for s in shape):
         raise ValueError(f"shape must be a non-empty tuple of positive sizes, got {shape}")
     return shape
@@ -106,7 +109,7 @@ def check_input(w, dtypes: tuple = CHECKED) -> torch.Tensor:
         raise TypeError(f"w must be a tensor, got {type(w).__name__}")
     require("nf4_quantize", dtypes, w=w)
     if w.numel() == 0:
-        raise ValueError("nf4_quantize: empty tensor")
+        raise empty_weight("nf4_quantize", tuple(w.shape))
     if not bool(torch.isfinite(w).all()):
         raise ValueError("nf4_quantize: input has non-finite values (absmax would be inf/NaN)")
     return w

@@ -17,6 +17,7 @@ from falsify.impl.dtypes import CHECKED
 from falsify.impl.torch import lora as _lora
 from falsify.impl.torch import nf4 as _nf4
 from falsify.reference.lora import lora_scale
+from falsify.reference.nf4 import empty_weight
 
 __all__ = ["qlora_linear"]
 
@@ -25,6 +26,8 @@ def check_args(x, packed, absmax, shape, blocksize, a, b, r, absmax2, offset,
                dtypes: tuple = CHECKED):
     """Validate the NF4 state against shape/blocksize and the LoRA shapes, before any work."""
     blocksize = _nf4.check_blocksize(blocksize)
+    if len(tuple(shape)) == 2 and 0 in tuple(int(s) for s in shape):
+        raise empty_weight("qlora_linear", shape, ("o", "i"))
     shape = _nf4.check_shape(shape)
     if len(shape) != 2:
         raise ValueError(f"the base weight shape must be [out, in], got {shape}")

@@ -24,7 +24,9 @@ def check_args(x: torch.Tensor, w: torch.Tensor, eps, out: torch.Tensor | None =
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError("rmsnorm: x and w must be tensors")
     if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"rmsnorm: x must have a non-empty last dimension, got {tuple(x.shape)}")
+        # the mean square of no elements is 0/0
+        raise ValueError(f"rmsnorm: the last dimension n = 0 (x {tuple(x.shape)}): no mean "
+                         "square")
     if w.shape != (x.shape[-1],):
         raise ValueError(f"rmsnorm: w must have shape ({x.shape[-1]},), got {tuple(w.shape)}")
     require("rmsnorm", dtypes, x=x, w=w)

@@ -26,7 +26,9 @@ def check_args(x, pos, theta, out=None, dtypes: tuple = CHECKED):
     require("rope", dtypes, x=x)
     if x.dim() != 4:
         raise ValueError(f"rope: x must be [B, S, H, D], got shape {tuple(x.shape)}")
-    if x.shape[-1] % 2 or x.shape[-1] == 0:
+    if x.shape[-1] == 0:
+        raise ValueError("rope: head dim D = 0: no rotation pairs (half = 0)")
+    if x.shape[-1] % 2:
         raise ValueError(f"rope: head dim D must be even and > 0, got {x.shape[-1]}")
     if not isinstance(pos, torch.Tensor) or pos.dtype != torch.int64:
         raise TypeError(f"rope: pos must be an int64 tensor, got "

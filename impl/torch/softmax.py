@@ -11,6 +11,9 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"softmax: x must be a tensor, got {type(x).__name__}")
     require("softmax", CHECKED, x=x)
+    if x.dim() < 1 or x.shape[-1] == 0:  # a row of no entries: its normalizer is 0/0
+        raise ValueError(f"softmax: the last dimension n = 0 (x {tuple(x.shape)}): no "
+                         "distribution")
     # fp16/bf16 inputs: reduce in fp32 (a half-precision sum of 4k terms loses ~3 digits),
     # round once at the end.
     xf = x.float()

@@ -23,6 +23,8 @@ fp32 inputs use IEEE fp32 dots (input_precision="ieee"): the GPU default would b
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -113,7 +115,8 @@ def matmul2(a1, b1, c, alpha1=1.0, a2=None, b2=None, alpha2=0.0):
 
 def _as_rows(x, in_f):
     """x [..., in] as a 2-D [M, in] tensor (a view when the strides allow it)."""
-    return x if x.dim() == 2 else x.reshape(-1, in_f)
+    # not reshape(-1, in_f): -1 is ambiguous when in_f = 0
+    return x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), in_f)
 
 
 def _check_backend(*ts):

@@ -45,7 +45,8 @@ def check_args(x: torch.Tensor, out: torch.Tensor | None) -> None:
         raise TypeError(f"softmax: x must be a tensor, got {type(x).__name__}")
     require("softmax (triton)", triton_dtypes(), x=x)
     if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"softmax: x needs a non-empty last dimension, got {tuple(x.shape)}")
+        raise ValueError(f"softmax: the last dimension n = 0 (x {tuple(x.shape)}): no "
+                         "distribution")
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
         raise ValueError(f"softmax: out must be {tuple(x.shape)} {x.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")

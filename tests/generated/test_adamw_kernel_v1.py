@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "237999b23b63b778bb953737b061675b174767e5b481b7e1363db1006d794c50"
+SHA256 = "91eaaac3b7238b593170443fc43f51da8d2be421dabd4173e854a591c6105dd5"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 
@@ -601,6 +601,46 @@ def test_falsify_aw_025__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[2])
 def test_falsify_aw_025__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-025", "triton", "float32", case)
+
+# FALSIFY-AW-026 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_step)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
+def test_falsify_aw_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-026", "triton", "float32", case)
+
+# FALSIFY-AW-027 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_run)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
+def test_falsify_aw_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-AW-027", "triton", "float32", case)
 
 
 # MUT-AW-001 → AW-INV-001: weight decay inside the gradient (Adam + L2): g ← g + λθ, no decoupled decay

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6683cde0184fe143b652c5bedf16fb35d16075f13c0ef76a67494e2e8d6e58a9"
+SHA256 = "90d762b7d5d06a0546ae0e3a352dcccbe7a8c0bb8da84caa54e11cc0145cc623"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -834,6 +834,46 @@ def test_falsify_att_035__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
 def test_falsify_att_035__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-035", "triton", "float32", case)
+
+# FALSIFY-ATT-036 → ATT-LAY-001 (layouts): Layouts and size 0 (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
+def test_falsify_att_036__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-036", "triton", "float32", case)
+
+# FALSIFY-ATT-037 → ATT-LAY-001 (layouts): Layouts and size 0 (flash_attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
+def test_falsify_att_037__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-037", "triton", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "14fb4b973191597e3969c13909e611a9c10210dd99062bafceccb6df8d2f361a"
+SHA256 = "37634b906d559e2782a268d6a3c9a02da64bf4bfd5d9f9f6ee070f6cb369c2f6"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -937,6 +937,26 @@ def test_falsify_ce_027__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-027", "float32")[0])
 def test_falsify_ce_027__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-027", "triton", "float32", case)
+
+# FALSIFY-CE-028 → CE-LAY-001 (layouts): Layouts and size 0 (cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
+def test_falsify_ce_028__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-028", "triton", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b0165035c00b7177b9db81bb6e78c2229b3df47dacf344e0384a94153f45788e"
+SHA256 = "778e9b052a984fd70c76b6b3f85a57bcc2b333577b7bcb1905edba623d4d90ba"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -312,6 +312,20 @@ def test_falsify_dpo_014__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-015", "float32")[0])
 def test_falsify_dpo_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-015", "torch", "float32", case)
+
+# FALSIFY-DPO-016 → DPO-LAY-001 (layouts): Layouts and size 0 (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
+def test_falsify_dpo_016__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-016", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
+def test_falsify_dpo_016__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-016", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

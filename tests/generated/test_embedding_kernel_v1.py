@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "fa19840f1b9bd9e59ed63aade337b27112faacedd6cdfca4deb69142f7040662"
+SHA256 = "8bf85edc62cdcf7d46255c041a4ad48d002a761c731e2df930f6b6b753cf8482"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -390,6 +390,26 @@ def test_falsify_emb_015__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-016", "float32")[0])
 def test_falsify_emb_016__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-016", "triton", "float32", case)
+
+# FALSIFY-EMB-017 → EMB-LAY-001 (layouts): Layouts and size 0 (embedding)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
+def test_falsify_emb_017__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-017", "triton", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

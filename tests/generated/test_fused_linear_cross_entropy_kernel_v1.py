@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1fab4afd4edd34bff13afb84c55354b072eb4b5593a245377b6291e06c40c6a6"
+SHA256 = "05bf4017e751659fa606b168e967db9096057065770123936f3dd420a00e31f9"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -361,6 +361,26 @@ def test_falsify_flce_012__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-013", "float32")[0])
 def test_falsify_flce_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-013", "triton", "float32", case)
+
+# FALSIFY-FLCE-014 → FLCE-LAY-001 (layouts): Layouts and size 0 (fused_linear_cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
+def test_falsify_flce_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-014", "triton", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "19981919c4192ff2566da3afde8398747b3520c42bf33b54b10b91bcd634ae94"
+SHA256 = "100e0e988992d07357889247e2004891a54b222ef916fdd10c1504b93c609d47"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -592,6 +592,26 @@ def test_falsify_gelu_023__torch__float32(case):
 def test_falsify_gelu_024__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-024", "triton", "float32", case)
 
+# FALSIFY-GELU-025 → GELU-LAY-001 (layouts): Layouts and size 0 (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
+def test_falsify_gelu_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-025", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
+def test_falsify_gelu_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
+def test_falsify_gelu_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-025", "triton", "float32", case)
+
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-001", obligation="GELU-EQV-001", backend="torch")
@@ -621,3 +641,9 @@ def test_mut_gelu_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-005", obligation="GELU-EQV-005", backend="torch")
 def test_mut_gelu_005():
     rt.assert_killed(CONTRACT, "MUT-GELU-005")
+
+
+# MUT-GELU-006 → GELU-LAY-001: the elementwise form run on x.view(-1): a RuntimeError for any transposed or stepped input, where .reshape would copy
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GELU-006", obligation="GELU-LAY-001", backend="torch")
+def test_mut_gelu_006():
+    rt.assert_killed(CONTRACT, "MUT-GELU-006")

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "08eefc6261b830b17d676e83abed468658ca3c8728a02e02c1800e3564ab9bb8"
+SHA256 = "a69388c4500ef1a0de0d4466eef2467841c8051fc263e62aecc014b266320162"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -554,6 +554,26 @@ def test_falsify_gemm_021__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-022", "float32")[0])
 def test_falsify_gemm_022__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-022", "triton", "float32", case)
+
+# FALSIFY-GEMM-023 → GEMM-LAY-001 (layouts): Layouts and size 0 (gemm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
+def test_falsify_gemm_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-023", "triton", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

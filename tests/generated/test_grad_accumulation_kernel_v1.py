@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "38841483b44607eec48a577c636fe4850e82f808a8c8894f5c254b14dd421443"
+SHA256 = "1cdf2695a54d56e81293a1fc87596c5e6b473a628513c4f32e2fe63f1f63ea0f"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 
@@ -171,6 +171,20 @@ def test_falsify_gacc_013__torch__undeclared():
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-014", "float32")[2])
 def test_falsify_gacc_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-014", "torch", "float32", case)
+
+# FALSIFY-GACC-015 → GACC-LAY-001 (layouts): Layouts and size 0 (accumulate_grad)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
+def test_falsify_gacc_015__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-015", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
+def test_falsify_gacc_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GACC-015", "torch", "float32", case)
 
 
 # MUT-GACC-001 → GACC-INV-001: each micro-batch normalised by its own token count, then averaged over micro-batches

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3b8fd5f20b449513f0dda4c17e26a1516d65b703644d4db7afc57d109bf7549c"
+SHA256 = "6daafa3ed8ae3d3c10295790f4d9c4f0ebf19c6a075ab7ccfc98a0301354d375"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -492,6 +492,26 @@ def test_falsify_clip_018__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[2])
 def test_falsify_clip_018__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-018", "triton", "float16", case)
+
+# FALSIFY-CLIP-019 → CLIP-LAY-001 (layouts): Layouts and size 0 (clip_grad_norm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
+def test_falsify_clip_019__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-019", "triton", "float32", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

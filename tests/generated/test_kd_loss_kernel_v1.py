@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "36912a64c8296514e00a486cbb9d55812a2a459097c1368d60b0d80340185810"
+SHA256 = "72623215d9f709e3d11cb2b8d0dde35e1857b907700f5cea4e5a276721829af1"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -361,6 +361,34 @@ def test_falsify_kd_016__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-017", "float32")[0])
 def test_falsify_kd_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-017", "torch", "float32", case)
+
+# FALSIFY-KD-018 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
+def test_falsify_kd_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
+def test_falsify_kd_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-018", "torch", "float32", case)
+
+# FALSIFY-KD-019 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
+def test_falsify_kd_019__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-019", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
+def test_falsify_kd_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-019", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

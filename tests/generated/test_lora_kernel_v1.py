@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a88a5b35770bca8050159874c32e7439bf0ff29e55213e3e460c6ff933640587"
+SHA256 = "c98271693850b0236284f68a72d8008eb764890088bd7abdc1830391d70ee2e6"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -806,6 +806,46 @@ def test_falsify_lora_028__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-029", "float32")[0])
 def test_falsify_lora_029__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-029", "triton", "float32", case)
+
+# FALSIFY-LORA-030 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
+def test_falsify_lora_030__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-030", "triton", "float32", case)
+
+# FALSIFY-LORA-031 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_merge)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
+def test_falsify_lora_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-031", "triton", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

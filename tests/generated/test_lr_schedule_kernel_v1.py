@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7f35b393b330ad745ab67a1a5ee0c78a8334d3b368702bfce225b3a55de0b36b"
+SHA256 = "02ba7c55724df5871038065f9acf13938b947a375959a143cc72280ba92ab763"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 
@@ -218,6 +218,20 @@ def test_falsify_lrs_012__reference__float64(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[3])
 def test_falsify_lrs_012__torch__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-012", "torch", "float64", case)
+
+# FALSIFY-LRS-013 → LRS-LAY-001 (layouts): Layouts and size 0 (lr_at)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LRS-LAY-001", check="FALSIFY-LRS-013", backend="reference", variant="float64")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-013", "float64"))
+def test_falsify_lrs_013__reference__float64(case):
+    rt.execute(CONTRACT, "FALSIFY-LRS-013", "reference", "float64", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LRS-LAY-001", check="FALSIFY-LRS-013", backend="torch", variant="float64")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-013", "float64"))
+def test_falsify_lrs_013__torch__float64(case):
+    rt.execute(CONTRACT, "FALSIFY-LRS-013", "torch", "float64", case)
 
 
 # MUT-LRS-001 → LRS-INV-001: warmup divides by W + 1: the peak is reached one step late

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1fc1f1a663e31a4459a1de53ed7ace009e7a7d73f2684682e8b1cca5f8e3826c"
+SHA256 = "ce126f9dadcc6e8dc3798fe376bd1b8bb1101843d27bb4373999993207238620"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 
@@ -709,6 +709,46 @@ def test_falsify_nf4_024__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float16")[3])
 def test_falsify_nf4_024__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-024", "triton", "float16", case)
+
+# FALSIFY-NF4-025 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_quantize)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
+def test_falsify_nf4_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-025", "triton", "float32", case)
+
+# FALSIFY-NF4-026 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_dequantize)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
+def test_falsify_nf4_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-NF4-026", "triton", "float32", case)
 
 
 # MUT-NF4-001 → NF4-EQV-001: element 2i packed into the low nibble

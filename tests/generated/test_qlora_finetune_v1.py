@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "f776dd415c89d167c8496fee13206bdee175524f17249ee09ea6edb8beb04078"
+SHA256 = "5014df961ac79da7a6dd4c78d57795015ee1a70029dda05445e3eb481a6ceac2"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b66ccf8926e616902a8adb57d7b74a01665eba8f9d6b91128ecd62ea1d8ecdf3"
+SHA256 = "7233e69f4484b2445eaeaaf71c72bfaf49d1810fc0c885aefab29e643eacbed8"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 
@@ -506,6 +506,26 @@ def test_falsify_qlora_018__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-019", "float32")[0])
 def test_falsify_qlora_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-019", "triton", "float32", case)
+
+# FALSIFY-QLORA-020 → QLORA-LAY-001 (layouts): Layouts and size 0 (qlora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
+def test_falsify_qlora_020__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QLORA-020", "triton", "float32", case)
 
 
 # MUT-QLORA-001 → QLORA-EQV-001: on-the-fly dequantization reads element 2i from the low nibble

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a476be5b59ccb31b17ca8a31a5cb73eeb7232af66ed378f5ba55d5c64041ec7b"
+SHA256 = "973d28962348bbd07ee9a672845957b0df1d723da0c0aa7166842963f7f16cbf"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -602,6 +602,46 @@ def test_falsify_rn_021__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-021", "float32")[0])
 def test_falsify_rn_021__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-021", "triton", "float32", case)
+
+# FALSIFY-RN-022 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
+def test_falsify_rn_022__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-022", "triton", "float32", case)
+
+# FALSIFY-RN-023 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm_forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
+def test_falsify_rn_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-023", "triton", "float32", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

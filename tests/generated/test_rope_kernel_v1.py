@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8262b977773190a6bf70bca8f2e7bc43895af4bdd3a36175bf7dd4f2bbac24fc"
+SHA256 = "9205fc24326f438a24c405d1ab169e0d65422e3fd65a748fddc431737473409a"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -480,6 +480,26 @@ def test_falsify_rope_016__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-017", "float32")[0])
 def test_falsify_rope_017__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-017", "triton", "float32", case)
+
+# FALSIFY-ROPE-018 → ROPE-LAY-001 (layouts): Layouts and size 0 (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
+def test_falsify_rope_018__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-018", "triton", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

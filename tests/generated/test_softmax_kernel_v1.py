@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0e4b1ffe7da42194cae3b6f95a1a7b5b4fd5b85671d9023fab0a2fa5bdb2807d"
+SHA256 = "50bd7f1fa37b578d05f53767d5bfd4a34463a79ac26929bf8833fa3314e8f4a9"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -438,6 +438,26 @@ def test_falsify_sm_013__triton__float32(case):
 def test_falsify_sm_013__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-013", "triton", "float16", case)
 
+# FALSIFY-SM-014 → SM-LAY-001 (layouts): Layouts and size 0 (softmax)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
+def test_falsify_sm_014__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-014", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
+def test_falsify_sm_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
+def test_falsify_sm_014__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-014", "triton", "float32", case)
+
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-001", obligation="SM-BND-002", backend="torch")
@@ -467,3 +487,15 @@ def test_mut_sm_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-005", obligation="SM-DEV-001", backend="torch")
 def test_mut_sm_005():
     rt.assert_killed(CONTRACT, "MUT-SM-005")
+
+
+# MUT-SM-006 → SM-LAY-001: Triton wrapper passes only the row stride and indexes columns contiguously: wrong for a transposed or stepped view (stride(-1) ≠ 1)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-006", obligation="SM-LAY-001", backend="triton")
+def test_mut_sm_006():
+    rt.assert_killed(CONTRACT, "MUT-SM-006")
+
+
+# MUT-SM-007 → SM-LAY-001: early return for an empty input: m = 0 gives a 1-D empty tensor instead of the (0, n) result
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-007", obligation="SM-LAY-001", backend="torch")
+def test_mut_sm_007():
+    rt.assert_killed(CONTRACT, "MUT-SM-007")

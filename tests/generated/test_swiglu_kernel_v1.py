@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1da7e5d4f87ef3496134e09b842cd45c3bc81576d51f0f08f88cf69dbf8a6885"
+SHA256 = "0e08954ae5b08db9678b7261c894fd1d3c8fe793d07677c270875f6fe6d8b71a"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -672,6 +672,66 @@ def test_falsify_swg_027__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-028", "float32")[0])
 def test_falsify_swg_028__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-028", "triton", "float32", case)
+
+# FALSIFY-SWG-029 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
+def test_falsify_swg_029__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-029", "triton", "float32", case)
+
+# FALSIFY-SWG-030 → SWG-LAY-001 (layouts): Layouts and size 0 (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
+def test_falsify_swg_030__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-030", "triton", "float32", case)
+
+# FALSIFY-SWG-031 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
+def test_falsify_swg_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-031", "triton", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8edc368b9c3f1f7c343fb266b57b3df6236689222c96ed48719b8b840bf558aa"
+SHA256 = "22636b0ab7675261c6b20bcc0885fc9aa80f387fa9b5bb28f503badf39b2985e"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 

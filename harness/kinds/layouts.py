@@ -1,0 +1,301 @@
+"""layouts: the backend reads any strided view its inputs arrive as, and does what the contract
+says for a size-0 dimension.
+
+Fresh contiguous tensors are what every other check passes, and what a kernel's author tested.
+A training loop hands a kernel transposed weights, a slice taken with a step, a broadcast bias
+(stride 0), and, at the end of a ragged batch, a dimension of size 0. Each drawn case is run
+here as:
+
+- views (optimized backends): every tensor argument of the case rebuilt with the same values
+  as a noncontiguous view, one layout at a time (VIEWS):
+    transposed  the last two axes stored transposed (strides swapped; tensors of ≥ 2 dims),
+    strided     every other element of a buffer twice as long in the last axis (stride(-1) = 2;
+                the skipped elements hold NaN, or the largest integer, so reading them shows),
+    expanded    the values repeated along the first axis of size > 1 and passed as one row
+                expanded there (stride 0): the reference gets the same repeated values.
+  The outputs must agree with the float64 reference within the tolerance of the contract's
+  parity check named in `parity` (whose `call` and `outputs` apply too), and every input must
+  be bit-identical after the call: a kernel that writes into an expanded input writes one
+  element many times, one that writes into any input corrupts the caller's tensor. Arguments
+  listed in `writes` are the function's in-place results: they are drawn as transposed and
+  stepped views too (the result must land in the view, not in the gaps around it), never
+  expanded, and are exempt from the no-write rule. The elements a stepped view skips must
+  hold their filler afterwards, for every argument: a kernel writes nothing outside its view.
+- zero_size (every backend it binds, the reference included): for each dim of `zero_size`, the
+  case with that dim set to 0 (every argument sliced to its shape at 0). `empty`: the backend
+  returns what the float64 reference returns — the same shapes (a size-0 output where the dim
+  survives) and values (an empty sum is 0) — without raising; `error`: it raises a ValueError
+  whose message names the dim as `<dim> = 0` before any work (inputs untouched). A kernel that
+  launches a zero-size grid and crashes, or returns an output of the wrong shape, fails.
+
+The cases are small by construction: the library caps the kind at MAX_EXAMPLES examples per
+run and replays no pinned example (layout bugs show on any shape; cost grows with the number of
+Triton programs, ~0.4 ms each under the interpreter).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from falsify.harness import backends, cases
+from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
+from falsify.harness.runtime import CheckFailed, Ctx
+
+VIEWS = ("transposed", "strided", "expanded")
+MAX_EXAMPLES = 5
+
+
+def parity_ctx(ctx) -> Ctx:
+    """The named parity check's context: its tolerance, `call` and `outputs` judge the views."""
+    pid = ctx.spec.get("parity")
+    p = ctx.contract.check(pid) if pid else None
+    if p is None or not p.spec or p.kind != "parity":
+        raise ValueError(f"{ctx.contract.id}: check {ctx.check.id}: parity {pid!r} is not a "
+                         "parity check of the contract")
+    return Ctx(ctx.contract, p, ctx.backend, ctx.variant)
+
+
+# ---------------------------------------------------------------- views
+def _filler(t):
+    import torch
+
+    return float("nan") if t.dtype.is_floating_point else (
+        True if t.dtype == torch.bool else int(torch.iinfo(t.dtype).max))
+
+
+def _transposed(t):
+    if t.dim() < 2:
+        return None
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def _strided(t):
+    import torch
+
+    if t.dim() < 1:
+        return None
+    shape = tuple(t.shape)
+    buf = torch.full(shape[:-1] + (2 * shape[-1],), _filler(t), dtype=t.dtype, device=t.device)
+    view = buf[..., ::2]
+    view.copy_(t)
+    return view
+
+
+def _gaps_intact(view) -> bool:
+    """The elements a stepped view skips (every other one of its buffer) still hold the
+    filler: nothing was written outside the view."""
+    import torch
+
+    gaps = view._base[..., 1::2]
+    if gaps.dtype.is_floating_point:
+        return bool(torch.isnan(gaps).all())
+    return bool((gaps == _filler(gaps)).all())
+
+
+def _expand_axis(a: np.ndarray) -> int | None:
+    return next((i for i, s in enumerate(a.shape) if s > 1), None)
+
+
+def _expanded_case(case: cases.Case, names: list[str]) -> tuple[cases.Case, dict]:
+    """The case with each named array repeated along its first axis of size > 1, and that axis
+    for each (the arrays without one keep their values and layout)."""
+    args, axes = dict(case.args), {}
+    for k in names:
+        a = case.args[k]
+        ax = _expand_axis(a)
+        if ax is None:
+            continue
+        row = np.take(a, [0], axis=ax)
+        args[k] = np.ascontiguousarray(np.broadcast_to(row, a.shape))
+        axes[k] = ax
+    return cases.Case(case.dtype, case.dims, args, case.params, case.seed, case.label), axes
+
+
+def _tensor_names(case: cases.Case, no_expand=()) -> list[str]:
+    return [k for k, v in case.args.items()
+            if isinstance(v, np.ndarray) and v.ndim >= 1 and v.size > 0 and k not in no_expand]
+
+
+def _bytes(t):
+    import torch
+
+    # a fresh tensor: .contiguous() keeps the strides of a view whose dims are all 1
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t).view(-1).view(
+        torch.uint8)
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        # bits, so that NaN equals NaN and −0.0 differs from 0.0
+        return bool(torch.equal(_bytes(a), _bytes(b.detach())))
+    return bool(torch.equal(a, b.detach()))
+
+
+def _run_view(ctx, pctx, case: cases.Case, layout: str) -> bool:
+    """One layout: False when no argument of the case can take it (nothing ran)."""
+    import torch
+
+    writes = tuple(ctx.spec.get("writes") or ())
+    names = _tensor_names(case, tuple(ctx.spec.get("no_expand") or ()) + writes)
+    axes = {}
+    if layout == "expanded":
+        case, axes = _expanded_case(case, names)
+    args = pctx.args(case)
+    replaced = {}
+    for k in _tensor_names(case):
+        v = args.get(k)
+        if not isinstance(v, torch.Tensor) or k in pctx.call_kwargs(case):
+            continue
+        if layout == "transposed":
+            w = _transposed(v)
+        elif layout == "strided":
+            w = _strided(v)
+        else:
+            w = (v.narrow(axes[k], 0, 1).clone().expand(v.shape) if k in axes else None)
+        if w is not None:
+            args[k] = replaced[k] = w
+    if not replaced:
+        return False
+    # the storage behind each view, bit for bit: an expanded input's one row included
+    before = {k: (w.detach().clone(), w) for k, w in replaced.items()}
+    before.update({k: (v.detach().clone(), v) for k, v in args.items()
+                   if isinstance(v, torch.Tensor) and k not in replaced})
+    ref_fn = pctx.fn(backend="reference")
+    ref = backends.outputs(backends.call(ref_fn, **pctx.ref_args(case)))
+    got = backends.outputs(backends.call(pctx.fn(), **args))
+    written = [k for k, (snap, t) in before.items()
+               if k not in writes and not _same_bits(snap, t)]
+    if written:
+        raise CheckFailed(f"{layout} views: the backend wrote into its input(s) "
+                          f"{', '.join(written)}")
+    if layout == "strided":
+        gaps = [k for k, w in replaced.items() if not _gaps_intact(w)]
+        if gaps:
+            raise CheckFailed(f"strided views: the backend wrote between the elements of "
+                              f"{', '.join(gaps)} (outside the view it was given)")
+    if len(got) < len(ref):
+        raise CheckFailed(f"{layout} views: backend returned {len(got)} output(s), reference "
+                          f"{len(ref)}")
+    where = ", ".join(f"{k} stride {tuple(w.stride())}" for k, w in replaced.items())
+    for i in pctx.output_indices(range(len(ref))):
+        finite = ref[i][np.isfinite(ref[i])]
+        atol, rtol = pctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
+        judge = judge_for(ref_fn, pctx.ref_args(case), lambda outs, idx, i=i: outs[i][idx],
+                          case.dtype)
+        compare(got[i], ref[i], atol, rtol, f"{layout} views ({where}): output {i}", judge,
+                tolerance_terms(pctx, case, atol, rtol))
+    return True
+
+
+# ---------------------------------------------------------------- size 0
+def zero_case(ctx, case: cases.Case, dim: str) -> cases.Case:
+    """The case with `dim` = 0: every array argument sliced to its declared shape there."""
+    dims0 = {**case.dims, dim: 0}
+    where = f"{ctx.contract.id}.inputs.{ctx.spec.get('input')}"
+    args = dict(case.args)
+    for k, a in (ctx.input_spec.get("args") or {}).items():
+        v = case.args.get(k)
+        if not (isinstance(v, np.ndarray) and "shape" in a):
+            continue
+        shape = cases.shape_of(a, dims0, f"{where}.args.{k}.shape")
+        if len(shape) != v.ndim or any(s > n for s, n in zip(shape, v.shape)):
+            raise ValueError(f"{where}.args.{k}: shape {shape} at {dim} = 0 is not a slice of "
+                             f"{v.shape}")
+        args[k] = np.ascontiguousarray(v[tuple(slice(0, s) for s in shape)])
+    return cases.Case(case.dtype, dims0, args, case.params, case.seed, case.label)
+
+
+def names_dim(msg: str, dim: str) -> bool:
+    """`msg` names the dim as `<dim> = 0` (or `==`), in any case: a kernel's message may write
+    the contract's `hkv` as `Hkv`."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(dim)}\s*==?\s*0(?![0-9.])", msg,
+                     re.IGNORECASE) is not None
+
+
+def _snapshot(args: dict) -> dict:
+    import torch
+
+    out = {}
+    for k, v in args.items():
+        if isinstance(v, np.ndarray):
+            out[k] = (v.copy(), v)
+        elif isinstance(v, torch.Tensor):
+            out[k] = (v.detach().clone(), v)
+    return out
+
+
+def _written(snap: dict) -> list[str]:
+    bad = []
+    for k, (s, v) in snap.items():
+        same = (np.array_equal(s, v, equal_nan=True) if isinstance(s, np.ndarray)
+                else _same_bits(s, v))
+        if not same:
+            bad.append(k)
+    return bad
+
+
+def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str) -> str:
+    case0 = zero_case(ctx, case, dim)
+    args = pctx.args(case0)
+    snap = {k: v for k, v in _snapshot(args).items() if k not in (ctx.spec.get("writes") or ())}
+    fn = pctx.fn()
+    label = f"{dim} = 0 (rule: {rule})"
+    try:
+        out = fn(**args)
+    except ValueError as e:
+        if rule == "empty":
+            raise CheckFailed(f"{label}: raised ValueError: {e}; the contract says the result "
+                              "is empty (the reference's shapes and values)") from e
+        if not names_dim(str(e), dim):
+            raise CheckFailed(f"{label}: raised ValueError {str(e)!r}, which does not name the "
+                              f"dim as '{dim} = 0'") from e
+        changed = _written(snap)
+        if changed:
+            raise CheckFailed(f"{label}: refused only after writing into {changed}") from None
+        return "error"
+    except Exception as e:  # noqa: BLE001 - a crash on size 0 is the finding itself
+        raise CheckFailed(f"{label}: raised {type(e).__name__}: {e} — not the declared "
+                          + ("result" if rule == "empty" else
+                             f"ValueError naming '{dim} = 0' before launch")) from e
+    if rule == "error":
+        shapes = [tuple(np.shape(o)) for o in backends.outputs(out)]
+        raise CheckFailed(f"{label}: returned outputs of shape(s) {shapes} instead of raising "
+                          f"a ValueError naming '{dim} = 0'")
+    changed = _written(snap)
+    if changed:
+        raise CheckFailed(f"{label}: wrote into its input(s) {', '.join(changed)}")
+    if ctx.backend == "reference":
+        return "empty"
+    got = backends.outputs(out)
+    ref = backends.outputs(backends.call(pctx.fn(backend="reference"), **pctx.ref_args(case0)))
+    if len(got) < len(ref):
+        raise CheckFailed(f"{label}: backend returned {len(got)} output(s), reference "
+                          f"{len(ref)}")
+    for i in pctx.output_indices(range(len(ref))):
+        finite = ref[i][np.isfinite(ref[i])]
+        # the tolerance of the case before the dim was emptied: its expressions may divide by
+        # or take the log of a dim
+        atol, rtol = pctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
+        compare(got[i], ref[i], atol, rtol, f"{label}: output {i}")
+    return "empty"
+
+
+def run(ctx, case):
+    pctx = parity_ctx(ctx)
+    detail = {"zero_size": {}, "views": []}
+    for dim, rule in (ctx.spec.get("zero_size") or {}).items():
+        if dim not in case.dims:
+            raise ValueError(f"{ctx.contract.id}: check {ctx.check.id}: zero_size names {dim!r}, "
+                             f"not a dim of input {ctx.spec.get('input')!r}")
+        detail["zero_size"][dim] = _run_zero(ctx, pctx, case, dim, rule)
+    if ctx.backend != "reference":
+        for layout in ctx.spec.get("views") or VIEWS:
+            if _run_view(ctx, pctx, case, layout):
+                detail["views"].append(layout)
+    return detail
