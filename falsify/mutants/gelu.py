@@ -73,6 +73,7 @@ class _JvpMissingPdfTerm(gelu_torch._GELUFunction):
 def jvp_missing_pdf_term(x, approximate, out=None):
     gelu_torch.check_args(x, approximate, out)
     y = _JvpMissingPdfTerm.apply(x, approximate)
+    return out.copy_(y) if out is not None else y
 
 
 def flatten_with_view(x, approximate, out=None):
