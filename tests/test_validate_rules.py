@@ -614,7 +614,9 @@ def test_v025_layouts_rules_fit_the_input(tmp_path):
     text = (Path(__file__).resolve().parents[1] / "contracts" / "softmax-kernel-v1.yaml"
             ).read_text(encoding="utf-8")
     bad = edit(text, "      zero_size: {m: empty, n: error}\n", "      zero_size: {m: empty}\n")
-    bad = edit(bad, "      parity: FALSIFY-SM-005\n", "      parity: FALSIFY-SM-006\n")
+    bad = edit(bad, "      kind: layouts\n      input: rows\n      equation: softmax\n"
+               "      parity: FALSIFY-SM-005\n", "      kind: layouts\n      input: rows\n"
+               "      equation: softmax\n      parity: FALSIFY-SM-006\n")
     p, findings = run(tmp_path, bad, name="softmax-kernel-v1.yaml")
     msgs = [f.message for f in only(findings, "V025", "error")]
     assert any("states no rule for n" in m for m in msgs)
