@@ -304,14 +304,24 @@ def export_findings(c: Contract) -> list[str]:
 # The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
 # kernel contract runs on the backends it binds, or declares inapplicable with the reason in
 # `metadata.inapplicable` (whose schema enum lists the same names).
-MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes")
+MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "compile")
 # kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
+
+
+def _labels(kind: str) -> tuple[str, ...]:
+    if kind in INVARIANCE_KINDS:
+        return ("bitwise", "bounded")
+    if kind == "compile":
+        return ("forward and backward", "forward")
+    return ("checked",)
 
 
 def _label(kind: str, t) -> str:
     if kind in INVARIANCE_KINDS:
         return "bounded" if "tolerance" in t.spec else "bitwise"
+    if kind == "compile":  # the backward compiled too, or the forward only
+        return "forward and backward" if t.spec.get("gradient_check") else "forward"
     return "checked"
 
 
@@ -322,8 +332,7 @@ def declared(c: Contract, kind: str) -> dict | None:
     with the reason; None when the contract neither runs the kind nor says why not."""
     if kind in c.inapplicable:
         return {"inapplicable": c.inapplicable[kind]}
-    labels = ("bitwise", "bounded") if kind in INVARIANCE_KINDS else ("checked",)
-    out = {k: set() for k in labels}
+    out = {k: set() for k in _labels(kind)}
     for t in c.checks:
         if t.kind == kind:
             out[_label(kind, t)] |= {r.backend for r in runs(c, t)}

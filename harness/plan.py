@@ -21,9 +21,10 @@ REQUIRED_FIELDS = {
     "determinism": ("input",),
     "batch_invariance": ("input", "batch"),
     "dtypes": ("input",),
+    "compile": ("input",),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
-               "determinism", "batch_invariance", "dtypes"}
+               "determinism", "batch_invariance", "dtypes", "compile"}
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
     bound = [b for b in BACKENDS if eq and b in eq.bindings]
     if kind in ("parity", "dtypes"):  # the float64 reference is the oracle, not a subject
         return [b for b in bound if b != "reference"]
+    if kind == "compile":  # torch.compile traces torch code; Triton kernels are compiled already
+        return [b for b in bound if b == "torch"]
     return bound
 
 

@@ -40,3 +40,16 @@ def triton_no_tail_mask(x: torch.Tensor, out: torch.Tensor | None = None) -> tor
     written (left as whatever `out` held). Identical to the kernel when n is a power of two."""
     tri_softmax.check_args(x, out)
     return tri_softmax.launch(x, out, block_of=_largest_power_of_2_at_most)
+
+
+def unstable_when_compiled(x: torch.Tensor) -> torch.Tensor:
+    """The honest kernel eagerly; under torch.compile a "fused" path that drops the max
+    subtraction on the belief that Inductor's softmax lowering stabilises it (it does not
+    for a hand-written exp/sum): exp overflows for logits above 88 and the row becomes NaN.
+    Every eager check passes; only compiled code takes the branch."""
+    from falsify.impl.torch.softmax import softmax
+
+    if torch.compiler.is_compiling():
+        e = torch.exp(x.float())
+        return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
+    return softmax(x)

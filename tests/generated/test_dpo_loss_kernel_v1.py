@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "599f6e8755dd4c1fbae7b5bbd327cfb3478bde07de83f239d0bf2f34e5672bf2"
+SHA256 = "46ed25e23c23fd7d3863602c8df0a94cf50802990a1e512e0c947a91a536bbd9"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -272,6 +272,26 @@ def test_falsify_dpo_011__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DTY-001", check="FALSIFY-DPO-012", backend="torch", variant="undeclared")
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
+
+# FALSIFY-DPO-013 → DPO-CMP-001 (compile): Compiled agrees with eager (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[2])
+def test_falsify_dpo_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-013", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[2])
+def test_falsify_dpo_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float16", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "70057cb74fdd6bb3e44d88f38272c53e52549645a57a60b2f793abe310bda9cb"
+SHA256 = "ed77d620a39dd497987406f14631a07094101af8ed417b74aa3eefc4c7a6b8bf"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -453,6 +453,26 @@ def test_falsify_gelu_016__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DTY-001", check="FALSIFY-GELU-016", backend="triton", variant="undeclared")
 def test_falsify_gelu_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GELU-016", "triton", "undeclared", None)
+
+# FALSIFY-GELU-017 → GELU-CMP-001 (compile): Compiled agrees with eager (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-CMP-001", check="FALSIFY-GELU-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[2])
+def test_falsify_gelu_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-CMP-001", check="FALSIFY-GELU-017", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[2])
+def test_falsify_gelu_017__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float16", case)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

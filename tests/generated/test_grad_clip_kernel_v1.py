@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "32e18f55c2d3331daa18e3d677479e66f8ad61786a191f3b0278c32459f1653c"
+SHA256 = "89c9abc134fa25c163505bb914a9f0025985f6575f39e38ca7a1023cfaaea56b"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 
@@ -450,6 +450,26 @@ def test_falsify_clip_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DTY-001", check="FALSIFY-CLIP-017", backend="triton", variant="undeclared")
 def test_falsify_clip_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CLIP-017", "triton", "undeclared", None)
+
+# FALSIFY-CLIP-018 → CLIP-CMP-001 (compile): Compiled agrees with eager (clip_grad_norm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-CMP-001", check="FALSIFY-CLIP-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[2])
+def test_falsify_clip_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-CMP-001", check="FALSIFY-CLIP-018", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[2])
+def test_falsify_clip_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-CLIP-018", "torch", "float16", case)
 
 
 # MUT-CLIP-001 → CLIP-BND-001: ‖g‖⁴ bug: the squared norm squared again instead of square-rooted

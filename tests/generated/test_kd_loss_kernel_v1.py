@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e9bf7292e4f729cba0123965a0bb5559198e81735d08b293c795b0a2ecdea152"
+SHA256 = "73c28e5c5661446d3b43d57036b5c05064702c8c56630529a2cc7929fef2c6a5"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -307,6 +307,39 @@ def test_falsify_kd_012__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DTY-001", check="FALSIFY-KD-013", backend="torch", variant="undeclared")
 def test_falsify_kd_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
+
+# FALSIFY-KD-014 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-014", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[3])
+def test_falsify_kd_014__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-014", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[3])
+def test_falsify_kd_014__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float16", case)
+
+# FALSIFY-KD-015 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[2])
+def test_falsify_kd_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

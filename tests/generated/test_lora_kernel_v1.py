@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ebd0d8faf54d7931e1e52e15c3853e357eab96759b789f8d93bd06087b0f4129"
+SHA256 = "b275ef7d4324f4664ad43b9c5cfa12240c4b365e3267bdc42bd01c0b3c639655"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -682,6 +682,48 @@ def test_falsify_lora_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DTY-001", check="FALSIFY-LORA-023", backend="triton", variant="undeclared")
 def test_falsify_lora_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
+
+# FALSIFY-LORA-024 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[3])
+def test_falsify_lora_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-024", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[3])
+def test_falsify_lora_024__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float16", case)
+
+# FALSIFY-LORA-025 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_merge)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[2])
+def test_falsify_lora_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-025", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[2])
+def test_falsify_lora_025__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-025", "torch", "float16", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ad55be32fea8a84fc776fc9d757c9faa45de4a6e85242cd460855ec8d59e33f8"
+SHA256 = "3b4a6b776627a68e9b53b3912345876763705534b0d867bccb75de65797674cb"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -476,6 +476,42 @@ def test_falsify_rn_016__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DTY-001", check="FALSIFY-RN-016", backend="triton", variant="undeclared")
 def test_falsify_rn_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
+
+# FALSIFY-RN-017 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[1])
+def test_falsify_rn_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-017", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[1])
+def test_falsify_rn_017__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float16", case)
+
+# FALSIFY-RN-018 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm_forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[1])
+def test_falsify_rn_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-018", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[1])
+def test_falsify_rn_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float16", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9da70afc1c0011f08dde1c451b3063ad35c87ddc634f4788c6440b4eabe57b6c"
+SHA256 = "edbf7b1d63147bc40fc49ca2de800ac8b5cf681dd424d46d04b1424279233e3b"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -396,6 +396,20 @@ def test_falsify_sm_012__torch__undeclared():
 def test_falsify_sm_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SM-012", "triton", "undeclared", None)
 
+# FALSIFY-SM-013 → SM-CMP-001 (compile): Compiled agrees with eager
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float32"))
+def test_falsify_sm_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-013", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float16"))
+def test_falsify_sm_013__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-013", "torch", "float16", case)
+
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-001", obligation="SM-BND-002", backend="torch")
@@ -419,3 +433,9 @@ def test_mut_sm_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-003", obligation="SM-EQV-001", backend="triton")
 def test_mut_sm_003():
     rt.assert_killed(CONTRACT, "MUT-SM-003")
+
+
+# MUT-SM-005 → SM-CMP-001: the honest kernel eagerly; under torch.compile a path without the max subtraction: exp overflows above 88 and rows become NaN, which no eager check can see
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-005", obligation="SM-CMP-001", backend="torch")
+def test_mut_sm_005():
+    rt.assert_killed(CONTRACT, "MUT-SM-005")

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a92f44f8f8bff35274ec776eb0d34b3de5b04c5c6316b8d00f8d11db0125ed0c"
+SHA256 = "cd8c3374d1ecca54484945fbc07b1780406243ef492a27a4bafd6a2d4d722a7c"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -482,6 +482,60 @@ def test_falsify_swg_017__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DTY-001", check="FALSIFY-SWG-017", backend="triton", variant="undeclared")
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
+
+# FALSIFY-SWG-018 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
+def test_falsify_swg_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-018", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[1])
+def test_falsify_swg_018__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float16", case)
+
+# FALSIFY-SWG-019 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
+def test_falsify_swg_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-019", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[1])
+def test_falsify_swg_019__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float16", case)
+
+# FALSIFY-SWG-020 → SWG-CMP-001 (compile): Compiled agrees with eager (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
+def test_falsify_swg_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-020", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
+def test_falsify_swg_020__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float16", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
