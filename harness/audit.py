@@ -328,7 +328,8 @@ def _label(kind: str, t) -> str:
 def declared(c: Contract, kind: str) -> dict | None:
     """For a kind in MATRIX_KINDS: {label: backends} over the checks that run it (for the
     invariance kinds `bitwise` and `bounded`, the latter when the kernel says it is not
-    invariant and the check enforces a bound; `checked` for the others), or `inapplicable`
+    invariant and the check enforces a bound; for compile `forward and backward` when the check
+    names a gradient_check, else `forward`; `checked` for the others), or `inapplicable`
     with the reason; None when the contract neither runs the kind nor says why not."""
     if kind in c.inapplicable:
         return {"inapplicable": c.inapplicable[kind]}

@@ -468,7 +468,8 @@ def _invariance(c: Contract) -> list[str]:
             "inapplicable with the reason. For determinism (the same bits run after run) and "
             "batch invariance (a row alone or in any batch), *bounded* means the contract "
             "declares the backend does not hold it, and its check enforces the stated bound "
-            "instead.", ""] + \
+            "instead. For compile (torch.compile against eager), *forward and backward* or "
+            "*forward* says what the compiled kernel is compared on.", ""] + \
         table(["kind", "holds", "backends / reason"], rows)
 
 

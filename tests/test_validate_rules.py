@@ -554,3 +554,25 @@ def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V023", "error")
     assert "FALSIFY-RN-013" in f.message and f.line == line_of(text, "determinism: \"said")
+
+
+def _rmsnorm_text() -> str:
+    return (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+
+
+def test_v029_compile_check_bound_from_a_check_of_another_kind(tmp_path):
+    text = edit(_rmsnorm_text(), "      parity_check: FALSIFY-RN-001\n",
+                "      parity_check: FALSIFY-RN-006\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V029", "error")
+    assert "'FALSIFY-RN-006' is not a parity check" in f.message
+    assert f.line == line_of(text, "parity_check: FALSIFY-RN-006")
+
+
+def test_v030_compile_check_that_leaves_the_backward_out(tmp_path):
+    text = edit(_rmsnorm_text(), "      parity_check: FALSIFY-RN-001\n"
+                "      gradient_check: FALSIFY-RN-006\n", "      parity_check: FALSIFY-RN-001\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V030", "error")
+    assert "forward compiled, backward not" in f.message and "FALSIFY-RN-006" in f.message

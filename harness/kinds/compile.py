@@ -5,7 +5,10 @@ Users run these kernels inside compiled models, where Dynamo traces the Python a
 generates fused C++ (CPU) or Triton (GPU) code: reductions may be split and reordered, casts
 fused away, and a kernel may take another path altogether (`torch.compiler.is_compiling()`).
 Each case runs eagerly and through `torch.compile(fn, dynamic=True)` in the same dtype, on
-freshly built identical inputs:
+freshly built identical inputs. Tensor sizes are symbolic (one compilation serves many
+shapes); Python float arguments (eps, beta, a temperature) are specialized as constants
+(`specialize_float`), as a model's hyperparameters are, so a kernel's `math.isfinite(beta)`
+validation is not mistaken for a graph break:
 
 - forward: every output (or the check's `outputs`) of the compiled call against the eager
   call's. The bound is the triangle inequality over the reference: if |eager − ref| ≤ a + ρ·|ref|
@@ -109,7 +112,7 @@ def _call_compiled(fn, *args, **kwargs):
     import torch._dynamo
 
     try:
-        with torch._dynamo.config.patch(suppress_errors=False,
+        with torch._dynamo.config.patch(suppress_errors=False, specialize_float=True,
                                         fail_on_recompile_limit_hit=True):
             return fn(*args, **kwargs)
     except AssertionError:

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "46ed25e23c23fd7d3863602c8df0a94cf50802990a1e512e0c947a91a536bbd9"
+SHA256 = "a55e147e9511a1cca1280c7a28f0f40d4ded9fa2522166824ef39403a0e0cfd3"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -283,15 +283,6 @@ def test_falsify_dpo_012__torch__undeclared():
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[2])
 def test_falsify_dpo_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float16"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[2])
-def test_falsify_dpo_013__torch__float16(case):
-    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float16", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ed77d620a39dd497987406f14631a07094101af8ed417b74aa3eefc4c7a6b8bf"
+SHA256 = "2c375705e63956596ffb07aa6ec26b18f792bcbba734f7899d1224a30bd9155e"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -464,15 +464,6 @@ def test_falsify_gelu_016__triton__undeclared():
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[2])
 def test_falsify_gelu_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float32", case)
-
-@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-CMP-001", check="FALSIFY-GELU-017", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[2])
-def test_falsify_gelu_017__torch__float16(case):
-    rt.execute(CONTRACT, "FALSIFY-GELU-017", "torch", "float16", case)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e57d38adbc32f2cac9df0d29ef9702b6347206d1b3f4fab5508f093ec1022445"
+SHA256 = "59bb92373e241830ccb3c584faf58e5378b5d50d6b3a5468028692c410aa9dc8"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7adad1eb45aeba859455bba469520b27347b7514cd114593d49ec61a0bf7d2b3"
+SHA256 = "409082949cec2a0346070f07fd3770b71eb11c1ab796edeeae36a14a43a6b09a"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
