@@ -195,14 +195,16 @@ def run(ctx, case):
     e_np, c_np = backends.outputs(e_list), backends.outputs(c_list)
     for i in ctx.output_indices(range(len(e_np))):
         atol, rtol, terms = _bound(ctx, case, ctx.spec.get("parity_check"), e_np[i])
-        compare(c_np[i], e_np[i], atol, rtol, f"compiled (got) vs eager (reference), output {i}", None, terms)
+        compare(c_np[i], e_np[i], atol, rtol,
+                f"compiled (got) vs eager (reference), output {i}", None, terms)
 
     if wrt:
         ge = _grads(ctx, case, gspec, grad_id, wrt, e_list, e_args, "eager", backends.call)
         gc = _grads(ctx, case, gspec, grad_id, wrt, c_list, c_args, "compiled", _call_compiled)
         for w in wrt:
             atol, rtol, terms = _bound(ctx, case, grad_id, ge[w])
-            compare(gc[w], ge[w], atol, rtol, f"compiled (got) vs eager (reference), d/d{w}", None, terms)
+            compare(gc[w], ge[w], atol, rtol,
+                    f"compiled (got) vs eager (reference), d/d{w}", None, terms)
         state = _graph_state()  # the backward compiles on first use
     return {"graph_breaks": len(state["reasons"]), "graphs": state["graphs"],
             "backward": bool(wrt), "dynamic": True,

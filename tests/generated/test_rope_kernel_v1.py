@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "65627ef014d4e4889412230c136a8b8f7fb1b49b8415718888985eee5acbbe85"
+SHA256 = "d665a647c181e45a954d7598549793ca779f977d36eb4ace54d88d186b66f217"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -402,6 +402,17 @@ def test_falsify_rope_012__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DTY-001", check="FALSIFY-ROPE-012", backend="triton", variant="undeclared")
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
+
+# FALSIFY-ROPE-013 → ROPE-CMP-001 (compile): Compiled agrees with eager (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-CMP-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[2])
+def test_falsify_rope_013__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)
