@@ -172,3 +172,19 @@ def test_declared_reads_forward_and_backward_from_the_contracts():
         "forward and backward": ["torch"], "forward": []}
     assert declared(runtime.contract(SM), "compile") == {"forward and backward": [],
                                                          "forward": ["torch"]}
+
+
+def test_compiled_embedding_refuses_negative_and_past_the_end_ids():
+    """Compiled, the embedding skips its eager range check (a Tensor.item() graph break):
+    Inductor's indexing assert must refuse what check_args refuses, a negative id included,
+    which plain indexing would wrap to a row from the end."""
+    import torch
+
+    from falsify.impl.torch.embedding import embedding
+
+    compiled = torch.compile(embedding, dynamic=True)
+    table = torch.randn(10, 4)
+    assert torch.equal(compiled(torch.tensor([0, 9, 3]), table), table[[0, 9, 3]])
+    for bad in ([1, 10], [-1, 2]):
+        with pytest.raises(RuntimeError, match="index out of bounds"):
+            compiled(torch.tensor(bad), table)
