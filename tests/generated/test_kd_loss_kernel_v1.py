@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3bda8d728bbe9764616dbe05e973e2f44c3cc470d3f9342b8a9247caa8903d0d"
+SHA256 = "d67879b05752367691e2a650b0e7b922432a46c0fb354d605ed27d66bc43eadf"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -319,6 +319,17 @@ def test_falsify_kd_013__torch__undeclared():
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[3])
 def test_falsify_kd_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+
+# FALSIFY-KD-015 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[2])
+def test_falsify_kd_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²
