@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "bd39121339b56f9cb6249fffb45bf9f15a4a9613012436923bbea3511bf82009"
+SHA256 = "6d97b7fc1d5dd091a2c765176724ce9800ca52c7c29716c88ac9d21022e8b7dd"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -857,6 +857,18 @@ def test_falsify_ce_023__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DTY-001", check="FALSIFY-CE-023", backend="triton", variant="undeclared")
 def test_falsify_ce_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
+
+# FALSIFY-CE-024 → CE-CMP-001 (compile): Compiled agrees with eager (cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-CMP-001", check="FALSIFY-CE-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[3])
+def test_falsify_ce_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-024", "torch", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]
