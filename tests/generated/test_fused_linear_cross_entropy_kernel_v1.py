@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "13f2b7a944fd65bc718353a291e4341f3f01189bd3f4a2086b94c6dd31216f5f"
+SHA256 = "429e67339b32e9a66f8f31bdb5e68cb45a7c95896bc76c9f82d0955471d1ba8a"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -283,6 +283,17 @@ def test_falsify_flce_008__torch__undeclared():
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DTY-001", check="FALSIFY-FLCE-008", backend="triton", variant="undeclared")
 def test_falsify_flce_008__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-FLCE-008", "triton", "undeclared", None)
+
+# FALSIFY-FLCE-009 → FLCE-CMP-001 (compile): Compiled agrees with eager (fused_linear_cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-CMP-001", check="FALSIFY-FLCE-009", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[2])
+def test_falsify_flce_009__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-009", "torch", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row
