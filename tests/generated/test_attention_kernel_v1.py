@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3e6fed6e65cae205373a4b7824529a357a5a8d6fb8628c68ba3b2feab5371b07"
+SHA256 = "96241dcbe3e0df34ff677f168c9f1adb863464c2b331f820486448810eb10cf1"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 

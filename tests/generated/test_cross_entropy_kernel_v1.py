@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6d97b7fc1d5dd091a2c765176724ce9800ca52c7c29716c88ac9d21022e8b7dd"
+SHA256 = "1692a174ebf940a60d5a870b87618f760fa9960c5b46fa908dcf9a059131a982"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

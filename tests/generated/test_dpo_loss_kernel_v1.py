@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a55e147e9511a1cca1280c7a28f0f40d4ded9fa2522166824ef39403a0e0cfd3"
+SHA256 = "6bc62593232e307bac5504c76fe0baa5e5d731ab9f212e2a0e3276997e700e9d"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "429e67339b32e9a66f8f31bdb5e68cb45a7c95896bc76c9f82d0955471d1ba8a"
+SHA256 = "d9954dba92d49c6c2bb23fb11cec9473b4e2d1b6740bf2d53eddb83e11980def"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d67879b05752367691e2a650b0e7b922432a46c0fb354d605ed27d66bc43eadf"
+SHA256 = "1653f857e5798b631255d7dff7610bc635b0f3af91661fc3a05e7e73be09673f"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d665a647c181e45a954d7598549793ca779f977d36eb4ace54d88d186b66f217"
+SHA256 = "5943c428825ccf69e330808f52e05406f226161dd727b828ad5957bfdc68ddab"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
