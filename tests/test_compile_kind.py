@@ -188,3 +188,19 @@ def test_compiled_embedding_refuses_negative_and_past_the_end_ids():
     for bad in ([1, 10], [-1, 2]):
         with pytest.raises(RuntimeError, match="index out of bounds"):
             compiled(torch.tensor(bad), table)
+
+
+def test_compiled_cross_entropy_refuses_labels_outside_the_vocabulary():
+    """Compiled, the label range check (a Tensor.item() graph break) gives way to Inductor's
+    gather assert; a negative label that is not ignore_index must not wrap."""
+    import torch
+
+    from falsify.impl.torch.cross_entropy import cross_entropy
+
+    compiled = torch.compile(cross_entropy, dynamic=True)
+    z = torch.randn(2, 7)
+    ok = torch.tensor([3, -100])
+    assert torch.allclose(compiled(z, ok), cross_entropy(z, ok), rtol=1e-6)
+    for bad in ([1, 7], [-1, 2]):
+        with pytest.raises(RuntimeError, match="index out of bounds"):
+            compiled(z, torch.tensor(bad))
