@@ -138,8 +138,8 @@ def test_v030_backward_not_compiled(tmp_path):
 
 # ---------------------------------------------------------------- the softmax mutant
 SM = "softmax-kernel-v1"
-MUTANT = "MUT-SM-005"
-COMPILE_CHECK = "FALSIFY-SM-013"
+MUTANT = "MUT-SM-008"
+COMPILE_CHECK = "FALSIFY-SM-015"
 
 
 def test_softmax_mutant_wrong_only_when_compiled_is_killed_by_the_compile_check():

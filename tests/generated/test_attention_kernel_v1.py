@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "96241dcbe3e0df34ff677f168c9f1adb863464c2b331f820486448810eb10cf1"
+SHA256 = "1b7e3e85a2ef3f97849ebe92a095b31472bb9f2a06dd91987436a6ed45fd1496"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -673,17 +673,17 @@ def test_falsify_att_026__torch__undeclared():
 def test_falsify_att_026__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ATT-026", "triton", "undeclared", None)
 
-# FALSIFY-ATT-027 → ATT-COMPILE-001 (compile): Compiled agrees with eager (attention)
+# FALSIFY-ATT-038 → ATT-COMPILE-001 (compile): Compiled agrees with eager (attention)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-COMPILE-001", check="FALSIFY-ATT-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[2])
-@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[3])
-def test_falsify_att_027__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ATT-027", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-COMPILE-001", check="FALSIFY-ATT-038", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-038", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-038", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[3])
+def test_falsify_att_038__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-038", "torch", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

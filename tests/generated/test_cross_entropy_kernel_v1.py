@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1692a174ebf940a60d5a870b87618f760fa9960c5b46fa908dcf9a059131a982"
+SHA256 = "88bda3a3360dee4cd10347bd53ec8b554e4210f1524d4fbf6de4479ede8e986b"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -858,17 +858,17 @@ def test_falsify_ce_023__torch__undeclared():
 def test_falsify_ce_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-CE-023", "triton", "undeclared", None)
 
-# FALSIFY-CE-024 → CE-CMP-001 (compile): Compiled agrees with eager (cross_entropy)
+# FALSIFY-CE-029 → CE-CMP-001 (compile): Compiled agrees with eager (cross_entropy)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="CE-CMP-001", check="FALSIFY-CE-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[2])
-@example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[3])
-def test_falsify_ce_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-CE-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-CMP-001", check="FALSIFY-CE-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-029", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[3])
+def test_falsify_ce_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-029", "torch", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6bc62593232e307bac5504c76fe0baa5e5d731ab9f212e2a0e3276997e700e9d"
+SHA256 = "e571de412e8e13d7f32bd469de334ffc81eb0548b4d86037da0967081f56abdd"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -273,16 +273,16 @@ def test_falsify_dpo_011__torch__undeclared():
 def test_falsify_dpo_012__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-DPO-012", "torch", "undeclared", None)
 
-# FALSIFY-DPO-013 → DPO-CMP-001 (compile): Compiled agrees with eager (dpo_loss)
+# FALSIFY-DPO-017 → DPO-CMP-001 (compile): Compiled agrees with eager (dpo_loss)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[2])
-def test_falsify_dpo_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-DPO-013", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[2])
+def test_falsify_dpo_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-017", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7539f787d687dffefe8cee17e179cdcb361a638f1aad92924ce17f27b1170d4c"
+SHA256 = "d8bb62dc69d90b2e73cdd1854c9913bc5067304b4c3ce4e80509600ba5094d39"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -313,16 +313,16 @@ def test_falsify_emb_011__torch__undeclared():
 def test_falsify_emb_011__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-EMB-011", "triton", "undeclared", None)
 
-# FALSIFY-EMB-012 → EMB-CMP-001 (compile): Compiled agrees with eager (embedding)
+# FALSIFY-EMB-018 → EMB-CMP-001 (compile): Compiled agrees with eager (embedding)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-CMP-001", check="FALSIFY-EMB-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[2])
-def test_falsify_emb_012__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-EMB-012", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-CMP-001", check="FALSIFY-EMB-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[2])
+def test_falsify_emb_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-018", "torch", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d8a9cd4a0c567b64c9a13d7d7090e7e73709f6842f50716afa1e99edbd573836"
+SHA256 = "bc8d2f8bf79faf3dcbe6c502ebca5cd2d16b34552eec5c4e6bce89b9e99457e3"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -473,17 +473,17 @@ def test_falsify_gemm_017__torch__undeclared():
 def test_falsify_gemm_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-GEMM-017", "triton", "undeclared", None)
 
-# FALSIFY-GEMM-018 → GEMM-COMPILE-001 (compile): Compiled agrees with eager (gemm)
+# FALSIFY-GEMM-024 → GEMM-COMPILE-001 (compile): Compiled agrees with eager (gemm)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-COMPILE-001", check="FALSIFY-GEMM-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[2])
-@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[3])
-def test_falsify_gemm_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-GEMM-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-COMPILE-001", check="FALSIFY-GEMM-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[3])
+def test_falsify_gemm_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-024", "torch", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1653f857e5798b631255d7dff7610bc635b0f3af91661fc3a05e7e73be09673f"
+SHA256 = "f3333f3e959fcf2444a92499c5c74697eca429ab61a1e089c6238453892642cf"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -308,28 +308,28 @@ def test_falsify_kd_012__torch__undeclared():
 def test_falsify_kd_013__torch__undeclared():
     rt.execute(CONTRACT, "FALSIFY-KD-013", "torch", "undeclared", None)
 
-# FALSIFY-KD-014 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss)
+# FALSIFY-KD-020 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[2])
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[3])
-def test_falsify_kd_014__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-014", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[3])
+def test_falsify_kd_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-020", "torch", "float32", case)
 
-# FALSIFY-KD-015 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
+# FALSIFY-KD-021 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[2])
-def test_falsify_kd_015__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-KD-015", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[2])
+def test_falsify_kd_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-021", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3a9155ac1d7400f16e5667db51f12d2c2e2473a762eb5b68e02606f3970b85d7"
+SHA256 = "0736680e4b9d456bf12b3d5c91e78b3127199a7da7aec4b04fbbdea95845fac1"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -683,28 +683,28 @@ def test_falsify_lora_023__torch__undeclared():
 def test_falsify_lora_023__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-LORA-023", "triton", "undeclared", None)
 
-# FALSIFY-LORA-024 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_linear)
+# FALSIFY-LORA-032 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_linear)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[2])
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[3])
-def test_falsify_lora_024__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-024", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-032", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-032", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[3])
+def test_falsify_lora_032__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-032", "torch", "float32", case)
 
-# FALSIFY-LORA-025 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_merge)
+# FALSIFY-LORA-033 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_merge)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[2])
-def test_falsify_lora_025__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-LORA-025", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[2])
+def test_falsify_lora_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-033", "torch", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3b4a6b776627a68e9b53b3912345876763705534b0d867bccb75de65797674cb"
+SHA256 = "52af28c494e89231319e8e16ccb3208dc76ccbe5888b31b21c00ff7a2805ace5"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -477,41 +477,41 @@ def test_falsify_rn_016__torch__undeclared():
 def test_falsify_rn_016__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-RN-016", "triton", "undeclared", None)
 
-# FALSIFY-RN-017 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm)
+# FALSIFY-RN-024 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[1])
-def test_falsify_rn_017__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[1])
+def test_falsify_rn_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-024", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-017", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float16"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[1])
-def test_falsify_rn_017__torch__float16(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-017", "torch", "float16", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[1])
+def test_falsify_rn_024__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-024", "torch", "float16", case)
 
-# FALSIFY-RN-018 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm_forward)
+# FALSIFY-RN-025 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm_forward)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[1])
-def test_falsify_rn_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[1])
+def test_falsify_rn_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-025", "torch", "float32", case)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-018", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float16"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[1])
-def test_falsify_rn_018__torch__float16(case):
-    rt.execute(CONTRACT, "FALSIFY-RN-018", "torch", "float16", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[1])
+def test_falsify_rn_025__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-025", "torch", "float16", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

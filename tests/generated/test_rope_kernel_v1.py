@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5943c428825ccf69e330808f52e05406f226161dd727b828ad5957bfdc68ddab"
+SHA256 = "1100e4c9b0b3ac5e5bb05ddb9ee779367eb3d6fec2f36b226bd20e888ccd07e6"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -403,16 +403,16 @@ def test_falsify_rope_012__torch__undeclared():
 def test_falsify_rope_012__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-ROPE-012", "triton", "undeclared", None)
 
-# FALSIFY-ROPE-013 → ROPE-CMP-001 (compile): Compiled agrees with eager (rope)
+# FALSIFY-ROPE-019 → ROPE-CMP-001 (compile): Compiled agrees with eager (rope)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-CMP-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
-@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[2])
-def test_falsify_rope_013__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-CMP-001", check="FALSIFY-ROPE-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[2])
+def test_falsify_rope_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-019", "torch", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

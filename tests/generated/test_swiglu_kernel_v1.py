@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "00b6c8b38a0b279e37c1874ea9744fe9f7fdcb5a52f462bf25fc9bc3da1c1be3"
+SHA256 = "b4f1f709a1aec1e36ec03b6cab72695a4baf389c8e1016568ebd58a1dc75580a"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -483,35 +483,35 @@ def test_falsify_swg_017__torch__undeclared():
 def test_falsify_swg_017__triton__undeclared():
     rt.execute(CONTRACT, "FALSIFY-SWG-017", "triton", "undeclared", None)
 
-# FALSIFY-SWG-018 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu)
+# FALSIFY-SWG-032 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
-def test_falsify_swg_018__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-018", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-032", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-032", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[1])
+def test_falsify_swg_032__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-032", "torch", "float32", case)
 
-# FALSIFY-SWG-019 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu_backward_inplace)
+# FALSIFY-SWG-033 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu_backward_inplace)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
-def test_falsify_swg_019__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-019", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[1])
+def test_falsify_swg_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-033", "torch", "float32", case)
 
-# FALSIFY-SWG-020 → SWG-CMP-001 (compile): Compiled agrees with eager (silu)
+# FALSIFY-SWG-034 → SWG-CMP-001 (compile): Compiled agrees with eager (silu)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
-@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
-@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
-def test_falsify_swg_020__torch__float32(case):
-    rt.execute(CONTRACT, "FALSIFY-SWG-020", "torch", "float32", case)
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-034", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-034", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-034", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[1])
+def test_falsify_swg_034__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-034", "torch", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs
