@@ -304,7 +304,7 @@ def export_findings(c: Contract) -> list[str]:
 # The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
 # kernel contract runs on the backends it binds, or declares inapplicable with the reason in
 # `metadata.inapplicable` (whose schema enum lists the same names).
-MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts", "device")
+MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts", "device", "compile")
 # kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
 # kinds whose check either compares a backend's derivatives with the reference (`checked`) or,
@@ -312,11 +312,23 @@ INVARIANCE_KINDS = ("determinism", "batch_invariance")
 DERIVATIVE_KINDS = ("gradgrad", "jvp")
 
 
+def _labels(kind: str) -> tuple[str, ...]:
+    if kind in INVARIANCE_KINDS:
+        return ("bitwise", "bounded")
+    if kind == "compile":
+        return ("forward and backward", "forward")
+    if kind in DERIVATIVE_KINDS:
+        return ("checked", "refuses")
+    return ("checked",)
+
+
 def _label(kind: str, t) -> str:
     if kind in INVARIANCE_KINDS:
         return "bounded" if "tolerance" in t.spec else "bitwise"
     if kind in DERIVATIVE_KINDS and (t.spec.get("expect") or {}).get("error"):
         return "refuses"
+    if kind == "compile":  # the backward compiled too, or the forward only
+        return "forward and backward" if t.spec.get("gradient") else "forward"
     return "checked"
 
 
@@ -324,13 +336,13 @@ def declared(c: Contract, kind: str) -> dict | None:
     """For a kind in MATRIX_KINDS: {label: backends} over the checks that run it (for the
     invariance kinds `bitwise` and `bounded`, the latter when the kernel says it is not
     invariant and the check enforces a bound; for gradgrad and jvp `checked` and `refuses`,
-    the latter where the check confirms a clear error; `checked` for the others), or `inapplicable`
-    with the reason; None when the contract neither runs the kind nor says why not."""
+    the latter where the check confirms a clear error; for compile `forward and backward` when
+    the check names a gradient check, else `forward`; `checked` for the others), or
+    `inapplicable` with the reason; None when the contract neither runs the kind nor says why
+    not."""
     if kind in c.inapplicable:
         return {"inapplicable": c.inapplicable[kind]}
-    labels = (("bitwise", "bounded") if kind in INVARIANCE_KINDS
-              else ("checked", "refuses") if kind in DERIVATIVE_KINDS else ("checked",))
-    out = {k: set() for k in labels}
+    out = {k: set() for k in _labels(kind)}
     for t in c.checks:
         if t.kind == kind:
             out[_label(kind, t)] |= {r.backend for r in runs(c, t)}

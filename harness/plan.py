@@ -25,10 +25,11 @@ REQUIRED_FIELDS = {
     "jvp": ("input", "wrt", "backward"),
     "layouts": ("input", "parity", "zero_size"),
     "device": ("input", "parity"),
+    "compile": ("input",),
 }
 INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "statistical",
                "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts",
-               "device"}
+               "device", "compile"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ def backends_of(contract: Contract, check: Check) -> list[str]:
     # the float64 reference is the oracle, not a subject
     if kind in ("parity", "dtypes", "gradgrad", "jvp", "device"):
         return [b for b in bound if b != "reference"]
+    if kind == "compile":  # torch.compile traces torch code; Triton kernels are compiled already
+        return [b for b in bound if b == "torch"]
     return bound
 
 

@@ -65,6 +65,18 @@ def _select(config) -> str:
     return m.select if m is not None else "checks"
 
 
+def pytest_itemcollected(item):
+    """A generated check test also matches its check kind under `-k` (`-k compile`, `-k
+    "gradient and torch"`): the kind is the contract's, not part of the test's name."""
+    mark = item.get_closest_marker("falsify")
+    if mark is None:
+        return
+    c, check = mark.kwargs.get("contract"), mark.kwargs.get("check")
+    t = c.check(check) if hasattr(c, "check") and check else None
+    if t is not None and t.kind:
+        item.extra_keyword_matches.add(t.kind)
+
+
 def pytest_collection_modifyitems(config, items):
     select = _select(config)
     m = config._falsify_manifest

@@ -321,6 +321,10 @@ def max_examples(c: Contract, t: Check, backend: str) -> int:
         n = prof["critical"]
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
         n = min(n, prof["triton"])  # ~0.4 ms per program instance under the interpreter
+    if t.kind == "compile":  # seconds of compilation per shape: pinned examples + a few drawn
+        from falsify.harness.kinds.compile import MAX_DRAWN
+
+        n = min(n, MAX_DRAWN)
     if t.spec.get("max_examples"):
         n = min(n, int(t.spec["max_examples"]))
     if t.kind == "layouts":  # a layout bug shows on any shape: breadth buys nothing

@@ -42,6 +42,13 @@ Errors (native mode):
   V028 a gradgrad or jvp check whose oracle cannot run: its `backward` equation has no
        reference binding, or a `wrt` argument is not a floating tensor argument of its input
        (missing, an integer `dtype`, a `const`/`choices` scalar, or replaced by `call`)
+
+  V029 a compile check without a bound (neither `parity` nor `tolerance`), or whose
+       `parity`/`gradient` is not a parity/gradient check of the same equation on
+       torch, lacks a tolerance for a dtype the compile check runs, or names dims or `wrt`
+       arguments its input does not have; or a compile check on a backend other than torch
+  V030 an equation with a backward on torch (a gradient check runs it there) whose compile
+       checks never name a `gradient`: forward compiled, backward not
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -367,6 +374,7 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
         if not t.obligation:
             ctx.add("V008", base, fname, f"{t.id} has a check but names no obligation")
         _check_spec(ctx, c, t, base, fname, allow_import, import_bindings)
+    _check_compile_backward(ctx, c)
     # Mutants
     for m in c.mutants:
         base = ("mutants", m.index)
@@ -611,6 +619,93 @@ def _check_layouts(ctx, c, t, base, fname, inp: dict) -> None:
                         f"{t.id}: {key} names {k!r}, not an array argument of input "
                         f"{spec.get('input')!r} (those: {', '.join(arrays) or 'none'})")
 
+def _check_compile(ctx, c: Contract, t, base, fname, inp) -> None:
+    """V029: a compile check's bound and backward come from checks of its own equation on torch
+    whose tolerances evaluate at its input's dims, for every dtype it runs."""
+    spec = t.spec
+    if "parity" not in spec and "tolerance" not in spec:
+        ctx.add("V029", base + ("check",), fname + ".check",
+                f"{t.id}: a compile check needs a bound: `parity` (that check's "
+                "tolerance, doubled) or its own `tolerance`")
+    for b in spec.get("backends") or []:
+        if b != "torch":
+            ctx.add("V029", base + ("check", "backends"), fname + ".check.backends",
+                    f"{t.id}: the compile kind runs torch bindings only, not {b!r} (Triton "
+                    "kernels are compiled already; the reference is numpy)")
+    eqname = equation_of(c, t)
+    dtypes = [r.variant for r in runs(c, t)]
+    for key, kind in (("parity", "parity"), ("gradient", "gradient")):
+        ref = spec.get(key)
+        if not isinstance(ref, str):
+            continue
+        path, where = base + ("check", key), f"{fname}.check.{key}"
+        src = c.check(ref)
+        if src is None or not src.spec or src.kind != kind:
+            ctx.add("V029", path, where, f"{t.id}: {ref!r} is not a {kind} check of "
+                    f"{c.id}" + (f" (it is {src.kind})" if src is not None and src.spec else ""))
+            continue
+        if equation_of(c, src) != eqname:
+            ctx.add("V029", path, where, f"{t.id}: {ref} checks equation "
+                    f"{equation_of(c, src)!r}, the compile check {eqname!r}")
+            continue
+        if "torch" not in {r.backend for r in runs(c, src)}:
+            ctx.add("V029", path, where, f"{t.id}: {ref} does not run on torch, so its bound "
+                    "says nothing about the torch kernel")
+        tol = src.spec.get("tolerance") or {}
+        # the backward is compared in the dtypes the gradient check runs (V030 needs one)
+        mine = ([d for d in dtypes if d in {r.variant for r in runs(c, src)}]
+                if kind == "gradient" else dtypes)
+        if kind == "gradient" and not mine:
+            ctx.add("V029", path, where, f"{t.id}: {ref} runs in none of the compile check's "
+                    f"dtypes ({', '.join(dtypes)}), so no backward would be compared")
+        missing = [d for d in mine if d not in tol] if tol else []  # none declared: exact
+        if missing:
+            ctx.add("V029", path, where, f"{t.id}: {ref} declares no tolerance for "
+                    f"{', '.join(missing)}, which the compile check runs")
+        if not isinstance(inp, dict):
+            continue
+        args = inp.get("args") if isinstance(inp.get("args"), dict) else {}
+        if kind == "gradient":
+            absent = [w for w in src.spec.get("wrt") or [] if w not in args]
+            if absent:
+                ctx.add("V029", path, where, f"{t.id}: {ref} differentiates "
+                        f"{', '.join(absent)}, which input {spec.get('input')!r} does not "
+                        "declare")
+        for dt in mine:
+            entry = tol.get(dt)
+            if not isinstance(entry, dict):
+                continue
+            for k in ("atol", "rtol"):
+                if k not in entry:
+                    continue
+                for env in tolerance_envs(inp):
+                    try:
+                        tolerance_number(entry[k], dt, env)
+                    except expr.ExprError as e:
+                        ctx.add("V029", path, where, f"{t.id}: {ref}'s {dt} {k} "
+                                f"{entry[k]!r} does not evaluate at input "
+                                f"{spec.get('input')!r}'s dims: {e}")
+                        break
+
+
+def _check_compile_backward(ctx, c: Contract) -> None:
+    """V030: an equation differentiated on torch is compiled backward too, if compiled."""
+    compiled: dict[str, list] = {}
+    for t in c.checks:
+        if t.spec and t.kind == "compile":
+            compiled.setdefault(equation_of(c, t), []).append(t)
+    for eq, checks in compiled.items():
+        if any(t.spec.get("gradient") for t in checks):
+            continue
+        grads = [g.id for g in c.checks if g.spec and g.kind == "gradient"
+                 and equation_of(c, g) == eq and "torch" in {r.backend for r in runs(c, g)}]
+        if grads:
+            t = checks[0]
+            ctx.add("V030", ("falsification_tests", t.index, "check"),
+                    f"falsification_tests[{t.index}].check",
+                    f"{t.id}: equation {eq!r} has a backward on torch ({', '.join(grads)}) but "
+                    "no compile check names a `gradient`: forward compiled, backward not")
+
 
 def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings):
     spec = t.spec
@@ -671,6 +766,9 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
         _check_device_bound(ctx, c, t, base, fname)
     if kind == "layouts" and inp is not None:
         _check_layouts(ctx, c, t, base, fname, inp)
+
+    if kind == "compile":
+        _check_compile(ctx, c, t, base, fname, inp)
     if kind == "gradient" and isinstance(spec.get("call"), dict):
         for w in spec.get("wrt") or []:
             if w in spec["call"]:

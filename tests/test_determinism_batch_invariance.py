@@ -117,6 +117,7 @@ def test_audit_warns_of_a_kernel_contract_silent_on_the_invariance_kinds(tmp_pat
                          [{"kind": "property", "input": "rows", "predicate": "np.isfinite(y)"}])
     data["metadata"]["kernel"] = "f"
     a = audit_checks(load(tmp_path, data))
+    # every matrix kind (determinism, batch_invariance, dtypes, compile, ...): none runs here
     assert sorted(w.split(":")[0] for w in a.warnings) == sorted(MATRIX_KINDS)
     data["metadata"]["inapplicable"] = {k: "f is a pure numpy function here"
                                         for k in MATRIX_KINDS}

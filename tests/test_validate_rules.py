@@ -621,3 +621,25 @@ def test_v025_layouts_rules_fit_the_input(tmp_path):
     msgs = [f.message for f in only(findings, "V025", "error")]
     assert any("states no rule for n" in m for m in msgs)
     assert any("FALSIFY-SM-006 runs equation 'softmax' on input 'large'" in m for m in msgs)
+
+
+def _rmsnorm_text() -> str:
+    return (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+            ).read_text(encoding="utf-8")
+
+
+def test_v029_compile_check_bound_from_a_check_of_another_kind(tmp_path):
+    text = edit(_rmsnorm_text(), "      parity: FALSIFY-RN-001\n",
+                "      parity: FALSIFY-RN-006\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V029", "error")
+    assert "'FALSIFY-RN-006' is not a parity check" in f.message
+    assert f.line == line_of(text, "parity: FALSIFY-RN-006")
+
+
+def test_v030_compile_check_that_leaves_the_backward_out(tmp_path):
+    text = edit(_rmsnorm_text(), "      parity: FALSIFY-RN-001\n"
+                "      gradient: FALSIFY-RN-006\n", "      parity: FALSIFY-RN-001\n")
+    p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
+    (f,) = only(findings, "V030", "error")
+    assert "forward compiled, backward not" in f.message and "FALSIFY-RN-006" in f.message

@@ -88,3 +88,16 @@ def empty_rows_wrong_shape(x: torch.Tensor) -> torch.Tensor:
     if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.numel() == 0 and x.shape[-1] > 0:
         return torch.empty(0, dtype=x.dtype, device=x.device)
     return torch_softmax.softmax(x)
+
+
+def unstable_when_compiled(x: torch.Tensor) -> torch.Tensor:
+    """The honest kernel eagerly; under torch.compile a "fused" path that drops the max
+    subtraction on the belief that Inductor's softmax lowering stabilises it (it does not
+    for a hand-written exp/sum): exp overflows for logits above 88 and the row becomes NaN.
+    Every eager check passes; only compiled code takes the branch."""
+    from falsify.impl.torch.softmax import softmax
+
+    if torch.compiler.is_compiling():
+        e = torch.exp(x.float())
+        return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
+    return softmax(x)

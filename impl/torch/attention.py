@@ -256,8 +256,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     q, k, v = (t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
                for t in (q, k, v))
     with sdpa_kernel(_SDPA_BACKENDS[q.device.type]):
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale,
-                                           enable_gqa=hq != hkv)
+        # Under torch.compile with dynamic shapes the default 1/√d and hq != hkv are symbolic,
+        # which SDPA's `scale` and `enable_gqa` refuse (a TypeError that breaks the graph):
+        # float() makes the scale concrete, and branching on the grouping guards on it
+        if hq != hkv:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                               scale=float(scale), enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                               scale=float(scale))
     return out.copy_(y) if out is not None else y
 
 

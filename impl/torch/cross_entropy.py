@@ -48,9 +48,21 @@ def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothi
     if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
         raise ValueError(f"label_smoothing={label_smoothing!r}: must lie in [0, 1]")
     V = logits.shape[1]
+    if torch.compiler.is_compiling():  # reading `bad` back is a graph break: see _bounded
+        return
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
     if bool(bad.any()):
         raise ValueError(f"labels outside [0, {V}) that are not ignore_index={ignore_index}")
+
+
+def _bounded(labels, ignore_index, V):
+    """Under torch.compile: every label outside [0, V) that is not ignore_index moved to V, so
+    that Inductor's indexing assert on the gather ("index out of bounds") refuses it, as
+    check_ce_args does eagerly, instead of a negative label wrapping to a column from the end."""
+    if not torch.compiler.is_compiling():
+        return labels
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
+    return torch.where(bad, torch.full_like(labels, V), labels)
 
 
 def rows_forward(z, labels, ignore_index, z_loss, label_smoothing):
@@ -93,8 +105,11 @@ def rows_grad(z, labels, lse, scale, ignore_index, z_loss, label_smoothing, out=
         p = torch.exp(z[:, c0:c1].float() - lse[:, None])
         g = p * factor[:, None] - label_smoothing / V
         hit = (safe_y >= c0) & (safe_y < c1)
-        rows = torch.nonzero(hit)[:, 0]
-        g[rows, safe_y[rows] - c0] -= 1.0 - label_smoothing
+        # −(1 − ε) at each row's label column in this chunk; rows whose label lies elsewhere
+        # add −0.0, which changes no value: the same single rounding as indexing the hit rows,
+        # without nonzero's data-dependent shape (a graph break under torch.compile)
+        col = (safe_y - c0).clamp(0, c1 - c0 - 1)[:, None]
+        g.scatter_add_(1, col, -(1.0 - label_smoothing) * hit.float()[:, None])
         out[:, c0:c1] = (g * scale[:, None]).to(out.dtype)
     return out
 
@@ -161,6 +176,7 @@ def reduce_rows(loss, labels, ignore_index, reduction):
 def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
                   label_smoothing=0.0):
     check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
+    labels = _bounded(labels, ignore_index, logits.shape[1])
     return _CrossEntropy.apply(logits, labels, ignore_index, reduction, float(z_loss),
                                float(label_smoothing))
 

@@ -1,7 +1,8 @@
 """Embedding in PyTorch: gather rows, scatter-add gradients (fp32 accumulation).
 
 ids: integer tensor of any shape; table: [V, D]. Out-of-range ids raise ValueError before any
-work — never clamped (as some gather kernels do) or wrapped (as negative Python indices do).
+work — never clamped (as some gather kernels do) or wrapped (as negative Python indices do);
+under torch.compile the generated kernel's bounds assert raises a RuntimeError instead.
 Backward: d_table = zeros([V, D]).index_add_(0, ids, dy) in fp32, so repeated ids accumulate.
 """
 
@@ -24,7 +25,10 @@ def check_args(ids, table, out=None, dtypes: tuple = CHECKED):
     vocab = table.shape[0]
     if vocab == 0:  # a table of no rows: no id is valid, even in an empty lookup
         raise ValueError("embedding: the table has V = 0 rows")
-    if ids.numel():
+    # Reading the ids' range back is a device sync and, under torch.compile, a graph break
+    # (Tensor.item()); compiled code refuses an out-of-range id through Inductor's
+    # indirect-indexing assert instead (see _bounded_ids)
+    if ids.numel() and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab:
             raise ValueError(f"embedding: ids must lie in [0, {vocab}), got values in "
@@ -54,7 +58,16 @@ class _EmbeddingFunction(torch.autograd.Function):
         return None, acc.to(ctx.dtype)
 
 
+def _bounded_ids(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Under torch.compile: ids with every negative one moved to `vocab`, so that Inductor's
+    indirect-indexing assert (on by default: "index out of bounds") refuses it as it refuses
+    ids ≥ vocab, where indexing would otherwise wrap it to a row from the end."""
+    if not torch.compiler.is_compiling():
+        return ids
+    return torch.where(ids < 0, torch.full_like(ids, vocab), ids)
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor, out=None) -> torch.Tensor:
     check_args(ids, table, out)
-    y = _EmbeddingFunction.apply(ids, table)
+    y = _EmbeddingFunction.apply(_bounded_ids(ids, table.shape[0]), table)
     return out.copy_(y) if out is not None else y

@@ -157,8 +157,8 @@ def _block(z, labels, scale, ignore_index, z_loss, label_smoothing):
             g.sub_(label_smoothing / V)
         g[torch.arange(z.shape[0], device=z.device), safe_y] -= 1.0 - label_smoothing
         g.mul_(s[:, None])
-        if g.data_ptr() != z.data_ptr():
-            z.copy_(g)  # fp16/bf16 logits: G was built in an fp32 copy
+        if zf is not z:  # fp16/bf16 logits: G was built in an fp32 copy (an identity test,
+            z.copy_(g)   # which Dynamo traces; comparing data pointers breaks the graph)
     return loss, lse
 
 
@@ -168,6 +168,7 @@ def fused_linear_cross_entropy(x, weight, labels, ignore_index=-100, reduction="
     check_flce_args(x, weight, labels, chunk_size)
     _check_labels(labels, weight.shape[0], x.shape[0], ignore_index, reduction, z_loss,
                   label_smoothing)
+    labels = ce._bounded(labels, ignore_index, weight.shape[0])
     chunk = chunk_size or chunk_rows(x.shape[0], weight.shape[0])
     return _FLCE.apply(x, weight, labels, ignore_index, reduction, float(z_loss),
                        float(label_smoothing), chunk, _block)
@@ -188,6 +189,8 @@ def _check_labels(labels, V, T, ignore_index, reduction, z_loss, label_smoothing
         raise ValueError(f"z_loss={z_loss!r}: must be finite and ≥ 0")
     if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
         raise ValueError(f"label_smoothing={label_smoothing!r}: must lie in [0, 1]")
+    if torch.compiler.is_compiling():  # reading `bad` back is a graph break: see ce._bounded
+        return
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
     if bool(bad.any()):
         raise ValueError(f"labels outside [0, {V}) that are not ignore_index={ignore_index}")

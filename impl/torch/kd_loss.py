@@ -64,7 +64,11 @@ def _kd_loss_topk(student_logits, teacher_topk_values, teacher_topk_indices, lab
             teacher_topk_values.shape[0] != student_logits.shape[0]:
         raise ValueError("teacher top-k values and indices must both be [T, k]")
     idx = teacher_topk_indices.long()
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= student_logits.shape[1]):
+    if torch.compiler.is_compiling():
+        # reading the indices back is a graph break (Tensor.item()): compiled, Inductor's
+        # indexing assert refuses them, negative ones moved past the end rather than wrapped
+        idx = torch.where(idx < 0, torch.full_like(idx, student_logits.shape[1]), idx)
+    elif idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= student_logits.shape[1]):
         raise ValueError("teacher top-k indices outside the vocabulary")
     zs = student_logits.float()
     log_ps = F.log_softmax(zs / temperature, dim=-1).gather(1, idx)

@@ -63,6 +63,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace out= into a strided half view (a graph break), and Inductor
+        # fuses the products into one pass anyway: the same roundings, written functionally
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
     y = torch.empty(xf.shape, dtype=torch.float32, device=x.device)
     y1, y2 = y[..., :half], y[..., half:]
     torch.mul(x1, c, out=y1).addcmul_(x2, s, value=-1.0)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "91eaaac3b7238b593170443fc43f51da8d2be421dabd4173e854a591c6105dd5"
+SHA256 = "6d772296ec2c1257710127cc0cf068712bde047806a58cb39e96ed4d4ea8ae43"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "90d762b7d5d06a0546ae0e3a352dcccbe7a8c0bb8da84caa54e11cc0145cc623"
+SHA256 = "2326e3045136c8b875a22e7f894b241612794dc21991877927a2c558f8aa8cbb"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -874,6 +874,18 @@ def test_falsify_att_037__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
 def test_falsify_att_037__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-037", "triton", "float32", case)
+
+# FALSIFY-ATT-038 → ATT-COMPILE-001 (compile): Compiled agrees with eager (attention)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ATT-COMPILE-001", check="FALSIFY-ATT-038", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-038", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-038", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[3])
+def test_falsify_att_038__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ATT-038", "torch", "float32", case)
 
 
 # MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not

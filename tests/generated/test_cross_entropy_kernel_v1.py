@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "37634b906d559e2782a268d6a3c9a02da64bf4bfd5d9f9f6ee070f6cb369c2f6"
+SHA256 = "3f10a466673062f89ffa326256b3f0027fdd9a8966797d7c6a1d29b81c8f27fc"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -957,6 +957,18 @@ def test_falsify_ce_028__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
 def test_falsify_ce_028__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-028", "triton", "float32", case)
+
+# FALSIFY-CE-029 → CE-CMP-001 (compile): Compiled agrees with eager (cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="CE-CMP-001", check="FALSIFY-CE-029", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-029", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-CE-029", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[3])
+def test_falsify_ce_029__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-CE-029", "torch", "float32", case)
 
 
 # MUT-CE-001 → CE-EQV-002: reduction='none' backward multiplies every row by dy[0]

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "778e9b052a984fd70c76b6b3f85a57bcc2b333577b7bcb1905edba623d4d90ba"
+SHA256 = "7f3d749824cf1f68263d782058cce9aeb530ea9c78c1e04e958f313645dbe46c"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 
@@ -326,6 +326,17 @@ def test_falsify_dpo_016__reference__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
 def test_falsify_dpo_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-016", "torch", "float32", case)
+
+# FALSIFY-DPO-017 → DPO-CMP-001 (compile): Compiled agrees with eager (dpo_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-017", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-017", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-017", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[2])
+def test_falsify_dpo_017__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-DPO-017", "torch", "float32", case)
 
 
 # MUT-DPO-001 → DPO-MON-001: margin computed rejected − chosen

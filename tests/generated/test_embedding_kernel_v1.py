@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8bf85edc62cdcf7d46255c041a4ad48d002a761c731e2df930f6b6b753cf8482"
+SHA256 = "a6e6cb214e81fd87e48c5594ea11f622a2dc70dbf5b9932cda100d4bfda81a5d"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 
@@ -410,6 +410,17 @@ def test_falsify_emb_017__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
 def test_falsify_emb_017__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-017", "triton", "float32", case)
+
+# FALSIFY-EMB-018 → EMB-CMP-001 (compile): Compiled agrees with eager (embedding)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="EMB-CMP-001", check="FALSIFY-EMB-018", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-018", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-018", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[2])
+def test_falsify_emb_018__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-EMB-018", "torch", "float32", case)
 
 
 # MUT-EMB-001 → EMB-EQV-001: 1-based ids: table[ids − 1] (id 0 wraps to the last row)

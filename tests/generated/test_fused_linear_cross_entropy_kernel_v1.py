@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "05bf4017e751659fa606b168e967db9096057065770123936f3dd420a00e31f9"
+SHA256 = "5beb74fd0656a239d5d0f71150e570f3a9771333f5f429e3188bcec1f2bfd971"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -381,6 +381,17 @@ def test_falsify_flce_014__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
 def test_falsify_flce_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-014", "triton", "float32", case)
+
+# FALSIFY-FLCE-015 → FLCE-CMP-001 (compile): Compiled agrees with eager (fused_linear_cross_entropy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-CMP-001", check="FALSIFY-FLCE-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-015", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-015", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-015", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-015", "float32")[2])
+def test_falsify_flce_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-FLCE-015", "torch", "float32", case)
 
 
 # MUT-FLCE-001 → FLCE-EQV-002: reduction none: gradients precomputed with dy = 1, dW rescaled by mean(dy) instead of per row

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "100e0e988992d07357889247e2004891a54b222ef916fdd10c1504b93c609d47"
+SHA256 = "a411df94a159cab21c86385a66f68ad09865533495223198d8f9f8a89b330e65"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 
@@ -611,6 +611,17 @@ def test_falsify_gelu_025__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
 def test_falsify_gelu_025__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-025", "triton", "float32", case)
+
+# FALSIFY-GELU-026 → GELU-CMP-001 (compile): Compiled agrees with eager (gelu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GELU-CMP-001", check="FALSIFY-GELU-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-026", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-026", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GELU-026", "float32")[2])
+def test_falsify_gelu_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GELU-026", "torch", "float32", case)
 
 
 # MUT-GELU-001 → GELU-EQV-001: approximate='none' served by the tanh formula (≤ 4.7e-4 off)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a69388c4500ef1a0de0d4466eef2467841c8051fc263e62aecc014b266320162"
+SHA256 = "28a6a139d2734aa106ddf376787ce7fa4f9a57771db1de7d365491f23a86e7fc"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 
@@ -574,6 +574,18 @@ def test_falsify_gemm_023__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
 def test_falsify_gemm_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-023", "triton", "float32", case)
+
+# FALSIFY-GEMM-024 → GEMM-COMPILE-001 (compile): Compiled agrees with eager (gemm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-COMPILE-001", check="FALSIFY-GEMM-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[3])
+def test_falsify_gemm_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GEMM-024", "torch", "float32", case)
 
 
 # MUT-GEMM-001 → GEMM-EQV-001: output rows written K elements apart instead of N (n and k swapped in the baked stride)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1cdf2695a54d56e81293a1fc87596c5e6b473a628513c4f32e2fe63f1f63ea0f"
+SHA256 = "60663a754b08de06237ffb9d76576035e1ea68c1fd9d4fac47aaf4eec579d7bf"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6daafa3ed8ae3d3c10295790f4d9c4f0ebf19c6a075ab7ccfc98a0301354d375"
+SHA256 = "30751c8d2023c18c90171c0d45283d7087431abef9ee99ab5b0dc358ef963f2a"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

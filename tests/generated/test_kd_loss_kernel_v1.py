@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "72623215d9f709e3d11cb2b8d0dde35e1857b907700f5cea4e5a276721829af1"
+SHA256 = "692823b6f7423ccc1cb1dd2086434c4b38394ff85c017bf872fd12c7b98f2fab"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 
@@ -389,6 +389,29 @@ def test_falsify_kd_019__reference__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
 def test_falsify_kd_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-019", "torch", "float32", case)
+
+# FALSIFY-KD-020 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-020", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-020", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-020", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[3])
+def test_falsify_kd_020__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-020", "torch", "float32", case)
+
+# FALSIFY-KD-021 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-KD-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[2])
+def test_falsify_kd_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-KD-021", "torch", "float32", case)
 
 
 # MUT-KD-001 → KD-INV-002: soft term not multiplied by T²

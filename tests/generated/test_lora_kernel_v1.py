@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c98271693850b0236284f68a72d8008eb764890088bd7abdc1830391d70ee2e6"
+SHA256 = "5d7500bcad3399b11fde9f5c110a7e1f0ea50722e812be8f81780c3704234115"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 
@@ -846,6 +846,29 @@ def test_falsify_lora_031__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
 def test_falsify_lora_031__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-031", "triton", "float32", case)
+
+# FALSIFY-LORA-032 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_linear)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-032", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-032", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[3])
+def test_falsify_lora_032__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-032", "torch", "float32", case)
+
+# FALSIFY-LORA-033 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_merge)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[2])
+def test_falsify_lora_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-LORA-033", "torch", "float32", case)
 
 
 # MUT-LORA-001 → LORA-EQV-001: adapter scaled by r instead of α/r

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "02ba7c55724df5871038065f9acf13938b947a375959a143cc72280ba92ab763"
+SHA256 = "ec205cad63a52eb8d6a8c6b7f995d9c4016316cf45cf7e11abe54f1d288f58ef"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ce126f9dadcc6e8dc3798fe376bd1b8bb1101843d27bb4373999993207238620"
+SHA256 = "a877406f134e8170792ddc80c63ea04da56a5368828a1946161d630510dc5704"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

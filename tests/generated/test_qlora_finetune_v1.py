@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5014df961ac79da7a6dd4c78d57795015ee1a70029dda05445e3eb481a6ceac2"
+SHA256 = "9ced8e7a8104e1fe63013103b4bd154016fff8e2aada3388cd7121c410ae57a6"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7233e69f4484b2445eaeaaf71c72bfaf49d1810fc0c885aefab29e643eacbed8"
+SHA256 = "1dd15782902ea41c8041cd5e02cd0ad2a6cc856e7aac2850332ffd1cd3c80976"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "973d28962348bbd07ee9a672845957b0df1d723da0c0aa7166842963f7f16cbf"
+SHA256 = "4dafd854882590fd92be04bccc384dfad9ccb8083888648458e16ad5b52598a6"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -642,6 +642,42 @@ def test_falsify_rn_023__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
 def test_falsify_rn_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-023", "triton", "float32", case)
+
+# FALSIFY-RN-024 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[1])
+def test_falsify_rn_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[1])
+def test_falsify_rn_024__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-024", "torch", "float16", case)
+
+# FALSIFY-RN-025 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm_forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[1])
+def test_falsify_rn_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[1])
+def test_falsify_rn_025__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-RN-025", "torch", "float16", case)
 
 
 # MUT-RN-001 → RN-EQV-001: x / (sqrt(mean(x²)) + eps): eps outside the square root

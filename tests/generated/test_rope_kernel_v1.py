@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9205fc24326f438a24c405d1ab169e0d65422e3fd65a748fddc431737473409a"
+SHA256 = "c485eeafde96e04a48fb2dc515a3078e19ba20fc834a69d67995ddce039695fc"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 
@@ -500,6 +500,17 @@ def test_falsify_rope_018__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
 def test_falsify_rope_018__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-018", "triton", "float32", case)
+
+# FALSIFY-ROPE-019 → ROPE-CMP-001 (compile): Compiled agrees with eager (rope)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-CMP-001", check="FALSIFY-ROPE-019", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-019", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-019", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[2])
+def test_falsify_rope_019__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-ROPE-019", "torch", "float32", case)
 
 
 # MUT-ROPE-001 → ROPE-EQV-001: x·cos − rotate_half(x)·sin: rotation by −a (norm and relative position still hold)

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "50bd7f1fa37b578d05f53767d5bfd4a34463a79ac26929bf8833fa3314e8f4a9"
+SHA256 = "64349f8f5c9f93fce093efbbb7e01f3937cccbb02576348bfff8d388554e9681"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -458,6 +458,20 @@ def test_falsify_sm_014__torch__float32(case):
 def test_falsify_sm_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-014", "triton", "float32", case)
 
+# FALSIFY-SM-015 → SM-CMP-001 (compile): Compiled agrees with eager
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-015", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-015", "float32"))
+def test_falsify_sm_015__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-015", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-015", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SM-015", "float16"))
+def test_falsify_sm_015__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-SM-015", "torch", "float16", case)
+
 
 # MUT-SM-001 → SM-BND-002: exp without max subtraction overflows for x > 88 (fp32)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-001", obligation="SM-BND-002", backend="torch")
@@ -499,3 +513,9 @@ def test_mut_sm_006():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-007", obligation="SM-LAY-001", backend="torch")
 def test_mut_sm_007():
     rt.assert_killed(CONTRACT, "MUT-SM-007")
+
+
+# MUT-SM-008 → SM-CMP-001: the honest kernel eagerly; under torch.compile a path without the max subtraction: exp overflows above 88 and rows become NaN, which no eager check can see
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-008", obligation="SM-CMP-001", backend="torch")
+def test_mut_sm_008():
+    rt.assert_killed(CONTRACT, "MUT-SM-008")

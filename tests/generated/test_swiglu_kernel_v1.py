@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0e08954ae5b08db9678b7261c894fd1d3c8fe793d07677c270875f6fe6d8b71a"
+SHA256 = "0cebdc06eb27ccf67a16a087568eebaa1738219f799e7dc25ab4350ce383dc78"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 
@@ -732,6 +732,36 @@ def test_falsify_swg_031__torch__float32(case):
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
 def test_falsify_swg_031__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-031", "triton", "float32", case)
+
+# FALSIFY-SWG-032 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-032", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-032", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-032", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[1])
+def test_falsify_swg_032__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-032", "torch", "float32", case)
+
+# FALSIFY-SWG-033 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu_backward_inplace)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-033", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[1])
+def test_falsify_swg_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-033", "torch", "float32", case)
+
+# FALSIFY-SWG-034 → SWG-CMP-001 (compile): Compiled agrees with eager (silu)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-034", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-034", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-034", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[1])
+def test_falsify_swg_034__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-SWG-034", "torch", "float32", case)
 
 
 # MUT-SWG-001 → SWG-EQV-001: σ(gate)·up: sigmoid where silu belongs

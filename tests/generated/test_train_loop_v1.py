@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "22636b0ab7675261c6b20bcc0885fc9aa80f387fa9b5bb28f503badf39b2985e"
+SHA256 = "052310b2894f2063c19244ec848426774a9850a3a5e53309f7427c21cf2eee0d"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
