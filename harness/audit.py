@@ -304,7 +304,8 @@ def export_findings(c: Contract) -> list[str]:
 # The check-kind matrix (`pv audit`, `pv status`, the docs pages): kinds beyond parity that a
 # kernel contract runs on the backends it binds, or declares inapplicable with the reason in
 # `metadata.inapplicable` (whose schema enum lists the same names).
-MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts", "device", "compile")
+MATRIX_KINDS = ("determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts", "device",
+                "compile")
 # kinds whose check either holds a backend to the same bits or, with a `tolerance`, to a bound
 INVARIANCE_KINDS = ("determinism", "batch_invariance")
 # kinds whose check either compares a backend's derivatives with the reference (`checked`) or,

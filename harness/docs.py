@@ -470,8 +470,8 @@ def _invariance(c: Contract) -> list[str]:
             "declares the backend does not hold it, and its check enforces the stated bound "
             "instead. For gradgrad (double backward) and jvp (forward mode), *refuses* means "
             "the backend does not support it and the check confirms it raises a clear error "
-            "rather than returning numbers. For compile (torch.compile against eager), *forward and "
-            "backward* or *forward* says what the compiled kernel is compared on.", ""] + \
+            "rather than returning numbers. For compile (torch.compile against eager), *forward "
+            "and backward* or *forward* says what the compiled kernel is compared on.", ""] + \
         table(["kind", "holds", "backends / reason"], rows)
 
 

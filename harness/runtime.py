@@ -236,6 +236,13 @@ def kind_module(kind: str):
     return importlib.import_module(f"falsify.harness.kinds.{kind}")
 
 
+def replays_pinned(kind: str) -> bool:
+    """Whether a kind's checks replay the input's pinned examples: a kind module says no with
+    PINNED_EXAMPLES = False (layouts: its views of a large pinned shape would cost interpreted
+    Triton programs and find nothing a tiny drawn case does not)."""
+    return getattr(kind_module(kind), "PINNED_EXAMPLES", True)
+
+
 def unless_unavailable(contract_ref: str | Contract, check_id: str, backend: str):
     """A generated test's skip marker for a kind that cannot run on this machine (its module's
     `unavailable(backend)` gives the reason): the test is reported as skipped with that reason
@@ -321,16 +328,13 @@ def max_examples(c: Contract, t: Check, backend: str) -> int:
         n = prof["critical"]
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
         n = min(n, prof["triton"])  # ~0.4 ms per program instance under the interpreter
-    if t.kind == "compile":  # seconds of compilation per shape: pinned examples + a few drawn
-        from falsify.harness.kinds.compile import MAX_DRAWN
-
-        n = min(n, MAX_DRAWN)
+    # a kind whose cases are costly, or whose bugs show on any case, caps every profile
+    # (compile: seconds of compilation per shape; layouts: a layout bug shows on any shape)
+    cap = getattr(kind_module(t.kind), "MAX_EXAMPLES", None)
+    if cap is not None:
+        n = min(n, cap)
     if t.spec.get("max_examples"):
         n = min(n, int(t.spec["max_examples"]))
-    if t.kind == "layouts":  # a layout bug shows on any shape: breadth buys nothing
-        from falsify.harness.kinds.layouts import MAX_EXAMPLES
-
-        n = min(n, MAX_EXAMPLES)
     return n
 
 
@@ -427,7 +431,7 @@ def strategy(contract_ref: str | Contract, check_id: str, variant: str):
 def examples(contract_ref: str | Contract, check_id: str, variant: str) -> list[cases.Case]:
     c = contract(contract_ref)
     t = _check(c, check_id)
-    if t.kind == "layouts":  # see harness/kinds/layouts.py: tiny drawn cases only
+    if not replays_pinned(t.kind):
         return []
     spec = c.inputs[t.spec["input"]]
     return cases.pinned_cases(spec, variant, t.spec.get("params"),

@@ -54,8 +54,9 @@ from falsify.harness.plan import runs
 from falsify.harness.runtime import CheckFailed, tolerance
 
 # compilation costs seconds per function and shape: the pinned examples and this many drawn
-# cases show a divergence (it is a different program, wrong everywhere or on one shape class)
-MAX_DRAWN = 2
+# cases show a divergence (it is a different program, wrong everywhere or on one shape class).
+# runtime.max_examples caps every profile at a kind module's MAX_EXAMPLES.
+MAX_EXAMPLES = 2
 
 
 class CompileUnavailable(RuntimeError):

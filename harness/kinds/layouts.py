@@ -44,7 +44,9 @@ from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
 from falsify.harness.runtime import CheckFailed, Ctx
 
 VIEWS = ("transposed", "strided", "expanded")
+# read by runtime.max_examples and runtime.examples, as for every kind module
 MAX_EXAMPLES = 5
+PINNED_EXAMPLES = False
 
 
 def parity_ctx(ctx) -> Ctx:
