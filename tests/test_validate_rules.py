@@ -629,8 +629,8 @@ def _rmsnorm_text() -> str:
 
 
 def test_v029_compile_check_bound_from_a_check_of_another_kind(tmp_path):
-    text = edit(_rmsnorm_text(), "      parity: FALSIFY-RN-001\n",
-                "      parity: FALSIFY-RN-006\n")
+    text = edit(_rmsnorm_text(), "      parity: FALSIFY-RN-001\n      gradient:",
+                "      parity: FALSIFY-RN-006\n      gradient:")
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V029", "error")
     assert "'FALSIFY-RN-006' is not a parity check" in f.message

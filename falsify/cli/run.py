@@ -190,10 +190,16 @@ def _seeded(seed: int | None):
 
 def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
     """`--changed`: the tests whose last result passed (a mutant: was killed) against the
-    current contract text and implementation source (manifest `reuse` keys)."""
-    from falsify.harness.coverage import current
+    current contract text and implementation source (manifest `reuse` keys). A result skipped
+    for want of a GPU is reused while this machine still has none: rerunning it would only
+    skip again."""
+    from falsify.harness.coverage import current, skipped_for_gpu
+    from falsify.harness.kinds.device import unavailable
     from falsify.harness.ledger import mutant_key, run_key
     from falsify.harness.plan import runs
+
+    def settled(e, done: str, backend: str) -> bool:
+        return e["outcome"] == done or (skipped_for_gpu(e) and bool(unavailable(backend)))
 
     out = []
     for c in contracts:
@@ -202,12 +208,13 @@ def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
                 key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
                                    variant=r.variant))
                 e = data["runs"].get(key)
-                if r.backend in keep and e and e["outcome"] == "passed" and current(c, e, t):
+                if (r.backend in keep and e and settled(e, "passed", r.backend)
+                        and current(c, e, t)):
                     out.append("run:" + key)
         for m in c.mutants if select != "checks" else []:
             key = mutant_key(dict(contract=c.id, mutant=m.id))
             e = data["mutants"].get(key)
-            if e and e["outcome"] == "killed" and current(c, e, mutant=m):
+            if e and settled(e, "killed", m.backend) and current(c, e, mutant=m):
                 out.append("mutant:" + key)
     return out
 

@@ -73,7 +73,12 @@ def run(ctx, case):
     args64 = ctx.ref_args(case)
     outs = backends.outputs(backends.call(ctx.fn(backend="reference"), **args64))
     selected = ctx.output_indices([0])
-    dys = _upstreams(outs, selected, case)
+    # an output element that is not finite at x (a mean over no counted token is NaN by
+    # definition) has no derivative: left out of both sides, as the gradient kind leaves it
+    # out of L (its tangent is NaN, its reference gradient contribution zero)
+    defined = {k: np.isfinite(outs[k]) for k in selected}
+    dys = {k: np.where(defined[k], dy, 0.0)
+           for k, dy in _upstreams(outs, selected, case).items()}
     wrt = list(ctx.spec["wrt"])
     ts = _directions({w: np.shape(args64[w]) for w in wrt}, case)
 
@@ -96,6 +101,7 @@ def run(ctx, case):
         if jt.shape != outs[k].shape:
             raise CheckFailed(f"tangent of output {k}: shape {jt.shape} != output "
                               f"{outs[k].shape}")
+        jt = np.where(defined[k], jt, 0.0)
         lhs += float((dys[k] * jt).sum())
         lhs_abs += float(np.abs(dys[k] * jt).sum())
         n_out = max(n_out, int(jt.size))

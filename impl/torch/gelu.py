@@ -54,9 +54,10 @@ def _derivative(xf, approximate):
     return s + xf * s * s_neg * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * COEF * xf * xf)
 
 
-class _GELUFunction(torch.autograd.Function):
-    """Reverse mode (backward, itself differentiable: its ops are autograd ops on the saved
-    input) and forward mode (jvp, for torch.func.jvp), both from the same derivative."""
+class _GELUReverse(torch.autograd.Function):
+    """Reverse mode only (backward, itself differentiable: its ops are autograd ops on the
+    saved input). What compiled code runs: Dynamo cannot trace a Function with a custom jvp
+    and would break the graph at every call."""
 
     @staticmethod
     def forward(x, approximate):
@@ -66,13 +67,22 @@ class _GELUFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, approximate = inputs
         ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
         ctx.approximate = approximate
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         return (dy.float() * _derivative(x.float(), ctx.approximate)).to(x.dtype), None
+
+
+class _GELUFunction(_GELUReverse):
+    """Reverse and forward mode (jvp, for torch.func.jvp), both from the same derivative: what
+    eager code runs."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _GELUReverse.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(inputs[0])
 
     @staticmethod
     def jvp(ctx, x_t, _approximate_t):
@@ -82,7 +92,8 @@ class _GELUFunction(torch.autograd.Function):
 
 def gelu(x: torch.Tensor, approximate: str, out=None) -> torch.Tensor:
     check_args(x, approximate, out)
-    y = _GELUFunction.apply(x, approximate)
+    fn = _GELUReverse if torch.compiler.is_compiling() else _GELUFunction
+    y = fn.apply(x, approximate)
     return out.copy_(y) if out is not None else y
 
 

@@ -120,9 +120,9 @@ def _grads(gate, up, dy, differentiable=False):
     return d_gate, F.silu(g).mul_(d)
 
 
-class _SwiGLUFunction(torch.autograd.Function):
-    """Reverse mode (backward; differentiable again under create_graph) and forward mode
-    (jvp: d_y = silu′(g)·u·ġ + silu(g)·u̇)."""
+class _SwiGLUReverse(torch.autograd.Function):
+    """Reverse mode (backward; differentiable again under create_graph). What compiled code
+    runs: Dynamo cannot trace a Function with a custom jvp and would break the graph."""
 
     @staticmethod
     def forward(gate, up):
@@ -131,9 +131,22 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        gate, up = inputs
-        ctx.save_for_backward(gate, up)
-        ctx.save_for_forward(gate, up)
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = _grads(gate, up, dy, differentiable=torch.is_grad_enabled())
+        return d_gate.to(gate.dtype), d_up.to(up.dtype)
+
+
+class _SwiGLUFunction(_SwiGLUReverse):
+    """Reverse and forward mode (jvp: d_y = silu′(g)·u·ġ + silu(g)·u̇): what eager code runs."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _SwiGLUReverse.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, gate_t, up_t):
@@ -146,16 +159,11 @@ class _SwiGLUFunction(torch.autograd.Function):
             out = out + F.silu(g) * up_t.float()
         return out.to(gate.dtype)
 
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        d_gate, d_up = _grads(gate, up, dy, differentiable=torch.is_grad_enabled())
-        return d_gate.to(gate.dtype), d_up.to(up.dtype)
-
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out=None) -> torch.Tensor:
     check_args(gate, up, out)
-    y = _SwiGLUFunction.apply(gate, up)
+    fn = _SwiGLUReverse if torch.compiler.is_compiling() else _SwiGLUFunction
+    y = fn.apply(gate, up)
     return out.copy_(y) if out is not None else y
 
 
@@ -173,7 +181,9 @@ def _silu_derivative(g):
     return torch.sigmoid(g) * (1.0 + g * torch.sigmoid(-g))
 
 
-class _SiLUFunction(torch.autograd.Function):
+class _SiLUReverse(torch.autograd.Function):
+    """Reverse mode; what compiled code runs (see _SwiGLUReverse)."""
+
     @staticmethod
     def forward(x):
         xf = x.float()
@@ -181,14 +191,7 @@ class _SiLUFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        (x,) = inputs
-        ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
-
-    @staticmethod
-    def jvp(ctx, x_t):
-        (x,) = ctx.saved_tensors
-        return (x_t.float() * _silu_derivative(x.float())).to(x.dtype)
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, dy):
@@ -198,8 +201,23 @@ class _SiLUFunction(torch.autograd.Function):
         return (dy.float() * s * (1.0 + xf * (1.0 - s))).to(x.dtype)
 
 
+class _SiLUFunction(_SiLUReverse):
+    """Reverse and forward mode: what eager code runs."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _SiLUReverse.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def jvp(ctx, x_t):
+        (x,) = ctx.saved_tensors
+        return (x_t.float() * _silu_derivative(x.float())).to(x.dtype)
+
+
 def silu(x: torch.Tensor, out=None) -> torch.Tensor:
     _float_tensor("x", x)
     check_out(x, out, (x,))
-    y = _SiLUFunction.apply(x)
+    fn = _SiLUReverse if torch.compiler.is_compiling() else _SiLUFunction
+    y = fn.apply(x)
     return out.copy_(y) if out is not None else y
