@@ -7,8 +7,9 @@
 - kd-loss FALSIFY-KD-002 (and cross-entropy FALSIFY-CE-004): R = 1 with its only label
   ignored: L is NaN by definition, the gradient 0; the finite differences leave the undefined
   output out instead of producing a NaN tolerance.
-- kd-loss FALSIFY-KD-017 (jvp, found by the clean-clone CI): the same all-ignored row in
-  forward mode; its tangent is NaN, so undefined outputs are left out of both sides.
+- kd-loss FALSIFY-KD-017 (jvp, found by the clean-clone CI) and FALSIFY-KD-016 (gradgrad,
+  found by fresh seeds): the same all-ignored row in forward mode and under double backward;
+  its tangent and ∂S/∂dy are NaN, so undefined outputs are left out of both sides.
 - rope FALSIFY-ROPE-001/003 (found by the thorough profile): subnormal inputs. A rounding that
   lands on the fp32 subnormal grid errs by up to 2^-150 absolutely, whatever the relative
   bound says; an fp16 output below 6.1e-5 by up to 2^-25.
@@ -87,14 +88,16 @@ def test_kd_no_counted_token_has_zero_gradient(backend, dtype):
     runtime.execute("kd-loss-kernel-v1", "FALSIFY-KD-002", backend, dtype, _all_ignored_kd(dtype))
 
 
-def test_kd_forward_mode_leaves_an_undefined_loss_out():
-    # the clean-clone CI's derandomized example: its tangent is NaN (0/0), its reference
-    # gradient 0; the jvp kind compares only outputs defined at x, as the gradient kind does
+@pytest.mark.parametrize("check", ["FALSIFY-KD-016", "FALSIFY-KD-017"])
+def test_kd_higher_derivatives_leave_an_undefined_loss_out(check):
+    # jvp (KD-017): the clean-clone CI's derandomized example; gradgrad (KD-016): two fresh
+    # seeds. The loss is NaN (0/0), its tangent and ∂S/∂dy NaN, the reference's 0: both kinds
+    # compare only outputs defined at x, as the gradient kind does
     c = _all_ignored_kd("float32")
     c.dims["V"] = 2
     c.args["student_logits"] = np.array([[0.82177, -1.38128]], np.float32)
     c.args["teacher_logits"] = c.args["student_logits"].copy()
-    runtime.execute("kd-loss-kernel-v1", "FALSIFY-KD-017", "torch", "float32", c)
+    runtime.execute("kd-loss-kernel-v1", check, "torch", "float32", c)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", "triton"])

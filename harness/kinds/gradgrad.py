@@ -163,7 +163,12 @@ def run(ctx, case):
     args64 = ctx.ref_args(case)
     outs = backends.outputs(backends.call(ref_fwd, **args64))
     selected = ctx.output_indices([0])
-    dys = _upstreams(outs, selected, case)
+    # an output element that is not finite at x (a mean over no counted token is NaN by
+    # definition) has no derivative: its upstream gradient is zero and its dy coordinates are
+    # not compared, as the gradient kind leaves it out of L
+    defined = {k: np.isfinite(outs[k]) for k in selected}
+    dys = {k: np.where(defined[k], dy, 0.0)
+           for k, dy in _upstreams(outs, selected, case).items()}
     upstream = _backward_kwargs(ctx, outs, dys)
     wrt = list(ctx.spec["wrt"])
     vs = _directions({w: np.shape(args64[w]) for w in wrt}, case)
@@ -199,11 +204,13 @@ def run(ctx, case):
     rng = np.random.default_rng([case.seed, DIRECTION_SEED, 0x5EED])
     from falsify.harness.plan import upstream_name
 
-    variables = [(w, w) for w in wrt] + [(f"dy[{k}]", upstream_name(eq, k)) for k in selected]
+    variables = ([(w, w, None) for w in wrt]
+                 + [(f"dy[{k}]", upstream_name(eq, k), defined[k]) for k in selected])
     worst = 0.0
-    for label, arg in variables:
+    for label, arg, keep in variables:
         x = bargs[arg]
-        coords = rng.choice(x.size, size=min(GG_COORDS, x.size), replace=False)
+        pool = np.arange(x.size) if keep is None else np.flatnonzero(keep)
+        coords = rng.choice(pool, size=min(GG_COORDS, pool.size), replace=False)
         fd, tols = [], []
         for fi in coords:
             idx = np.unravel_index(fi, x.shape)
