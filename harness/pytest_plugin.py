@@ -164,7 +164,10 @@ def pytest_runtest_makereport(item, call):
     rec = item.stash.get(RECORDING, None)
     base = dict(time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 duration_s=round(rep.duration, 4), nodeid=item.nodeid,
-                bind=json.dumps(m.binds, sort_keys=True) if m is not None and m.binds else None)
+                bind=json.dumps(m.binds, sort_keys=True) if m is not None and m.binds else None,
+                # how hard the search looked, and the seed that draws the same examples again:
+                # `--changed --thorough` reuses only results the thorough profile produced
+                profile=runtime.profile_name(), seed=runtime.run_seed())
     if exc is not None and status != "passed":
         first = str(exc.value).splitlines()[0] if str(exc.value) else ""
         base["message"] = f"{exc.typename}: {first}"[:1000]

@@ -299,6 +299,11 @@ PROFILES = {
 }
 
 
+# how hard each profile searches: a result is reusable (`falsify run --changed`) only by a run
+# whose profile searches no harder than the one that produced it
+PROFILE_STRENGTH = {"fast": 0, "ci": 0, "thorough": 1}
+
+
 def profile_name() -> str:
     """The run manifest's profile; without one (plain pytest), `ci` under CI (derandomized:
     the same examples on every run, so a red CI is reproducible with `profile = "ci"`), else

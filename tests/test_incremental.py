@@ -99,3 +99,37 @@ def test_changed_reruns_exactly_the_edited_kernels_checks(tmp_path):
         if tuple(k.split("|")) not in expected:
             assert after[k] == e, f"{k} was re-run"  # reused: the entry is untouched
     assert {s for ss in _states(proj).values() for s in ss} == {"covered"}
+
+
+def test_changed_thorough_reuses_only_thorough_results(tmp_path):
+    """A fast result never stands in for a thorough one: `--changed --thorough` re-runs what the
+    fast profile checked, and reuses what the thorough profile checked. Each entry names the
+    profile and the seed that reproduce it."""
+    proj = tmp_path
+    (proj / "contracts").mkdir()
+    (proj / "falsify.toml").write_text('backends = ["reference"]\n')
+    _contract(proj, "a-softmax-v1", "SA", "kern_a")
+    pick = ["-k", "reference and (SA_001 or SA_002)"]
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", *pick)
+    assert r.returncode == 0, r.stdout + r.stderr
+    led = proj / ".falsify" / "ledger.json"
+    fast = ledger.load(led)["runs"]
+    assert fast and {e["profile"] for e in fast.values()} == {"ci"}  # CI=1 in sh()
+
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", "--thorough",
+           "--seed", "7", *pick, "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "reused 0 passing result(s)" in " ".join(r.stderr.split())
+    ran = json.loads(r.stdout)["entries"]
+    assert {(e["check"], e["variant"]) for e in ran} == \
+        {(e["check"], e["variant"]) for e in fast.values()}
+    assert {(e["profile"], e["seed"]) for e in ran} == {("thorough", 7)}
+
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", "--thorough", *pick,
+           "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["entries"] == []
+    assert f"reused {len(ran)} passing result(s)" in " ".join(r.stderr.split())
+    # and a thorough result stands in for a fast one
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", *pick, "--format", "json")
+    assert json.loads(r.stdout)["entries"] == [], r.stderr

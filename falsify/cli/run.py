@@ -188,17 +188,23 @@ def _seeded(seed: int | None):
             os.environ[SEED_ENV] = old
 
 
-def _reusable(contracts, data: dict, keep: list[str], select: str) -> list[str]:
+def _reusable(contracts, data: dict, keep: list[str], select: str, profile: str) -> list[str]:
     """`--changed`: the tests whose last result passed (a mutant: was killed) against the
-    current contract text and implementation source (manifest `reuse` keys). A result skipped
-    for want of a GPU is reused while this machine still has none: rerunning it would only
-    skip again."""
+    current contract text and implementation source, under a profile that searched at least as
+    hard as `profile` (manifest `reuse` keys): a fast result never stands in for a thorough one,
+    and entries written before profiles were recorded count as fast. A result skipped for want
+    of a GPU is reused while this machine still has none: rerunning it would only skip again."""
     from falsify.harness.coverage import current, skipped_for_gpu
     from falsify.harness.kinds.device import unavailable
     from falsify.harness.ledger import mutant_key, run_key
     from falsify.harness.plan import runs
+    from falsify.harness.runtime import PROFILE_STRENGTH
+
+    need = PROFILE_STRENGTH[profile]
 
     def settled(e, done: str, backend: str) -> bool:
+        if PROFILE_STRENGTH.get(e.get("profile", "fast"), 0) < need:
+            return False
         return e["outcome"] == done or (skipped_for_gpu(e) and bool(unavailable(backend)))
 
     out = []
@@ -386,9 +392,10 @@ def cmd_run(args) -> int:
     start = time.time()
     reuse = []
     if args.changed:
-        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select)
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile)
         console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
-                      "and implementation are unchanged", markup=False)
+                      f"and implementation are unchanged, searched under the {profile} profile "
+                      "or a harder one", markup=False)
     manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
     with _seeded(seed):
         rc, session = _pytest(modules, manifest, extra, args.workers, console)
@@ -477,7 +484,8 @@ def register(sub) -> None:
     r.add_argument("-k", default=None, help="pytest -k expression to select checks")
     r.add_argument("--changed", action="store_true",
                    help="re-run only the checks (and mutants) whose contract or implementation "
-                        "source changed since their last passing result; reuse the rest")
+                        "source changed since their last passing result; reuse the rest "
+                        "(with --thorough, only results the thorough profile produced)")
     r.add_argument("--seed", default=None, metavar="N|commit",
                    help="hypothesis seed for every check (reproducible exploration); 'commit' "
                         "derives it from `git rev-parse HEAD`")
