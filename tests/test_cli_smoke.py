@@ -42,6 +42,8 @@ SMOKE = {
     "falsify merge": "tests/test_finetune_peft.py::"
                      "test_merge_cli_writes_both_layouts_that_match_base_plus_adapter",
     "falsify generate": "tests/test_finetune_peft.py::test_generate_cli_adapter_and_merged_agree",
+    "falsify export": "tests/test_finetune_peft.py::"
+                      "test_export_cli_model_loads_in_transformers_with_its_tokenizer",
     "pv validate": f"{HERE}::test_pv_verbs",
     "pv status": f"{HERE}::test_pv_verbs",
     "pv graph": f"{HERE}::test_pv_verbs",
@@ -272,6 +274,12 @@ def test_train_config_file_then_resume_auto(tmp_path):
              "--resume", "auto", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "trained 2 steps" in r.stdout
+    # the run exports to the HF layout; a synthetic-corpus run has no tokenizer, and says so
+    r = _run("falsify", "export", "run", "--out", "hf", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "no tokenizer found" in r.stdout and "bit-identical" in r.stdout
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 512
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
 
 
 

@@ -191,8 +191,126 @@ def test_adapter_dir_is_complete_and_atomic(trained):
     _, adapter, _ = trained["qlora"]
     files = sorted(p.name for p in Path(adapter).iterdir())
     assert files == sorted([LM.ADAPTER_CONFIG, LM.ADAPTER_WEIGHTS, LM.FALSIFY_META,
-                            "tokenizer.json"])
+                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"])
     assert not any(p.name.startswith(".") for p in Path(adapter).parent.iterdir())
     side = json.loads((adapter / LM.FALSIFY_META).read_text())
     assert side["lora_spec"]["method"] == "qlora" and side["lora_spec"]["double_quant"] is True
     assert side["base_fingerprint"] == FT.base_fingerprint(tiny_model())
+
+
+# ------------------------------------------------------------------ loading without falsify
+def _auto_peft(adapter):
+    from peft import AutoPeftModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoPeftModelForCausalLM.from_pretrained(
+            str(adapter), dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _logits_agree(ours_model, theirs, seed=5):
+    x = _x(seed=seed)
+    with torch.no_grad():
+        a, p = ours_model(x), theirs(input_ids=x).logits
+        with LM.adapters_disabled(ours_model) if hasattr(ours_model, "lora_spec") else \
+                torch.no_grad():
+            b = ours_model(x)
+    return float((a - p).abs().max()), logit_tolerance(CFG, a), float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("method", ["qlora", "lora"])
+def test_auto_peft_loads_the_adapter_finetune_wrote(trained, method):
+    """base_model_name_or_path names an HF-layout base holding the weights the adapter was
+    trained against (our base here is in our layout, so the run wrote OUT/base-hf), and
+    `AutoPeftModelForCausalLM.from_pretrained(adapter_dir)` alone reproduces our logits."""
+    base, adapter, _ = trained[method]
+    cfg = json.loads((adapter / LM.ADAPTER_CONFIG).read_text())
+    assert cfg["base_model_name_or_path"] == str((adapter.parent / "base-hf").resolve())
+    model = _ours(base, adapter)
+    diff, tol, effect = _logits_agree(model, _auto_peft(adapter))
+    assert diff <= tol and effect > 100 * tol  # the adapter matters far beyond the tolerance
+
+
+def _check_tokenizer(d: Path, tok_path: Path):
+    """AutoTokenizer reads the directory: eos/pad/bos are <|endoftext|> (id 0), the FIM
+    sentinels are special, and it encodes and decodes exactly as our tokenizer does."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from falsify.impl.llm import data as data_mod
+
+    at = AutoTokenizer.from_pretrained(str(d))
+    assert (at.eos_token, at.eos_token_id, at.pad_token_id, at.bos_token_id) == \
+        (data_mod.EOS, 0, 0, 0)
+    assert set(at.all_special_tokens) == {data_mod.EOS, data_mod.FIM_PREFIX,
+                                          data_mod.FIM_MIDDLE, data_mod.FIM_SUFFIX}
+    ours = data_mod.load_tokenizer(tok_path)
+    for text in ('def f(x):\n    """Return x."""\n    return x  # é ∑ 😀',
+                 f"{data_mod.FIM_PREFIX}a = 1{data_mod.FIM_SUFFIX}{data_mod.EOS}b"):
+        ids = at(text)["input_ids"]
+        assert ids == data_mod.encode(ours, text)
+        assert at.decode(ids) == data_mod.decode(ours, ids) == text
+    return GenerationConfig.from_pretrained(str(d)) if (d / "generation_config.json").is_file() \
+        else None
+
+
+def test_export_cli_model_loads_in_transformers_with_its_tokenizer(trained, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from falsify.cli import main
+
+    base, _, tok = trained["lora"]
+    out = tmp_path / "exported"
+    assert main(["export", str(base), "--out", str(out)]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
+    model = FT.load_base(base, "torch").model.eval()
+    diff, tol, _ = _logits_agree(model, theirs)
+    assert diff <= tol
+    gen = _check_tokenizer(out, tok)
+    assert (gen.eos_token_id, gen.pad_token_id) == (0, 0)
+    # the comparison can fail: another base's logits are far outside the tolerance
+    other = FT.load_base(write_base(tmp_path / "other", tok, seed=9), "torch").model.eval()
+    assert _logits_agree(other, theirs)[0] > 100 * tol
+
+
+@pytest.mark.parametrize("method", ["qlora", "lora"])
+def test_export_cli_adapter_loads_with_auto_peft(trained, tmp_path, method, capsys):
+    from falsify.cli import main
+
+    base, adapter, tok = trained[method]
+    out = tmp_path / "exported"
+    assert main(["export", str(adapter), "--out", str(out)]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "base"]
+    cfg = json.loads((out / "adapter" / LM.ADAPTER_CONFIG).read_text())
+    assert cfg["base_model_name_or_path"] == str((out / "base").resolve())
+    diff, tol, effect = _logits_agree(_ours(base, adapter), _auto_peft(out / "adapter"))
+    assert diff <= tol and effect > 100 * tol
+    _check_tokenizer(out / "adapter", tok)
+    _check_tokenizer(out / "base", tok)
+
+
+def test_export_cli_refuses_bad_input_in_one_line(trained, tmp_path, capsys):
+    from falsify.cli import main
+
+    base, adapter, _ = trained["lora"]
+    hf_dir = tmp_path / "hf"
+    assert main(["export", str(base), "--out", str(hf_dir)]) == 0
+    capsys.readouterr()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [([str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "no such file"),
+             ([str(hf_dir), "--out", str(tmp_path / "o")], "already in the HF layout"),
+             ([str(base), "--out", str(base / "inner")], "lies inside SRC"),
+             ([str(base), "--out", str(tmp_path / "o"), "--tokenizer", str(tmp_path / "t")],
+              "no such file"),
+             ([str(empty), "--out", str(tmp_path / "o")], "neither an HF LLaMA directory")]
+    for argv, words in cases:
+        assert main(["export", *argv]) == 2, argv
+        err = capsys.readouterr()
+        text = err.out + err.err
+        assert words in text and "Traceback" not in text, (argv, text)
+    assert not (tmp_path / "o").exists() and not (base / "inner").exists()

@@ -543,7 +543,8 @@ def test_v022_a_gradient_check_may_not_differentiate_a_statistic(tmp_path):
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V022", "error")
     assert "'inv_rms' is declared non_differentiable" in f.message
-    assert f.line == line_of(text, "outputs: [y, inv_rms]", nth=2)  # the check's, not the equation's
+    # the check's line, not the equation's
+    assert f.line == line_of(text, "outputs: [y, inv_rms]", nth=2)
 
 
 def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):

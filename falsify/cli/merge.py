@@ -22,6 +22,7 @@ from rich.console import Console
 from falsify.impl.llm import finetune as FT
 from falsify.impl.llm import hf
 from falsify.impl.llm import lora_model as LM
+from falsify.impl.llm.checkpoint import atomic_dir
 from falsify.impl.llm.config import ConfigError
 from falsify.impl.llm.data import DataError
 
@@ -86,7 +87,7 @@ def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict) -> Path
 
             shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
 
-    return LM._atomic_dir(out, fill)
+    return atomic_dir(out, fill)
 
 
 def cmd_merge(args) -> int:

@@ -117,6 +117,25 @@ def make_temp_dir(parent: str | Path, prefix: str) -> Path:
     return tmp
 
 
+def atomic_dir(out: str | Path, fill) -> Path:
+    """Write a directory whole or not at all: `fill(tmp)` fills a temp dir beside `out`, which
+    then replaces `out` (an older `out` is moved aside first, then removed)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(out.parent, f".{out.name}-")
+    try:
+        fill(tmp)
+        if out.exists():
+            trash = out.with_name(f".{out.name}-old-{os.getpid()}")
+            os.replace(out, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 # ------------------------------------------------------------------------------- layout
 def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"

@@ -619,12 +619,27 @@ class FinetuneRun:
             result.stopped = f"stop_after={stop_after}"
         return stopping
 
+    def hf_base(self) -> str:
+        """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
+        adapter was trained against, so `AutoPeftModelForCausalLM.from_pretrained(adapter)`
+        computes what we do. A LoRA run on an HF base names that base; otherwise (our
+        checkpoint, the built-in base, or QLoRA, whose base is the NF4 dequantization) the
+        run writes OUT/base-hf. An absolute path: PEFT resolves it from the loader's working
+        directory, not the adapter's."""
+        base = self.base
+        if base.layout == "hf" and self.model.lora_spec.method == "lora" and base.path:
+            return base.path
+        from falsify.impl.llm import hf
+
+        return str(hf.export_hf(LM.base_as_trained(self.model), self.out / "base-hf",
+                                base.tokenizer_path).resolve())
+
     def finish(self) -> None:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
         cfg, base, result, model = self.cfg, self.base, self.result, self.model
         result.stopped = result.stopped or "max_steps"
         result.adapter_dir = str(LM.export_peft(
-            model, self.out / "adapter", base.source, base.tokenizer_path,
+            model, self.out / "adapter", self.hf_base(), base.tokenizer_path,
             meta={"base_fingerprint": self.fingerprint, "base_layout": base.layout,
                   "base_path": base.path, "step": self.trainer.step,
                   "train_on_prompt": cfg.train_on_prompt}))

@@ -10,19 +10,26 @@ tests/test_hf.py checks logits against transformers to prove it.)
 
 The LM head is tied: model.safetensors holds model.embed_tokens.weight only and config.json says
 tie_word_embeddings=true; an lm_head.weight that differs from the embedding is refused on import.
+
+With a tokenizer, the directory is what `AutoTokenizer.from_pretrained` reads as well:
+tokenizer.json, tokenizer_config.json and special_tokens_map.json. Our tokenizer has one
+document separator, <|endoftext|>, and no BOS or padding token of its own, so it serves as all
+three (the GPT-2 convention); the FIM sentinels are additional special tokens. Nothing is added
+around a text on encoding (add_bos/eos false), so `AutoTokenizer` gives exactly our ids.
+generation_config.json names the same eos and pad ids for `generate`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from falsify.impl.llm.checkpoint import make_temp_dir
+from falsify.impl.llm import data as data_mod
+from falsify.impl.llm.checkpoint import atomic_dir
 from falsify.impl.llm.model import ModelConfig, Transformer, build_model
 
 HF_PREFIX = "model."
@@ -61,27 +68,56 @@ def to_hf_state(model: Transformer) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
-def export_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-              eos_token_id: int | None = 0) -> Path:
-    """Write an HF-loadable directory atomically (temp dir, then rename into place)."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out.parent, f".{out.name}-")
-    try:
-        save_file(to_hf_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(
-            hf_config(model.cfg, eos_token_id, eos_token_id), indent=1))
-        if tokenizer_path is not None:
-            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-        if out.exists():
-            trash = out.with_name(f".{out.name}-old-{os.getpid()}")
-            os.replace(out, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+def special_tokens(tokenizer_path: str | Path) -> dict:
+    """The special-token fields of tokenizer_config.json / special_tokens_map.json for a
+    tokenizer.json: <|endoftext|> as bos, eos and pad where the vocabulary has it (a user's
+    tokenizer without it gets none named, rather than a wrong one), and every other special
+    token the tokenizer declares as additional."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    declared = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+    out: dict = {}
+    if tok.token_to_id(data_mod.EOS) is not None:
+        out = {"bos_token": data_mod.EOS, "eos_token": data_mod.EOS, "pad_token": data_mod.EOS}
+    out["additional_special_tokens"] = [t for t in declared if t != data_mod.EOS]
     return out
+
+
+def eos_id(tokenizer_path: str | Path | None) -> int | None:
+    if tokenizer_path is None:
+        return 0  # our tokenizers put <|endoftext|> at id 0 (impl/llm/data.py)
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_path)).token_to_id(data_mod.EOS)
+
+
+def write_tokenizer_files(dst: Path, tokenizer_path: str | Path, max_len: int) -> None:
+    """tokenizer.json plus the two files `AutoTokenizer` needs to know the special tokens."""
+    shutil.copyfile(tokenizer_path, dst / "tokenizer.json")
+    special = special_tokens(tokenizer_path)
+    (dst / "special_tokens_map.json").write_text(json.dumps(special, indent=1))
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+        "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False, **special}, indent=1))
+
+
+def export_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None,
+              ) -> Path:
+    """Write an HF-loadable directory atomically (temp dir, then rename into place): weights,
+    config.json, generation_config.json and, given a tokenizer, the tokenizer files."""
+    eos = eos_id(tokenizer_path)
+
+    def fill(tmp: Path):
+        save_file(to_hf_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config(model.cfg, eos, eos), indent=1))
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=1))
+        if tokenizer_path is not None:
+            write_tokenizer_files(tmp, tokenizer_path, model.cfg.max_seq_len)
+
+    return atomic_dir(out_dir, fill)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -29,9 +29,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from falsify.impl.llm.checkpoint import atomic_dir
 from falsify.impl.llm.model import Transformer, build_model
 from falsify.impl.torch import lora as lora_kernel
 from falsify.impl.torch import nf4 as nf4_kernel
@@ -373,6 +371,12 @@ def merge_weights(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: floa
     return (w.double() + scale * (b.double() @ a.double())).float()
 
 
+def base_as_trained(model: Transformer) -> Transformer:
+    """A plain model holding the base weights the adapter was trained against: the fp32 base
+    for LoRA, the NF4 dequantization for QLoRA (so PEFT on top of it computes what we do)."""
+    return merge_lora(model, merge=lambda w, a, b, s: w)
+
+
 def merge_lora(model: Transformer, merge=None) -> Transformer:
     """A plain fp32 Transformer equal (up to rounding) to the adapted model: each projection's
     weight is the base as the adapter saw it — dequantized NF4 for QLoRA, so the merged model
@@ -413,23 +417,6 @@ def peft_state(model: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in adapter_parameters(model).items()}
 
 
-def _atomic_dir(out: Path, fill) -> Path:
-    """Fill a temp dir next to `out`, then rename it into place (a reader sees all or none)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
-        fill(tmp)
-        if out.exists():
-            trash = out.with_name(f".{out.name}-old-{os.getpid()}")
-            os.replace(out, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
 def export_peft(model: Transformer, out_dir: str | Path, base_name_or_path: str,
                 tokenizer_path: str | Path | None = None, meta: dict | None = None) -> Path:
     """adapter_config.json + adapter_model.safetensors (PEFT names), plus our sidecar with the
@@ -443,10 +430,12 @@ def export_peft(model: Transformer, out_dir: str | Path, base_name_or_path: str,
         save_file(peft_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=1))
         (tmp / FALSIFY_META).write_text(json.dumps(side, indent=1, default=str))
-        if tokenizer_path is not None:
-            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        if tokenizer_path is not None:  # AutoTokenizer reads the adapter dir as well
+            from falsify.impl.llm.hf import write_tokenizer_files
 
-    return _atomic_dir(Path(out_dir), fill)
+            write_tokenizer_files(tmp, tokenizer_path, model.cfg.max_seq_len)
+
+    return atomic_dir(out_dir, fill)
 
 
 def read_adapter(adapter_dir: str | Path) -> tuple[LoraSpec, dict[str, torch.Tensor], dict]:

@@ -1,0 +1,132 @@
+"""`falsify export SRC --out DIR [--format hf] [--tokenizer FILE]`
+
+Writes a model others load, from anything falsify produced:
+
+- a pretraining run, one of its checkpoints, or `falsify merge`'s `ours` output → DIR in the
+  Hugging Face LLaMA layout (impl/llm/hf.py): weights, config.json, generation_config.json and
+  the tokenizer files, so `AutoModelForCausalLM.from_pretrained(DIR)` and
+  `AutoTokenizer.from_pretrained(DIR)` work unchanged;
+- an adapter written by `falsify finetune` → DIR/base, the HF-layout base with the weights the
+  adapter was trained against (the NF4 dequantization for QLoRA), and DIR/adapter, the PEFT
+  adapter whose base_model_name_or_path names DIR/base, so
+  `AutoPeftModelForCausalLM.from_pretrained(DIR/adapter)` works unchanged.
+
+DIR appears whole or not at all (written beside it, then renamed into place). The command then
+reads its own output back and checks every tensor is bit-identical to the source's. A pretraining
+checkpoint does not store its tokenizer: it is found again from the run's data spec, as
+`falsify finetune --model` does; a run on the synthetic corpus has none, and the export says so
+(--tokenizer supplies one). Exit codes: 0 done, 2 bad input, 4 self-check failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from falsify.cli.common import UsageError
+
+FORMATS = ("hf",)  # the GGUF export extends this list
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load (HF)",
+                       description="export a checkpoint or adapter in the Hugging Face layout")
+    p.add_argument("src", metavar="SRC",
+                   help="a run dir, a checkpoint dir, `falsify merge` output, or an adapter dir")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--format", default="hf", choices=FORMATS, help="output layout (default hf)")
+    p.add_argument("--tokenizer", metavar="FILE",
+                   help="tokenizer.json to ship when SRC has none of its own")
+    p.set_defaults(func=cmd_export)
+
+
+def _tensors_equal(a: dict, b: dict) -> list[str]:
+    """Names whose tensors differ (or are missing on one side)."""
+    return sorted(k for k in set(a) | set(b)
+                  if k not in a or k not in b or not torch.equal(a[k].float(), b[k].float()))
+
+
+def _export_model(src: Path, out: Path, tokenizer: str | None, console) -> int:
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import hf
+
+    base = FT.load_base(src, "torch", need_tokenizer=False)
+    if base.layout == "hf":
+        raise UsageError(f"{src} is already in the HF layout (config.json + model.safetensors)")
+    tok = tokenizer or base.tokenizer_path
+    hf.export_hf(base.model, out, tok)
+    console.print(f"wrote {out} (HF LLaMA layout) from {base.source}")
+    if tok is None:
+        console.print("note: no tokenizer found for this checkpoint (a synthetic-corpus run has "
+                      "none): weights and config only; pass --tokenizer FILE to include one")
+    back = hf.import_hf(out, "torch").state_dict()
+    bad = _tensors_equal(back, base.model.state_dict())
+    return _verdict(bad, console)
+
+
+def _export_adapter(src: Path, out: Path, tokenizer: str | None, console) -> int:
+    from falsify.cli.merge import load_adapted
+    from falsify.impl.llm import hf
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm.checkpoint import atomic_dir
+
+    model, base, side = load_adapted(src, None, "torch", console)
+    tok = tokenizer or (str(src / "tokenizer.json") if (src / "tokenizer.json").is_file()
+                        else base.tokenizer_path)
+    plain = LM.base_as_trained(model)
+    final = out.resolve()
+
+    def fill(tmp: Path):
+        hf.export_hf(plain, tmp / "base", tok)
+        LM.export_peft(model, tmp / "adapter", str(final / "base"), tok,
+                       meta={k: v for k, v in side.items() if k not in ("lora_spec", "model")})
+
+    atomic_dir(final, fill)
+    spec = side["lora_spec"]
+    console.print(f"wrote {final / 'base'} (HF LLaMA layout: the base the {spec['method']} "
+                  "adapter was trained against)")
+    console.print(f"wrote {final / 'adapter'} (PEFT; base_model_name_or_path = {final / 'base'})")
+    back = hf.import_hf(final / "base", "torch").state_dict()
+    bad = _tensors_equal(back, plain.state_dict())
+    _, tensors, _ = LM.read_adapter(final / "adapter")
+    bad += _tensors_equal(tensors, LM.adapter_parameters(model))
+    return _verdict(bad, console)
+
+
+def _verdict(bad: list[str], console) -> int:
+    if bad:
+        console.print(f"[bold red]self-check failed:[/] {len(bad)} tensor(s) read back differ "
+                      f"from the source: {', '.join(bad[:5])}")
+        return 4
+    console.print("self-check: every tensor read back is bit-identical to the source")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm.checkpoint import CheckpointError
+    from falsify.impl.llm.config import ConfigError
+    from falsify.impl.llm.data import DataError
+    from falsify.impl.llm.model import ModelConfigError
+
+    console = Console()
+    src, out = Path(args.src), Path(args.out)
+    if not src.exists():
+        raise UsageError(f"falsify export: {src}: no such file or directory")
+    if args.tokenizer and not Path(args.tokenizer).is_file():
+        raise UsageError(f"falsify export: --tokenizer {args.tokenizer}: no such file")
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise UsageError(f"falsify export: --out {out} lies inside SRC {src}")
+    try:
+        if (src / LM.FALSIFY_META).is_file():
+            return _export_adapter(src, out, args.tokenizer, console)
+        if (src / LM.ADAPTER_CONFIG).is_file():
+            raise UsageError(f"falsify export: {src} is a PEFT adapter without "
+                             f"{LM.FALSIFY_META}: not one `falsify finetune` wrote")
+        return _export_model(src, out, args.tokenizer, console)
+    except (ConfigError, DataError, LM.LoraConfigError, CheckpointError, ModelConfigError,
+            json.JSONDecodeError) as e:
+        raise UsageError(f"falsify export: {e}") from None
