@@ -6,7 +6,8 @@
 #   index first, so no multi-GB CUDA wheel is pulled.
 # - Never pip-installs into the system Python: Debian's is externally managed (PEP 668), and
 #   a package installed there would fight apt. Everything goes into .venv.
-# - Debian's chromium: the docs-site test renders pages headless.
+# - Debian's chromium: the docs-site test renders pages headless; libseccomp2: the
+#   evaluation sandbox.
 # PYTHON selects the interpreter that creates .venv (default: python3 on PATH); TORCH_INDEX the
 # index torch's CPU build comes from (default: PyTorch's; PyPI's Linux torch is the CUDA build).
 set -euo pipefail
@@ -28,6 +29,11 @@ as_root_or_explain() {  # $1: apt package, $2: why
 
 if ! command -v chromium >/dev/null 2>&1; then
   as_root_or_explain chromium "chromium is missing (the docs-site test renders pages with it)"
+fi
+
+# `falsify eval`'s sandbox loads seccomp filters through libseccomp (impl/llm/sandbox.py).
+if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
+  as_root_or_explain libseccomp2 "libseccomp is missing (the evaluation sandbox needs it)"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

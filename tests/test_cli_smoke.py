@@ -42,6 +42,7 @@ SMOKE = {
     "falsify merge": "tests/test_finetune_peft.py::"
                      "test_merge_cli_writes_both_layouts_that_match_base_plus_adapter",
     "falsify generate": "tests/test_finetune_peft.py::test_generate_cli_adapter_and_merged_agree",
+    "falsify eval": "tests/test_eval.py::test_eval_cli_end_to_end",
     "falsify export": "tests/test_finetune_peft.py::"
                       "test_export_cli_model_loads_in_transformers_with_its_tokenizer",
     "pv validate": f"{HERE}::test_pv_verbs",
