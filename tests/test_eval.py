@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from falsify.impl.llm import evaluate as EV
-from tests.test_finetune import make_tokenizer, write_base
+from tests.test_finetune import base_with_tokenizer
 
 
 def _exact(n: int, c: int, k: int) -> Fraction:
@@ -90,10 +90,7 @@ def test_the_scoring_path_scores_right_and_wrong_code(monkeypatch):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    tok = root / "tokenizer.json"
-    make_tokenizer(tok)
-    return write_base(root / "base", tok)
+    return base_with_tokenizer(tmp_path_factory.mktemp("eval"))
 
 
 def test_eval_cli_end_to_end(base, capsys):

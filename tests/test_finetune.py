@@ -63,6 +63,13 @@ def write_base(dirpath: Path, tokenizer_path: Path, seed: int = 0) -> Path:
     return write_ours(tiny_model(seed), dirpath, str(tokenizer_path), {"test": True})
 
 
+def base_with_tokenizer(root: Path) -> Path:
+    """A tiny base (our layout) with its tokenizer, in `root`."""
+    tok = root / "tokenizer.json"
+    make_tokenizer(tok)
+    return write_base(root / "base", tok)
+
+
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path

@@ -78,11 +78,7 @@ def _load(args, console):
         tp = Path(args.adapter) / "tokenizer.json"
         tok = data_mod.load_tokenizer(tp) if tp.is_file() else base.tokenizer
         return model, tok, f"{base.source} + adapter {args.adapter}"
-    if args.model:
-        base = FT.load_base(args.model, args.backend)
-    else:
-        cfg = FT.load_config(None, [f"backend={args.backend}", "progress=false"])
-        base = FT.builtin_base(cfg, console)
+    base = FT.base_or_builtin(args.model, args.backend, console)
     return base.model, base.tokenizer, base.source
 
 

@@ -65,6 +65,7 @@ from falsify.impl.llm.finetune_base import (  # noqa: F401  (the API: FT.load_ba
     AdapterView,
     Base,
     base_fingerprint,
+    base_or_builtin,
     builtin_base,
     builtin_base_config,
     load_base,

@@ -155,6 +155,16 @@ def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
     return base
 
 
+def base_or_builtin(model: str | None, backend: str = "auto", console=None) -> Base:
+    """The model a command works on: `model` (load_base) or, given none, the built-in base
+    that `falsify finetune` uses (trained once, then reused from the cache)."""
+    if model:
+        return load_base(model, backend)
+    from falsify.impl.llm.finetune import load_config
+
+    return builtin_base(load_config(None, [f"backend={backend}", "progress=false"]), console)
+
+
 def _atomic_copy(src: Path, dst: Path) -> None:
     import shutil
     import tempfile
