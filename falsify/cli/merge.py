@@ -1,12 +1,21 @@
 """`falsify merge --adapter DIR [--model BASE] --out DIR [--layout ours,hf]`
+`falsify merge --method linear|slerp|ties|dare --models A B [...] [--base B0] --out DIR`
 
-Writes a merged full-precision model: every adapted projection becomes W' = deq(W) + (α/r)·B·A
-(deq = the NF4 dequantization the adapter was trained against, for QLoRA), in our checkpoint
-layout (OUT/ours: model.safetensors + state.json, loadable as a `--model` base) and/or the
-Hugging Face LLaMA layout (OUT/hf, impl/hf.py). Without --model the base recorded in the
-adapter is used; either way the base's fingerprint must equal the one the adapter was trained
-on. The command then checks its own output: merged logits vs base+adapter logits on a probe
-batch, against the fp32 op-order tolerance. Exit codes: 0 done, 2 error, 4 self-check failed.
+With --adapter: writes a merged full-precision model: every adapted projection becomes
+W' = deq(W) + (α/r)·B·A (deq = the NF4 dequantization the adapter was trained against, for
+QLoRA), in our checkpoint layout (OUT/ours: model.safetensors + state.json, loadable as a
+`--model` base) and/or the Hugging Face LLaMA layout (OUT/hf, impl/hf.py). Without --model the
+base recorded in the adapter is used; either way the base's fingerprint must equal the one the
+adapter was trained on. The command then checks its own output: merged logits vs base+adapter
+logits on a probe batch, against the fp32 op-order tolerance.
+
+With --method: merges whole models (ours or HF layout, one architecture) tensor by tensor with
+the contract-checked merging kernels (impl/llm/model_merge.py): linear (--weights), slerp from
+the first model to the second (--t), TIES (--base, --density, --lambda, --weights) or
+DARE-linear (--base, --drop, --seed, --weights); it reports the perplexity on held-out code of
+every input and of the result.
+
+Exit codes: 0 done, 2 error, 4 self-check failed.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from falsify.impl.llm import data as data_mod
 from falsify.impl.llm import finetune as FT
 from falsify.impl.llm import hf
 from falsify.impl.llm import lora_model as LM
@@ -30,10 +40,30 @@ U32 = 2.0**-24
 
 
 def register(sub) -> None:
-    p = sub.add_parser("merge", help="merge an adapter into a full-precision checkpoint (ours, HF)",
-                       description="merge a LoRA/QLoRA adapter into its base (fp32)")
-    p.add_argument("--adapter", required=True, metavar="DIR",
-                   help="adapter directory written by `falsify finetune`")
+    p = sub.add_parser("merge", help="merge an adapter into its base, or models together "
+                       "(linear, slerp, ties, dare)",
+                       description="merge a LoRA/QLoRA adapter into its base (fp32), or merge "
+                       "models tensor by tensor")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--adapter", metavar="DIR",
+                      help="adapter directory written by `falsify finetune`")
+    mode.add_argument("--method", choices=("linear", "slerp", "ties", "dare"),
+                      help="merge --models tensor by tensor")
+    p.add_argument("--models", nargs="+", metavar="DIR", default=[],
+                   help="with --method: the models (ours or HF layout, one architecture)")
+    p.add_argument("--base", metavar="DIR", help="with ties/dare: the model task vectors are "
+                   "taken against")
+    p.add_argument("--weights", default=None, help="comma-separated, one per model "
+                   "(default: equal)")
+    p.add_argument("--t", type=float, default=0.5, help="slerp: 0 = first model, 1 = second")
+    p.add_argument("--density", type=float, default=1.0, help="ties: fraction of each task "
+                   "vector kept")
+    p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="ties: scale of the "
+                   "merged task vector")
+    p.add_argument("--drop", type=float, default=0.5, help="dare: drop probability p")
+    p.add_argument("--seed", type=int, default=0, help="dare: the drop masks' seed")
+    p.add_argument("--no-perplexity", action="store_true",
+                   help="with --method: skip the held-out perplexity of inputs and result")
     p.add_argument("--model", metavar="BASE",
                    help="the base (our checkpoint or HF dir); default: the adapter's recorded base")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
@@ -97,6 +127,11 @@ def cmd_merge(args) -> int:
     if bad or not layouts:
         console.print(f"[bold red]error:[/] --layout {args.layout!r}: choose from ours, hf")
         return 2
+    if args.method:
+        return merge_models_cmd(args, layouts, console)
+    if args.models or args.base:
+        console.print("[bold red]error:[/] --models and --base go with --method, not --adapter")
+        return 2
     try:
         model, base, side = load_adapted(args.adapter, args.model, args.backend, console)
         merged = LM.merge_lora(model).eval()
@@ -137,3 +172,50 @@ def cmd_merge(args) -> int:
         return 4
     return 0
 
+
+
+def merge_models_cmd(args, layouts: list[str], console) -> int:
+    from falsify.impl.llm import evaluate as EV
+    from falsify.impl.llm import model_merge as MM
+
+    try:
+        weights = ([float(w) for w in args.weights.split(",")] if args.weights else [])
+    except ValueError:
+        console.print(f"[bold red]error:[/] --weights {args.weights!r}: comma-separated numbers")
+        return 2
+    spec = MM.MergeSpec(args.method, weights, args.t, args.density, args.lam, args.drop,
+                        args.seed)
+    try:
+        spec.validate(len(args.models), args.base is not None)
+        loaded = [FT.load_base(m, args.backend, need_tokenizer=False) for m in args.models]
+        base = FT.load_base(args.base, args.backend, need_tokenizer=False) if args.base else None
+        everyone = loaded + ([base] if base else [])
+        MM.check_same_architecture([b.model for b in everyone], [b.source for b in everyone])
+        merged = MM.merge_models(spec, [b.model for b in loaded], base.model if base else None)
+        tok_path = next((b.tokenizer_path for b in everyone if b.tokenizer_path), None)
+        out = Path(args.out)
+        meta = {"method": args.method, "models": [b.source for b in loaded],
+                "base": base.source if base else None, "spec": spec.__dict__}
+        written = []
+        if "ours" in layouts:
+            written.append(write_ours(merged, out / "ours", tok_path, meta))
+        if "hf" in layouts:
+            written.append(hf.export_hf(merged, out / "hf", tok_path))
+    except (MM.MergeError, ConfigError, DataError, ValueError) as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 2
+    console.print(f"merged {len(loaded)} model(s) by {args.method}"
+                  + (f" against {base.source}" if base else ""))
+    for w in written:
+        console.print(f"  wrote {w}")
+    if args.no_perplexity:
+        return 0
+    if tok_path is None:
+        console.print("note: no tokenizer found for these models: no perplexity reported")
+        return 0
+    tok = data_mod.load_tokenizer(tok_path)
+    texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
+    for label, m in [(b.source, b.model) for b in everyone] + [("merged", merged)]:
+        ppl = EV.perplexity(m, tok, texts)["perplexity"]
+        console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
+    return 0
