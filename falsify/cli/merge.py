@@ -40,8 +40,7 @@ U32 = 2.0**-24
 
 
 def register(sub) -> None:
-    p = sub.add_parser("merge", help="merge an adapter into its base, or models together "
-                       "(linear, slerp, ties, dare)",
+    p = sub.add_parser("merge", help="merge an adapter into its base, or models with each other",
                        description="merge a LoRA/QLoRA adapter into its base (fp32), or merge "
                        "models tensor by tensor")
     mode = p.add_mutually_exclusive_group(required=True)

@@ -24,8 +24,8 @@ from falsify.cli.common import UsageError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model's projections: magnitude or WANDA, "
-                       "per row or N:M", description="prune a model (magnitude or WANDA)")
+    p = sub.add_parser("prune", help="prune projections: magnitude or WANDA, per row or N:M",
+                       description="prune a model (magnitude or WANDA)")
     p.add_argument("--model", metavar="BASE",
                    help="our checkpoint or an HF LLaMA dir (default: the built-in base)")
     p.add_argument("--method", default="wanda", choices=("wanda", "magnitude"))
