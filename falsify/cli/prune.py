@@ -14,7 +14,6 @@ input, 4 self-check failed.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from rich.console import Console
@@ -44,7 +43,9 @@ def expected_sparsity(plan, n_in: int) -> float:
     if plan.pattern is not None:
         keep, m = plan.pattern
         return (m - keep) / m
-    return math.floor(plan.sparsity * n_in) / n_in
+    from falsify.reference.pruning import n_pruned
+
+    return n_pruned(plan.sparsity, n_in) / n_in
 
 
 def cmd_prune(args) -> int:
