@@ -40,14 +40,18 @@ def _prune_lowest(w, score, k):
     return np.where(keep > 0, w, 0.0), keep
 
 
-def wanda(w, xnorm, sparsity):
-    w, xnorm = _check(w, xnorm, "wanda")
+def _scored(w, xnorm, sparsity, name):
+    w, xnorm = _check(w, xnorm, name)
     return _prune_lowest(w, np.abs(w) * xnorm, n_pruned(sparsity, w.shape[1]))
+
+
+def wanda(w, xnorm, sparsity):
+    return _scored(w, xnorm, sparsity, "wanda")
 
 
 def magnitude(w, sparsity):
     w = np.asarray(w, dtype=np.float64)
-    return wanda(w, np.ones(w.shape[1] if w.ndim == 2 else 0), sparsity)
+    return _scored(w, np.ones(w.shape[1] if w.ndim == 2 else 0), sparsity, "magnitude")
 
 
 def n_m(w, xnorm, n, m):

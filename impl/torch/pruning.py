@@ -29,18 +29,24 @@ def _prune_lowest(w, score, k):
         keep.to(w.dtype)
 
 
-@torch.no_grad()
-def wanda(w: torch.Tensor, xnorm: torch.Tensor, sparsity: float):
-    _check(w, xnorm, "wanda")
+def _scored(w, xnorm, sparsity, name):
+    _check(w, xnorm, name)
     score = w.double().abs() * xnorm.double()
     return _prune_lowest(w, score, n_pruned(sparsity, w.shape[1]))
 
 
 @torch.no_grad()
+def wanda(w: torch.Tensor, xnorm: torch.Tensor, sparsity: float):
+    return _scored(w, xnorm, sparsity, "wanda")
+
+
+@torch.no_grad()
 def magnitude(w: torch.Tensor, sparsity: float):
     if isinstance(w, torch.Tensor) and w.dim() == 2:
-        return wanda(w, torch.ones(w.shape[1], dtype=w.dtype, device=w.device), sparsity)
-    return wanda(w, torch.ones(0), sparsity)
+        ones = torch.ones(w.shape[1], dtype=w.dtype, device=w.device)
+    else:
+        ones = torch.ones(0)
+    return _scored(w, ones, sparsity, "magnitude")
 
 
 @torch.no_grad()
