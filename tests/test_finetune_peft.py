@@ -314,3 +314,24 @@ def test_export_cli_refuses_bad_input_in_one_line(trained, tmp_path, capsys):
         text = err.out + err.err
         assert words in text and "Traceback" not in text, (argv, text)
     assert not (tmp_path / "o").exists() and not (base / "inner").exists()
+
+
+def test_eval_scores_an_adapter_and_an_hf_export(trained, tmp_path, capsys):
+    """`falsify eval` takes what the other commands write: an adapter on its recorded base, and
+    an HF-layout export; the perplexity of the same weights is the same through both routes."""
+    from falsify.cli import main
+
+    base, adapter, _ = trained["lora"]
+    common = ["--limit", "2", "--samples", "1", "--k", "1", "--temperature", "0",
+              "--max-new-tokens", "8", "--format", "json"]
+    assert main(["eval", "--adapter", str(adapter), *common]) == 0
+    with_adapter = json.loads(capsys.readouterr().out)
+    assert with_adapter["model"].endswith(f"+ adapter {adapter}")
+    assert main(["export", str(base), "--out", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(tmp_path / "hf"), *common]) == 0
+    via_hf = json.loads(capsys.readouterr().out)
+    assert main(["eval", "--model", str(base), *common]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert via_hf["perplexity"] == direct["perplexity"]  # bit-identical weights, same kernels
+    assert with_adapter["perplexity"]["perplexity"] != direct["perplexity"]["perplexity"]
