@@ -16,9 +16,11 @@ kernel-enforced (they hold whatever the program does, C code included, and as ro
     CLONE_NEWUSER|NEWNET without root), where the kernel allows one;
   - wall clock: the parent kills the whole process group after `wall_s`.
 interpreter-level (an audit hook, PEP 578; it cannot be removed once installed)
-  - any write, rename, removal, chmod or link outside the working directory is refused. This
-    is the one containment C code could step around: a program that needs to write elsewhere
-    must first load C code, and ctypes, cffi and the like are refused at import;
+  - any write, rename, removal, chmod or link outside the working directory is refused, and
+    any read outside it and the Python installation (so a program cannot copy the user's
+    files into its output, the one channel it has). This is the one containment C code could
+    step around: a program that needs to reach elsewhere must first load C code, and ctypes,
+    cffi and the like are refused at import;
   - the process, socket and signal calls above fail earlier, with a message naming the call.
 
 The result records what was in force (`containment`). Without libseccomp the bootstrap stops
@@ -142,25 +144,32 @@ PATHS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.rename": 2, "os.link"
          "os.symlink": 2, "os.chmod": 1, "os.chown": 1, "os.truncate": 1, "os.utime": 1,
          "shutil.rmtree": 1, "shutil.copyfile": 2, "shutil.move": 2}
 real = os.path.realpath
+READABLE = [real(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]  # the stdlib
+DEVICES = {"/dev/null", "/dev/urandom", "/dev/random"}
+WRITE_FLAGS = 3 | os.O_CREAT | os.O_TRUNC  # O_WRONLY/O_RDWR, or a create or a truncate
+
+def under(r, roots):
+    return any(r == d or r.startswith(d + os.sep) for d in roots)
 
 def inside(p):
-    try:
-        p = os.fsdecode(p)
-    except TypeError:
-        return False  # a file descriptor: it was opened, and checked, before
-    r = real(os.path.join(work, p))
-    return r == work or r.startswith(work + os.sep)
+    return under(real(os.path.join(work, os.fsdecode(p))), [work])
+
+def readable(p):
+    r = real(os.path.join(work, os.fsdecode(p)))
+    return r in DEVICES or under(r, [work] + READABLE)
 
 def hook(event, args):
     if event in DENY:
         raise PermissionError(f"sandbox: {event} is not allowed")
     if event == "import" and args[0].split(".")[0] in DENY_IMPORT:
         raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-    if event == "open":
+    if event == "open" and isinstance(args[0], (str, bytes)):  # an fd was checked when opened
         path, mode, flags = args
-        writes = (mode and any(c in mode for c in "wax+")) or (flags and flags & 3)
-        if writes and isinstance(path, (str, bytes)) and not inside(path):
+        writes = (mode and any(c in mode for c in "wax+")) or (flags and flags & WRITE_FLAGS)
+        if writes and not inside(path):
             raise PermissionError(f"sandbox: writing {path} is not allowed")
+        if not readable(path):
+            raise PermissionError(f"sandbox: reading {path} is not allowed")
     n = PATHS.get(event)
     if n:
         for p in args[:n]:
