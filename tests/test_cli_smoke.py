@@ -44,6 +44,7 @@ SMOKE = {
     "falsify generate": "tests/test_finetune_peft.py::test_generate_cli_adapter_and_merged_agree",
     "falsify eval": "tests/test_eval.py::test_eval_cli_end_to_end",
     "falsify prune": "tests/test_prune.py::test_prune_cli_prunes_exactly_and_reports_perplexity",
+    "falsify quantize": "tests/test_quantize_model.py::test_quantize_cli_and_perplexity_bound",
     "falsify export": "tests/test_finetune_peft.py::"
                       "test_export_cli_model_loads_in_transformers_with_its_tokenizer",
     "pv validate": f"{HERE}::test_pv_verbs",
