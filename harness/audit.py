@@ -116,6 +116,10 @@ def _executed(c: Contract) -> dict[str, dict[str, set[str]]]:
         if t.kind == "gradient" and t.spec.get("backward"):
             # the reference backward runs on every gradient check (as the oracle)
             out.setdefault(t.spec["backward"], {}).setdefault("reference", set()).add("oracle")
+        if t.kind == "roundtrip" and t.spec.get("inverse"):
+            # the inverse runs on the check's own backend, and the relation judges it
+            for b in backends_of(c, t):
+                out.setdefault(t.spec["inverse"], {}).setdefault(b, set()).add(t.kind)
     return out
 
 

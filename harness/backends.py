@@ -158,7 +158,12 @@ def args_for(backend: str, case: Case, spec_args: dict, requires_grad: tuple = (
 
 
 def to_numpy(x):
-    """Any output (tensor, array, scalar) → float64/int numpy array."""
+    """Any output (tensor, array, scalar) → float64/int numpy array; a str (decoded text) →
+    a 0-d object array holding it unchanged (numpy's own str arrays drop trailing NULs)."""
+    if isinstance(x, str):
+        out = np.empty((), dtype=object)
+        out[()] = x
+        return out
     try:
         import torch
     except ImportError:  # the reference path works without torch

@@ -6,11 +6,12 @@ bfloat16 values are float32 numbers representable in bf16), so that every backen
 reference included — sees exactly the same numbers.
 
 Strategies are composed from small named pieces: `dim_strategy`, `array_strategy`,
-`param_strategy`, `case_strategy`.
+`text_strategy`, `param_strategy`, `case_strategy`.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,6 +188,128 @@ def with_special(elements, argspec: dict):
     return elements
 
 
+# ------------------------------------------------------------------------------------ text
+# A `text:` argument is a Python str: drawn characters with pieces spliced in. Its alphabets:
+#   unicode   every code point that UTF-8 can encode (all planes, unassigned ones included;
+#             surrogates excluded: they are not valid UTF-8), with EDGE_CHARS mixed in
+#   assigned  the code points the running Python's Unicode database assigns (category not Cn,
+#             no surrogates), with EDGE_CHARS mixed in: for checks whose oracle classifies
+#             characters (letters, digits), which only agree on characters both sides know
+#   ascii     code points 0..127
+TEXT_ALPHABETS = ("unicode", "assigned", "ascii")
+# Characters where text processing goes wrong, drawn often instead of by luck, in groups (so
+# that each group is drawn about equally often: hypothesis favours early list entries): NUL,
+# controls and line breaks; every kind of space; combining marks, zero-width joiner and
+# variation selector; emoji (astral plane, a skin-tone modifier); letters and digits outside
+# ASCII, the BOM and the last code point.
+EDGE_GROUPS = ("\x00\t\n\r\x0b\x0c\x1c\x85\u2028\u2029",
+               " \xa0\u1680\u2000\u200b\u3000",
+               "\u0301\u0308\u0327\u20dd\u200d\ufe0f",
+               "\U0001f600\U0001f44d\U0001f3fd\U0001f469",
+               "\u00e9\u4e00\u0661\u00bd\ufeff\U0010ffff")
+EDGE_CHARS = "".join(EDGE_GROUPS)
+# Runs of whitespace are spliced in as pieces: a tokenizer's pre-split treats a run and its
+# last character differently (GPT-2's `\s+(?!\S)`), which single characters never show.
+WHITESPACE_RUN_CHARS = " \t\n\r\u3000\xa0"
+MAX_SPLICES = 4
+DEFAULT_TEXT_MAX = 64
+_MAX_CODE_POINT = 0x10FFFF
+
+
+def _is_surrogate(cp: int) -> bool:
+    return 0xD800 <= cp <= 0xDFFF
+
+
+def _text_fields(argspec: dict, where: str) -> tuple[str, int, int, list[str]]:
+    t = argspec["text"]
+    alphabet = t.get("alphabet", "unicode")
+    if alphabet not in TEXT_ALPHABETS:
+        raise InputError(f"{where}.text.alphabet: {alphabet!r} is not one of "
+                         f"{', '.join(TEXT_ALPHABETS)}")
+    lo, hi = int(t.get("min_size", 0)), int(t.get("max_size", DEFAULT_TEXT_MAX))
+    if not 0 <= lo <= hi:
+        raise InputError(f"{where}.text: min_size {lo} and max_size {hi} must satisfy "
+                         "0 <= min_size <= max_size")
+    return alphabet, lo, hi, list(t.get("special") or [])
+
+
+def _edge_groups(alphabet: str) -> list[str]:
+    if alphabet == "assigned":  # U+10FFFF is a noncharacter: category Cn
+        return ["".join(c for c in g if unicodedata.category(c) != "Cn") for g in EDGE_GROUPS]
+    return list(EDGE_GROUPS)
+
+
+def _char_strategy(alphabet: str):
+    if alphabet == "ascii":
+        return st.characters(codec="ascii")
+    exclude = ("Cs", "Cn") if alphabet == "assigned" else ("Cs",)
+    # `.map(str)` keeps each group a separate branch: hypothesis folds a bare sampled_from of
+    # characters into the characters() strategy it is a subset of, and the bias is lost
+    return st.one_of(st.characters(codec="utf-8", exclude_categories=exclude),
+                     *(st.sampled_from(g).map(str) for g in _edge_groups(alphabet)))
+
+
+def _splice(base: str, splices) -> str:
+    """Insert (position, piece) pairs; positions index `base`, so pieces never split each
+    other and a piece may sit glued to drawn text on either side."""
+    out = base
+    for pos, piece in sorted(splices, key=lambda s: s[0], reverse=True):
+        pos = min(pos, len(base))
+        out = out[:pos] + piece + out[pos:]
+    return out
+
+
+def text_strategy(argspec: dict, where: str):
+    """A drawn str: `min_size`..`max_size` characters of the alphabet, then up to MAX_SPLICES
+    pieces inserted at drawn positions — the `special` strings (special tokens, fragments of
+    the language under test) and whitespace runs. Hypothesis shrinks toward fewer splices and
+    shorter text, so a failure prints a minimal string."""
+    alphabet, lo, hi, special = _text_fields(argspec, where)
+    base = st.text(_char_strategy(alphabet), min_size=lo, max_size=hi)
+    ws = st.text(st.sampled_from(WHITESPACE_RUN_CHARS), min_size=2, max_size=6)
+    if alphabet == "ascii":
+        ws = st.text(st.sampled_from(" \t\n\r"), min_size=2, max_size=6)
+    piece = st.one_of(st.sampled_from(special), ws) if special else ws
+    splices = st.lists(st.tuples(st.integers(0, hi), piece), max_size=MAX_SPLICES)
+    return st.tuples(base, splices).map(lambda t: _splice(*t))
+
+
+def _sample_char(alphabet: str, rng: np.random.Generator) -> str:
+    if alphabet == "ascii":
+        return chr(int(rng.integers(128)))
+    while True:
+        u = rng.random()
+        if u < 0.25:
+            groups = _edge_groups(alphabet)
+            g = groups[int(rng.integers(len(groups)))]
+            return g[int(rng.integers(len(g)))]
+        # half from the Basic Multilingual Plane (most text), the rest from every plane
+        cp = int(rng.integers(0x10000 if u < 0.75 else _MAX_CODE_POINT + 1))
+        if _is_surrogate(cp):
+            continue
+        c = chr(cp)
+        if alphabet == "assigned" and unicodedata.category(c) == "Cn":
+            continue
+        return c
+
+
+def sample_text(argspec: dict, rng: np.random.Generator, where: str) -> str:
+    """The seeded sampler's draw of a text argument (pinned examples, statistical checks):
+    the same alphabets, sizes and splices as `text_strategy`."""
+    alphabet, lo, hi, special = _text_fields(argspec, where)
+    base = "".join(_sample_char(alphabet, rng) for _ in range(int(rng.integers(lo, hi + 1))))
+    run_chars = " \t\n\r" if alphabet == "ascii" else WHITESPACE_RUN_CHARS
+    splices = []
+    for _ in range(int(rng.integers(MAX_SPLICES + 1))):
+        if special and rng.random() < 0.75:
+            piece = special[int(rng.integers(len(special)))]
+        else:
+            piece = "".join(run_chars[int(rng.integers(len(run_chars)))]
+                            for _ in range(int(rng.integers(2, 7))))
+        splices.append((int(rng.integers(len(base) + 1)), piece))
+    return _splice(base, splices)
+
+
 def param_strategy(spec):
     """Check params: [lo, hi] numbers → floats (or ints), any other list → choices."""
     if len(spec) == 2 and all(isinstance(v, (int, float)) for v in spec) and spec[0] <= spec[1]:
@@ -201,6 +324,8 @@ def _arg_value(draw, argspec, dims, dtype, where):
         return argspec["const"]
     if "choices" in argspec:
         return draw(st.sampled_from(argspec["choices"]))
+    if "text" in argspec:
+        return draw(text_strategy(argspec, where))
     adt = arg_dtype(argspec, dtype)
     shape = shape_of(argspec, dims, where + ".shape")
     if "shape" not in argspec:  # a drawn scalar
@@ -274,6 +399,8 @@ def sample_case(spec: dict, dtype: str, rng: np.random.Generator, params: dict |
             args[name] = a["const"]
         elif "choices" in a:
             args[name] = a["choices"][int(rng.integers(len(a["choices"])))]
+        elif "text" in a:
+            args[name] = sample_text(a, rng, w)
         else:
             adt = arg_dtype(a, dtype)
             seed = int(rng.integers(2**32))

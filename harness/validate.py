@@ -49,6 +49,9 @@ Errors (native mode):
        arguments its input does not have; or a compile check on a backend other than torch
   V030 an equation with a backward on torch (a gradient check runs it there) whose compile
        checks never name a `gradient`: forward compiled, backward not
+  V031 a `text:` argument that cannot be drawn as declared: min_size > max_size, or combined
+       with a field of another argument form (shape, values, const, ...), which would be
+       ignored
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -357,6 +360,7 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                 "no bindings: nothing can be executed against this contract", native_only=True,
                 warn_rule="W106")
     _input_names(ctx, c)
+    _input_texts(ctx, c)
     obligation_ids = {o.id for o in c.obligations}
     # Checks
     for t in c.checks:
@@ -432,6 +436,35 @@ def _input_names(ctx, c: Contract) -> None:
                             f"{where[:-1]} {n!r} has the name of a value the harness binds in "
                             "expressions; rename it" + (
                                 " (only an argument may be named `eps`)" if n == "eps" else ""))
+
+
+# the fields of the array and scalar argument forms; a `text:` argument is a str, so any of
+# them beside it would be silently ignored
+_NOT_WITH_TEXT = ("shape", "dtype", "values", "special", "const", "choices", "dense", "poison",
+                  "init", "scale")
+
+
+def _input_texts(ctx, c: Contract) -> None:
+    """V031 for `text:` arguments (harness/cases.py draws them)."""
+    for iname, spec in c.inputs.items():
+        args = spec.get("args") if isinstance(spec, dict) else None
+        for n, a in (args if isinstance(args, dict) else {}).items():
+            if not (isinstance(a, dict) and isinstance(a.get("text"), dict)):
+                continue
+            path, field_ = ("inputs", iname, "args", n), f"inputs.{iname}.args.{n}"
+            clash = [k for k in _NOT_WITH_TEXT if k in a]
+            if clash:
+                ctx.add("V031", path, field_,
+                        f"argument {n!r} is a `text:` string; {', '.join(clash)} belong to "
+                        "array and scalar arguments and would be ignored (text options go "
+                        "inside `text:`)")
+            t = a["text"]
+            lo, hi = t.get("min_size", 0), t.get("max_size", cases.DEFAULT_TEXT_MAX)
+            if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+                ctx.add("V031", path + ("text",), field_ + ".text",
+                        f"argument {n!r}: min_size {lo} > max_size {hi}" + (
+                            f" (max_size defaults to {cases.DEFAULT_TEXT_MAX})"
+                            if "max_size" not in t else ""))
 
 
 _ARG_EXPRS = ("relation", "statistic")  # expressions evaluated with the input arguments bound

@@ -644,3 +644,13 @@ def test_v030_compile_check_that_leaves_the_backward_out(tmp_path):
     p, findings = run(tmp_path, text, name="rmsnorm-kernel-v1.yaml")
     (f,) = only(findings, "V030", "error")
     assert "forward compiled, backward not" in f.message and "FALSIFY-RN-006" in f.message
+
+
+def test_v031_text_argument_with_array_fields_or_sizes_out_of_order(tmp_path):
+    """More `text:` cases (drawing, plumbing) are in tests/test_text_inputs.py."""
+    text = edit(base_text(), "inputs:\n", "inputs:\n  words:\n    dtypes: [int64]\n    args:\n"
+                "      s: {text: {min_size: 9, max_size: 3}, shape: [3]}\n")
+    fs = only(run(tmp_path, text)[1], "V031", "error")
+    assert {f.line for f in fs} == {line_of(text, "s: {text:")}
+    assert any("shape" in f.message for f in fs) and any("min_size 9 > max_size 3" in f.message
+                                                          for f in fs)
