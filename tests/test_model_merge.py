@@ -1,6 +1,11 @@
 """`falsify merge --method`: whole models merged tensor by tensor with the merging kernels.
 Each method is checked on a case whose answer is known exactly from another route (endpoints,
-a task vector no other model disputes, an average), and bad requests are refused."""
+a task vector no other model disputes, an average), and bad requests are refused.
+
+The same over adapters (--models naming adapter directories): task vectors ΔW_i = s_i·B_i·A_i
+on the shared base, through the same kernels; linear (1, 0) is merging adapter 1 alone,
+(0.5, 0.5) is base + mean of deltas, TIES and DARE keep their sparsity and seed properties, and
+adapters of different bases, slerp, or a mix of models and adapters are refused."""
 
 from __future__ import annotations
 
@@ -8,8 +13,12 @@ import pytest
 import torch
 
 from falsify.impl.llm import finetune as FT
+from falsify.impl.llm import lora_model as LM
 from falsify.impl.llm import model_merge as MM
-from tests.test_finetune import make_tokenizer, write_base
+from falsify.reference.merging import dare_keep, n_kept
+from tests.test_finetune import make_tokenizer, shipped_records, write_base, write_jsonl
+
+U = 2.0**-24  # fp32 unit roundoff: a rounding to fp32 errs by at most U·|value|
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +125,127 @@ def test_models_of_another_architecture_are_refused(models, tmp_path, capsys):
     odd = write_ours(other, tmp_path / "odd", None, {})
     rc, _ = _merge(tmp_path, "--method", "linear", "--models", str(models[0]), str(odd))
     assert rc == 2 and "num_layers = 1" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- adapters
+@pytest.fixture(scope="module")
+def adapters(models, tmp_path_factory):
+    """Two LoRA adapters on models[0] (different seeds, a few steps: B ≠ 0) and one on
+    models[1], trained through the CLI."""
+    from falsify.cli import main
+
+    root = tmp_path_factory.mktemp("mma")
+    data = write_jsonl(root / "d.jsonl", shipped_records(16))
+    out = []
+    for i, (base, seed) in enumerate(((models[0], 1), (models[0], 2), (models[1], 1))):
+        run = root / f"run{i}"
+        assert main(["finetune", "--method", "lora", "--model", str(base), "--data", str(data),
+                     "--out", str(run), "max_steps=2", "batch_size=4", "lora_r=4", "lr=3e-2",
+                     f"seed={seed}", "val_split=0", "sample_count=0", "progress=false",
+                     "backend=torch"]) == 0
+        out.append(run / "adapter")
+    return out
+
+
+def _deltas(base, adapter):
+    """ΔW = s·B·A per projection weight, float64, from the adapter as loaded."""
+    model = LM.load_adapter(FT.load_base(base, "torch", need_tokenizer=False).model, adapter)
+    return {f"{n}.weight": m.scale() * (m.lora_B.weight.double() @ m.lora_A.weight.double())
+            for n, m in LM.adapted_layers(model) if m.has_adapter}
+
+
+def test_adapters_linear_1_0_is_merging_adapter_1_alone(models, adapters, tmp_path, capsys):
+    from falsify.cli import main
+
+    rc, out = _merge(tmp_path, "--method", "linear", "--models", str(adapters[0]),
+                     str(adapters[1]), "--weights", "1,0")
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "task vectors" in text and text.count("perplexity on held-out code") == 4
+    assert main(["merge", "--adapter", str(adapters[0]), "--out", str(tmp_path / "one"),
+                 "--layout", "ours"]) == 0
+    got, want = _state(out), _state(tmp_path / "one" / "ours")
+    d = _deltas(models[0], adapters[0])
+    assert set(d) and set(got) == set(want)
+    for k in got:
+        if k not in d:  # embedding, norms: the base's own tensors
+            assert torch.equal(got[k], want[k]), k
+            continue
+        # 1·ΔW_1 + 0·ΔW_2 is exact, so the only difference: ΔW_1 rounded to fp32 before the
+        # sum (≤ U·|ΔW_1|), and the sum rounded once on each side (≤ U·|W'| each)
+        tol = U * (d[k].abs() + 2 * want[k].double().abs())
+        assert torch.all((got[k].double() - want[k].double()).abs() <= tol), k
+
+
+def test_adapters_linear_half_half_is_base_plus_mean_delta(models, adapters, tmp_path):
+    rc, out = _merge(tmp_path, "--method", "linear", "--models", str(adapters[0]),
+                     str(adapters[1]), "--weights", "0.5,0.5", "--no-perplexity")
+    assert rc == 0
+    got, base = _state(out), _state(models[0])
+    d1, d2 = _deltas(models[0], adapters[0]), _deltas(models[0], adapters[1])
+    for k in got:
+        if k not in d1:
+            assert torch.equal(got[k], base[k]), k
+            continue
+        mean = (d1[k] + d2[k]) / 2
+        want = base[k].double() + mean
+        # ΔW_i rounded to fp32 (halving is exact): ≤ U·|ΔW_i|/2 each; their sum and W + mean
+        # rounded once each: ≤ U·|mean|, U·|W'|
+        tol = U * (d1[k].abs() / 2 + d2[k].abs() / 2 + mean.abs() + want.abs()) * (1 + 1e-6)
+        assert torch.all((got[k].double() - want).abs() <= tol), k
+        assert not torch.equal(got[k], base[k]), k  # the deltas did move it
+
+
+def test_adapters_ties_keeps_only_the_top_density_of_each_task_vector(models, adapters,
+                                                                      tmp_path):
+    rc, out = _merge(tmp_path, "--method", "ties", "--models", str(adapters[0]),
+                     "--density", "0.2", "--no-perplexity")
+    assert rc == 0
+    got, base = _state(out), _state(models[0])
+    d = _deltas(models[0], adapters[0])
+    for k, dk in d.items():
+        k_kept = n_kept(0.2, dk.numel())
+        top = torch.zeros(dk.numel(), dtype=torch.bool)
+        top[torch.argsort(-dk.float().abs().reshape(-1), stable=True)[:k_kept]] = True
+        top = top.reshape(dk.shape)
+        changed = got[k] != base[k]
+        assert torch.all(top | ~changed), k  # nothing outside the kept 20 % moved
+        assert int(changed.sum()) > k_kept // 2, k
+        want = base[k].double() + dk
+        tol = U * (dk.abs() + 2 * want.abs())
+        assert torch.all(((got[k].double() - want).abs() <= tol) | ~top), k
+
+
+def test_adapters_dare_is_seeded_and_drops_what_its_mask_drops(models, adapters, tmp_path):
+    args = ["--method", "dare", "--models", str(adapters[0]), "--drop", "0.5",
+            "--no-perplexity"]
+    rc, out = _merge(tmp_path, *args, "--seed", "3")
+    first = _state(out)
+    rc2, out = _merge(tmp_path, *args, "--seed", "3")
+    assert rc == rc2 == 0 and all(torch.equal(first[k], _state(out)[k]) for k in first)
+    rc, out = _merge(tmp_path, *args, "--seed", "4")
+    assert any(not torch.equal(first[k], _state(out)[k]) for k in first)
+    base, d = _state(models[0]), _deltas(models[0], adapters[0])
+    for k, dk in d.items():
+        keep = torch.from_numpy(dare_keep(MM.tensor_seed(3, k), (1, *dk.shape), 0.5)[0])
+        assert torch.equal(first[k][~keep], base[k][~keep]), k  # dropped: the base, exactly
+        want = base[k].double() + dk * 2  # kept: rescaled by 1/(1 − p)
+        tol = U * (2 * dk.abs() + 2 * want.abs())
+        assert torch.all((first[k].double() - want).abs()[keep] <= tol[keep]), k
+
+
+@pytest.mark.parametrize("which, words", [
+    ("other-base", "trained on different bases"),
+    ("model", "mixes adapters"),
+    ("slerp", "not task vectors"),
+])
+def test_bad_adapter_merges_are_refused(models, adapters, tmp_path, which, words, capsys):
+    argv = {"other-base": ["--method", "linear", "--models", str(adapters[0]),
+                           str(adapters[2])],
+            "model": ["--method", "linear", "--models", str(adapters[0]), str(models[0])],
+            "slerp": ["--method", "slerp", "--models", str(adapters[0]), str(adapters[1])],
+            }[which]
+    rc, out = _merge(tmp_path, *argv, "--no-perplexity")
+    text = "".join(capsys.readouterr())
+    assert rc == 2 and words in text and "Traceback" not in text, text
+    assert not out.exists()

@@ -44,7 +44,8 @@ VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--
                "--dpo-beta": "dpo_beta", "--seed": "seed"}
 BOOL_FLAGS = {"--train-on-prompt": "train_on_prompt", "--shuffle": "shuffle",
               "--grad-checkpoint": "activation_checkpointing",
-              "--double-quant": "double_quant", "--progress": "progress"}
+              "--double-quant": "double_quant", "--progress": "progress",
+              "--keep-masks": "keep_masks"}
 
 
 def register(sub) -> None:
@@ -135,7 +136,10 @@ def _summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> 
                   f"{mem['projections_fp32'] / 2**20:.2f} MiB fp32 "
                   f"(x{mem['projections_ratio']:.3f}); adapters "
                   f"{mem['adapters'] / 2**20:.2f} MiB")
-    if r.adapter_dir:
+    if r.adapter_dir and cfg.keep_masks:
+        console.print(f"adapter (masked: not PEFT, merge it with `falsify merge --adapter`): "
+                      f"{r.adapter_dir}")
+    elif r.adapter_dir:
         console.print(f"adapter (PEFT format): {r.adapter_dir}")
     if r.checkpoint:
         console.print(f"checkpoint: {r.checkpoint}")

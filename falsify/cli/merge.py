@@ -1,5 +1,6 @@
 """`falsify merge --adapter DIR [--model BASE] --out DIR [--layout ours,hf]`
 `falsify merge --method linear|slerp|ties|dare --models A B [...] [--base B0] --out DIR`
+(A, B, ...: models, or adapter directories of one base)
 
 With --adapter: writes a merged full-precision model: every adapted projection becomes
 W' = deq(W) + (α/r)·B·A (deq = the NF4 dequantization the adapter was trained against, for
@@ -13,7 +14,15 @@ With --method: merges whole models (ours or HF layout, one architecture) tensor 
 the contract-checked merging kernels (impl/llm/model_merge.py): linear (--weights), slerp from
 the first model to the second (--t), TIES (--base, --density, --lambda, --weights) or
 DARE-linear (--base, --drop, --seed, --weights); it reports the perplexity on held-out code of
-every input and of the result.
+every input and of the result. --models may instead name adapter directories trained on one
+base (linear, ties, dare): their task vectors ΔW_i = s_i·B_i·A_i go through the same kernels
+with the base's ΔW = 0 as TIES/DARE's base, and the merged model is base + merged ΔW. --base
+then names that base (default: the one the first adapter records); adapters of different
+bases, and a mix of adapters and models, are refused.
+
+A masked adapter (`falsify finetune --keep-masks` on a `falsify prune` output) merges to
+W + M ⊙ (s·B·A): every pruned weight stays exactly 0, and the masks are written beside the
+merged weights (masks.safetensors) so a later fine-tune can keep them again.
 
 Exit codes: 0 done, 2 error, 4 self-check failed.
 """
@@ -49,9 +58,10 @@ def register(sub) -> None:
     mode.add_argument("--method", choices=("linear", "slerp", "ties", "dare"),
                       help="merge --models tensor by tensor")
     p.add_argument("--models", nargs="+", metavar="DIR", default=[],
-                   help="with --method: the models (ours or HF layout, one architecture)")
+                   help="with --method: the models (ours or HF layout, one architecture), or "
+                   "adapter directories trained on one base (linear, ties, dare)")
     p.add_argument("--base", metavar="DIR", help="with ties/dare: the model task vectors are "
-                   "taken against")
+                   "taken against; with adapters: their shared base (default: the recorded one)")
     p.add_argument("--weights", default=None, help="comma-separated, one per model "
                    "(default: equal)")
     p.add_argument("--t", type=float, default=0.5, help="slerp: 0 = first model, 1 = second")
@@ -100,14 +110,18 @@ def probe_tolerance(model, logits: torch.Tensor) -> float:
     return 8 * (2 * c.num_layers + 1) * math.sqrt(k) * U32 * float(logits.abs().max())
 
 
-def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict) -> Path:
-    """Our layout: model.safetensors + state.json (with the model config), atomically."""
+def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict,
+               masks: dict | None = None) -> Path:
+    """Our layout: model.safetensors + state.json (with the model config), atomically; with
+    `masks`, the pruning masks in masks.safetensors beside the weights."""
     from safetensors.torch import save_file
 
     def fill(tmp: Path):
         sd = {k: v.detach().to("cpu", torch.float32).contiguous()
               for k, v in model.state_dict().items()}
         save_file(sd, str(tmp / "model.safetensors"))
+        if masks is not None:
+            LM.save_masks(masks, tmp / LM.MASKS_FILE)
         (tmp / "state.json").write_text(json.dumps(
             {"step": 0, "time": time.time(), "config": {"model": model.cfg.to_dict()},
              "merged_from": meta}, indent=1, default=str))
@@ -139,11 +153,14 @@ def cmd_merge(args) -> int:
         out = Path(args.out)
         meta = {"adapter": str(Path(args.adapter).resolve()), "base": base.source,
                 "lora": side.get("lora_spec")}
+        masks = LM.model_masks(model)  # a masked adapter: the merged model stays pruned
         written = []
         if "ours" in layouts:
-            written.append(write_ours(merged, out / "ours", tok, meta))
+            written.append(write_ours(merged, out / "ours", tok, meta, masks=masks))
         if "hf" in layouts:
             written.append(hf.export_hf(merged, out / "hf", tok))
+            if masks is not None:
+                LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
     except (ConfigError, DataError, LM.LoraConfigError, FileNotFoundError) as e:
         console.print(f"[bold red]error:[/] {e}")
         return 2
@@ -173,6 +190,80 @@ def cmd_merge(args) -> int:
 
 
 
+def is_adapter_dir(path: str) -> bool:
+    return (Path(path) / LM.FALSIFY_META).is_file()
+
+
+def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
+    """--method over adapter directories: task vectors on their shared base (model_merge.
+    merge_adapters). --base, if given, names that base; otherwise the one the first adapter
+    records. Every adapter must have been trained on it (fingerprints)."""
+    from falsify.impl.llm import model_merge as MM
+
+    try:
+        spec.validate(len(args.models), True)  # the shared base is the task vectors' origin
+        sides = [json.loads((Path(a) / LM.FALSIFY_META).read_text()) for a in args.models]
+        fps = [sd.get("base_fingerprint") for sd in sides]
+        for a, fp in zip(args.models, fps):
+            if not fp:
+                raise MM.MergeError(f"{a}: {LM.FALSIFY_META} records no base fingerprint: "
+                                    "cannot tell which base it was trained on")
+        for a, fp in zip(args.models[1:], fps[1:]):
+            if fp != fps[0]:
+                raise MM.MergeError(f"{a} and {args.models[0]} were trained on different bases "
+                                    "(base fingerprints differ): adapters merge only over the "
+                                    "base they share")
+        base_path = args.base or sides[0].get("base_path")
+        if not base_path:
+            raise MM.MergeError(f"{args.models[0]} does not record its base; pass --base")
+        loaded = [load_adapted(a, base_path, args.backend) for a in args.models]
+        adapted = [m.eval() for m, _, _ in loaded]
+        base = loaded[0][1]
+        merged = MM.merge_adapters(spec, adapted, list(args.models)).eval()
+        masks = [LM.model_masks(m) for m in adapted]
+        keep = masks[0] if all(
+            mk is not None and set(mk) == set(masks[0])
+            and all(torch.equal(mk[k], masks[0][k]) for k in mk) for mk in masks) else None
+        tok_path = next((str(Path(a) / "tokenizer.json") for a in args.models
+                         if (Path(a) / "tokenizer.json").is_file()), base.tokenizer_path)
+        out = Path(args.out)
+        meta = {"method": args.method, "adapters": [str(Path(a).resolve()) for a in args.models],
+                "base": base.source, "spec": spec.__dict__}
+        written = []
+        if "ours" in layouts:
+            written.append(write_ours(merged, out / "ours", tok_path, meta, masks=keep))
+        if "hf" in layouts:
+            written.append(hf.export_hf(merged, out / "hf", tok_path))
+            if keep is not None:
+                LM.save_masks(keep, out / "hf" / LM.MASKS_FILE)
+    except (MM.MergeError, ConfigError, DataError, LM.LoraConfigError, FileNotFoundError,
+            ValueError) as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 2
+    console.print(f"merged {len(adapted)} adapter(s) by {args.method} on their task vectors "
+                  f"over {base.source}")
+    if keep is not None:
+        console.print("  every adapter keeps the same pruning masks: the merged model keeps "
+                      f"them too ({LM.MASKS_FILE})")
+    for w in written:
+        console.print(f"  wrote {w}")
+    if args.no_perplexity:
+        return 0
+    if tok_path is None:
+        console.print("note: no tokenizer found for these adapters: no perplexity reported")
+        return 0
+    from falsify.impl.llm import evaluate as EV
+
+    tok = data_mod.load_tokenizer(tok_path)
+    texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
+    rows = ([("base (as the adapters were trained against)", LM.base_as_trained(adapted[0]))]
+            + list(zip(args.models, adapted)) + [("merged", merged)])
+    for label, m in rows:
+        ppl = EV.perplexity(m, tok, texts)["perplexity"]
+        console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
+    return 0
+
+
 def merge_models_cmd(args, layouts: list[str], console) -> int:
     from falsify.impl.llm import evaluate as EV
     from falsify.impl.llm import model_merge as MM
@@ -184,6 +275,16 @@ def merge_models_cmd(args, layouts: list[str], console) -> int:
         return 2
     spec = MM.MergeSpec(args.method, weights, args.t, args.density, args.lam, args.drop,
                         args.seed)
+    adapters = [is_adapter_dir(m) for m in args.models]
+    if any(adapters):
+        if not all(adapters):
+            a = next(m for m, k in zip(args.models, adapters) if k)
+            b = next(m for m, k in zip(args.models, adapters) if not k)
+            console.print(f"[bold red]error:[/] --models mixes adapters ({a}) and models ({b}): "
+                          "give adapters trained on one base, or whole models (merge an "
+                          "adapter into its base first with `falsify merge --adapter`)")
+            return 2
+        return merge_adapters_cmd(args, spec, layouts, console)
     try:
         spec.validate(len(args.models), args.base is not None)
         loaded = [FT.load_base(m, args.backend, need_tokenizer=False) for m in args.models]

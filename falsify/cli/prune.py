@@ -4,7 +4,9 @@
 Prunes every attention and MLP projection of a model per output row (impl/llm/prune.py), with
 the masks from the contract-checked kernel (pruning-kernel-v1). WANDA's activation norms come
 from calibration windows of the shipped fine-tuning text. Writes OUT/ours (our layout, a
-`--model` for every other command) and OUT/hf (the HF layout), and OUT/prune.json with the
+`--model` for every other command) and OUT/hf (the HF layout), each with masks.safetensors (the
+kernel's keep masks, the source of truth for which weights are pruned: `falsify finetune
+--keep-masks` trains a delta that keeps them 0), and OUT/prune.json with the
 perplexity on held-out code before and after and each projection's achieved sparsity. Without
 --model it prunes the built-in base. The command checks its own output: every projection must
 have exactly the sparsity the plan asks for (exit 4 otherwise). Exit codes: 0 done, 2 bad
@@ -53,6 +55,7 @@ def cmd_prune(args) -> int:
     from falsify.impl.llm import evaluate as EV
     from falsify.impl.llm import finetune as FT
     from falsify.impl.llm import hf
+    from falsify.impl.llm import lora_model as LM
     from falsify.impl.llm import prune as P
     from falsify.impl.llm.config import ConfigError
     from falsify.impl.llm.data import DataError
@@ -74,7 +77,8 @@ def cmd_prune(args) -> int:
         if plan.method == "wanda":
             windows = P.calibration_ids(tok, args.calibration, model.cfg.max_seq_len)
             norms = P.activation_norms(model, windows)
-        stats = P.prune(model, plan, norms)
+        masks: dict = {}
+        stats = P.prune(model, plan, norms, masks)
         after = EV.perplexity(model, tok, held_out)
     except (P.PruneError, ConfigError, DataError) as e:
         raise UsageError(f"falsify prune: {e}") from None
@@ -83,11 +87,15 @@ def cmd_prune(args) -> int:
            if s != expected_sparsity(plan, weights[n].shape[1])}
     out = Path(args.out)
     meta = {"pruned_from": base.source, "plan": plan.describe()}
-    write_ours(model, out / "ours", base.tokenizer_path, meta)
+    write_ours(model, out / "ours", base.tokenizer_path, meta, masks=masks)
     hf.export_hf(model, out / "hf", base.tokenizer_path)
+    # HF loaders read model.safetensors only; the masks beside it let `falsify finetune
+    # --keep-masks` start from the HF layout as well
+    LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
     report = {**meta, "calibration_windows": args.calibration if norms else 0,
               "perplexity_before": before["perplexity"], "perplexity_after": after["perplexity"],
-              "held_out_tokens": before["tokens"], "sparsity": stats}
+              "held_out_tokens": before["tokens"], "sparsity": stats,
+              "masks": LM.MASKS_FILE}
     (out / "prune.json").write_text(json.dumps(report, indent=1))
     t = Table(title=f"falsify prune: {plan.describe()}")
     t.add_column("")

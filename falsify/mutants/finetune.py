@@ -67,6 +67,14 @@ def merge_scale_alpha(w, a, b, scale):
     return merge_weights(w, a, b, scale * r)
 
 
+def merge_masked_drops_mask(w, a, b, scale, mask):
+    """MUT: a masked adapter merged as a plain one: the dense delta refills the pruned
+    weights."""
+    from falsify.impl.llm.lora_model import merge_weights
+
+    return merge_weights(w, a, b, scale)
+
+
 def reward_weights_unclipped(rewards):
     """MUT: min-max without clipping to [−1, 1]: one outlier squeezes every other weight."""
     r = rewards.double()

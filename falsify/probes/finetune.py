@@ -113,7 +113,8 @@ class Run:
     """The real loop's pieces on the tiny model: adapters applied with the bound init/freeze,
     a FinetuneTrainer with the bound objectives, batches from the example sampler."""
 
-    def __init__(self, backend: str, examples: list, kind: str = "sft", seed: int = 0, **kw):
+    def __init__(self, backend: str, examples: list, kind: str = "sft", seed: int = 0,
+                 prune: float | None = None, **kw):
         import torch
 
         from falsify.impl.llm import finetune as FT
@@ -127,8 +128,16 @@ class Run:
         self.base = tiny_base(seed)
         self.original = {k: v.detach().clone() for k, v in self.base.state_dict().items()}
         self.model = tiny_base(seed)
+        self.masks = None
+        if prune is not None:  # magnitude-prune the base first and train with its masks kept
+            from falsify.impl.llm import prune as P
+
+            self.masks = {}
+            P.prune(self.model, P.parse_plan("magnitude", prune, None), None, self.masks)
         LM.apply_lora(self.model, FT.lora_spec(self.cfg), init=self.obj.lora_init,
                       freeze=self.obj.freeze_base)
+        if self.masks is not None:
+            LM.attach_masks(self.model, self.masks, "probe")
         self.model.activation_checkpointing = self.cfg.activation_checkpointing
         self.trainer = FT.FinetuneTrainer(self.model, self.cfg, torch.device("cpu"), None, kind,
                                           self.obj)
@@ -597,6 +606,45 @@ def merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
     tol = 8 * (2 * TINY["num_layers"] + 1) * math.sqrt(k) * U32 * float(a.abs().max())
     return {"merged_diff": float((a - m).abs().max()), "tol": tol,
             "adapter_effect": float((a - b).abs().max())}
+
+
+def masked_merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
+    """QFT-MSK-001. A 50 % magnitude-pruned base fine-tuned with its masks kept (the masked
+    delta M ⊙ s·B·A) and merged with the bound masked merge: every pruned weight of the merged
+    model is exactly 0.0, its logits equal the adapted model's within the fp32 op-order
+    tolerance, and the dense delta s·B·A is non-zero on pruned positions (a merge that drops
+    the mask refills them)."""
+    import torch
+
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm import prune as P
+
+    run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps,
+              lr=3e-2, prune=0.5)
+    for _ in range(steps):
+        run.step()
+    model = run.model.eval()
+    merged = LM.merge_lora(model, merge=_bound("merge", backend),
+                           merge_masked=_bound("merge_masked", backend)).eval()
+    weights = P.projection_weights(merged)
+    pruned_nonzero = dense_on_pruned = pruned = 0
+    for name, m in LM.adapted_layers(model):
+        off = ~run.masks[name]
+        pruned += int(off.sum())
+        pruned_nonzero += int((weights[name].detach()[off] != 0).sum())
+        dense = m.scale() * (m.lora_B.weight @ m.lora_A.weight).detach()
+        dense_on_pruned += int((dense[off] != 0).sum())
+    x = torch.randint(4, TINY["vocab_size"], (2, TINY["max_seq_len"]),
+                      generator=torch.Generator().manual_seed(seed + 9))
+    with torch.no_grad():
+        a, mo = model(x), merged(x)
+        with LM.adapters_disabled(model):
+            b = model(x)
+    k = max(TINY["hidden_size"], TINY["intermediate_size"])
+    tol = 8 * (2 * TINY["num_layers"] + 1) * math.sqrt(k) * U32 * float(a.abs().max())
+    return {"pruned": pruned, "pruned_nonzero": pruned_nonzero,
+            "dense_on_pruned": dense_on_pruned, "merged_diff": float((a - mo).abs().max()),
+            "tol": tol, "adapter_effect": float((a - b).abs().max())}
 
 
 def memory_run(backend, dtype="float32", double_quant=True):

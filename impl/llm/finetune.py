@@ -93,6 +93,9 @@ class FinetuneConfig(LoopConfig):
     double_quant: bool = True
     nf4_blocksize: int = 64
     rslora: bool = False
+    # train the masked delta W + M ⊙ (s·B·A) with the base's pruning masks (masks.safetensors,
+    # `falsify prune`), so the merged model keeps every pruned weight at exactly 0
+    keep_masks: bool = False
     # data
     train_on_prompt: bool = False
     seq_len: int | None = None  # null: the base's max_seq_len
@@ -437,6 +440,11 @@ class FinetuneRun:
     def load(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
         """The base model and the examples: split, reward weights, steps, sampler."""
         cfg = self.cfg
+        if base is None and cfg.keep_masks and not cfg.model:
+            # before the built-in base is trained: it is never pruned
+            raise FinetuneConfigError("config field keep_masks=true needs a pruned base: set "
+                                      "model to a `falsify prune` output (the built-in base "
+                                      "carries no masks)")
         if base is None:
             base = load_base(cfg.model, cfg.backend) if cfg.model else builtin_base(cfg, console)
         self.base, model = base, base.model
@@ -486,7 +494,18 @@ class FinetuneRun:
         cfg, base, model = self.cfg, self.base, self.base.model
         self.fingerprint = base_fingerprint(model)
         spec = lora_spec(cfg)
+        if cfg.keep_masks and base.masks is None:
+            raise FinetuneConfigError(
+                f"config field keep_masks=true: base {base.source} carries no pruning masks "
+                f"(no {LM.MASKS_FILE} next to its weights; `falsify prune` writes one)")
         LM.apply_lora(model, spec, init=self.obj.lora_init, freeze=self.obj.freeze_base)
+        masks_info = None
+        if cfg.keep_masks:
+            LM.attach_masks(model, base.masks, base.masks_path or base.source)
+            masks_info = {"path": base.masks_path, "sha256": LM.masks_digest(base.masks)}
+        elif base.masks is not None:
+            log.warning("base %s carries pruning masks but keep_masks=false: the adapter's "
+                        "delta is dense and a merge refills the pruned weights", base.source)
         model.activation_checkpointing = cfg.activation_checkpointing
         model.to(self.device)
         self.model = model
@@ -501,6 +520,7 @@ class FinetuneRun:
             "lora": {**asdict(spec), "targets": list(spec.targets), "scale": spec.scale},
             "model": model.cfg.to_dict(), "base": base_info, "data": data_info,
             "trainable_params": sum(p.numel() for p in self.trainer.params), "memory": mem,
+            "masks": masks_info,
             "device": str(self.device), **R.kernel_record(model)}
         self.out.mkdir(parents=True, exist_ok=True)
         R.atomic_write_text(self.out / "config.json",
@@ -639,11 +659,17 @@ class FinetuneRun:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
         cfg, base, result, model = self.cfg, self.base, self.result, self.model
         result.stopped = result.stopped or "max_steps"
-        result.adapter_dir = str(LM.export_peft(
-            model, self.out / "adapter", self.hf_base(), base.tokenizer_path,
-            meta={"base_fingerprint": self.fingerprint, "base_layout": base.layout,
-                  "base_path": base.path, "step": self.trainer.step,
-                  "train_on_prompt": cfg.train_on_prompt}))
+        meta = {"base_fingerprint": self.fingerprint, "base_layout": base.layout,
+                "base_path": base.path, "step": self.trainer.step,
+                "train_on_prompt": cfg.train_on_prompt}
+        if LM.model_masks(model) is not None:
+            # not PEFT (lora_model.export_peft says why): our masked adapter layout, which
+            # `falsify merge --adapter` turns into an exact merged model
+            result.adapter_dir = str(LM.export_masked(model, self.out / "adapter",
+                                                      base.tokenizer_path, meta=meta))
+        else:
+            result.adapter_dir = str(LM.export_peft(model, self.out / "adapter", self.hf_base(),
+                                                    base.tokenizer_path, meta=meta))
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
             result.samples = compare_samples(model, base.tokenizer, (self.val_ex or self.train_ex)
                                              [: cfg.sample_count], cfg.sample_tokens,

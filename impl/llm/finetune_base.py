@@ -36,6 +36,10 @@ class Base:
     layout: str  # "ours" | "hf" | "memory"
     info: dict = field(default_factory=dict)
     path: str | None = None  # a directory load_base() reloads it from (None: in memory)
+    # pruning masks (masks.safetensors next to the weights, `falsify prune`): projection name
+    # -> bool mask, True = kept; None: the base carries none
+    masks: dict | None = None
+    masks_path: str | None = None
 
 
 def _find_tokenizer(paths: list[Path]) -> Path | None:
@@ -59,6 +63,7 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
             json.loads((p / "config.json").read_text()).get("model_type") == "llama":
         model = hf.import_hf(p, backend)
         layout, where = "hf", [p]
+        masks_dir = p
     else:
         try:
             ck = ckpt_mod.find_checkpoint(p)
@@ -80,8 +85,39 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
         tok_path = _find_tokenizer(where)
         if tok_path is None and need_tokenizer and "train" in state["config"]:
             tok_path = _tokenizer_from_train_config(state["config"]["train"], mcfg)
-        return _base(model, tok_path, str(p), layout, need_tokenizer)
-    return _base(model, _find_tokenizer(where), str(p), layout, need_tokenizer)
+        return _with_masks(_base(model, tok_path, str(p), layout, need_tokenizer), ck)
+    return _with_masks(_base(model, _find_tokenizer(where), str(p), layout, need_tokenizer),
+                       masks_dir)
+
+
+def _with_masks(base: Base, weights_dir: Path) -> Base:
+    """Attach the masks.safetensors that lies next to the weights, checked against them: it
+    names exactly the model's projections, each mask has its weight's shape, and every pruned
+    position is 0 in the weights (else the file describes another model, or the weights were
+    changed after pruning — e.g. a merge without masks refilled them)."""
+    f = Path(weights_dir) / LM.MASKS_FILE
+    if not f.is_file():
+        return base
+    from falsify.impl.llm.prune import projection_weights
+
+    masks = LM.read_masks(f)
+    weights = projection_weights(base.model)
+    missing, extra = sorted(set(weights) - set(masks)), sorted(set(masks) - set(weights))
+    if missing or extra:
+        raise FinetuneConfigError(f"{f}: the masks do not name this model's projections "
+                                  f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, w in weights.items():
+        m = masks[name]
+        if tuple(m.shape) != tuple(w.shape):
+            raise FinetuneConfigError(f"{f}: mask {name} has shape {tuple(m.shape)}, the weight "
+                                      f"{tuple(w.shape)}")
+        live = int((w.detach()[~m] != 0).sum())
+        if live:
+            raise FinetuneConfigError(f"{f}: {live} weight(s) of {name} that the mask prunes are "
+                                      "not 0: the weights changed after pruning (or the masks "
+                                      "belong to another model)")
+    base.masks, base.masks_path = masks, str(f)
+    return base
 
 
 def _base(model, tok_path, source, layout, need_tokenizer) -> Base:

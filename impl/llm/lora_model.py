@@ -56,6 +56,10 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Our own sidecar: what PEFT's config cannot say (the NF4 base the adapter was trained on).
 FALSIFY_META = "falsify_adapter.json"
+# Pruning masks (`falsify prune`): one bool tensor per projection, named like our modules
+# ("layers.0.self_attn.q_proj"), True where the weight was kept. Written next to a pruned
+# model's weights and into a masked adapter's directory.
+MASKS_FILE = "masks.safetensors"
 
 
 class LoraConfigError(ValueError):
@@ -159,6 +163,8 @@ class AdaptedLinear(nn.Module):
         self.rslora = False
         self.dropout = 0.0
         self.adapters_enabled = True
+        # set_mask: the pruning mask M (bool); a non-persistent buffer so .to(device) moves it
+        self.register_buffer("weight_mask", None, persistent=False)
 
     def add_adapter(self, a: torch.Tensor, b: torch.Tensor, r: int, alpha: float,
                     dropout: float, rslora: bool) -> None:
@@ -173,6 +179,30 @@ class AdaptedLinear(nn.Module):
     @property
     def has_adapter(self) -> bool:
         return self.lora_A is not None
+
+    def set_mask(self, mask: torch.Tensor, where: str) -> None:
+        """Keep the pruning mask M: the adapter's delta becomes M ⊙ (s·B·A), so a pruned
+        weight (M = 0) stays exactly 0 in training and in the merge. The base must already be
+        0 there (checked: a mask that does not describe this base is refused). A
+        non-persistent buffer: the state_dict, the fingerprint and the checkpoints are
+        unchanged; the mask travels in masks.safetensors."""
+        if mask.dtype != torch.bool or tuple(mask.shape) != (self.out_features,
+                                                              self.in_features):
+            raise LoraConfigError(f"{where}: mask {mask.dtype} {tuple(mask.shape)} does not fit "
+                                  f"a [{self.out_features}, {self.in_features}] projection "
+                                  "(expected torch.bool of that shape)")
+        w = self.base_weight()
+        live = int((w[~mask.to(w.device)] != 0).sum())
+        if live:
+            raise LoraConfigError(f"{where}: {live} weight(s) the mask prunes are not 0 in "
+                                  "this base: the masks belong to another model")
+        self.weight_mask = mask.to(w.device)
+
+    def delta(self) -> torch.Tensor:
+        """The adapter's weight delta as the forward uses it: s·B·A, or M ⊙ (s·B·A) with a
+        mask (differentiable in A and B)."""
+        d = self.scale() * (self.lora_B.weight @ self.lora_A.weight)
+        return d if self.weight_mask is None else d * self.weight_mask
 
     def nf4_state(self) -> dict:
         extra = ({"absmax2": self.weight_absmax2, "offset": self.weight_offset}
@@ -196,6 +226,16 @@ class AdaptedLinear(nn.Module):
         if not (self.has_adapter and self.adapters_enabled):
             return F.linear(x, self.base_weight())
         a, b = self.lora_A.weight, self.lora_B.weight
+        if self.weight_mask is not None:
+            # A masked delta is not low rank, so the (x·Aᵀ)·Bᵀ kernels cannot compute it: the
+            # dense W + M ⊙ (s·B·A) is formed, the same weight the merge writes (up to its one
+            # rounding), so what is trained is what is merged. Dropout: as below, on the
+            # adapter's input only.
+            w = self.base_weight()
+            if self.training and self.dropout > 0:
+                xd = F.dropout(x, self.dropout, training=True)
+                return F.linear(x, w) + F.linear(xd, self.delta())
+            return F.linear(x, w + self.delta())
         if self.training and self.dropout > 0:
             w = self.base_weight()
             # The kernels take one x for both paths; dropout applies to the adapter's input
@@ -371,17 +411,28 @@ def merge_weights(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: floa
     return (w.double() + scale * (b.double() @ a.double())).float()
 
 
+def merge_masked_weights(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float,
+                         mask: torch.Tensor):
+    """M ⊙ (W + s·B·A) = W + M ⊙ (s·B·A) (W is 0 where M is: set_mask checks it), in float64
+    and rounded once to fp32: every pruned position is exactly 0.0."""
+    d = scale * (b.double() @ a.double())
+    return (w.double() + torch.where(mask, d, torch.zeros((), dtype=d.dtype))).float()
+
+
 def base_as_trained(model: Transformer) -> Transformer:
     """A plain model holding the base weights the adapter was trained against: the fp32 base
     for LoRA, the NF4 dequantization for QLoRA (so PEFT on top of it computes what we do)."""
-    return merge_lora(model, merge=lambda w, a, b, s: w)
+    return merge_lora(model, merge=lambda w, a, b, s: w,
+                      merge_masked=lambda w, a, b, s, m: w)
 
 
-def merge_lora(model: Transformer, merge=None) -> Transformer:
+def merge_lora(model: Transformer, merge=None, merge_masked=None) -> Transformer:
     """A plain fp32 Transformer equal (up to rounding) to the adapted model: each projection's
     weight is the base as the adapter saw it — dequantized NF4 for QLoRA, so the merged model
-    reproduces base+adapter rather than the unquantized original — plus (α/r)·B·A."""
+    reproduces base+adapter rather than the unquantized original — plus (α/r)·B·A, masked by
+    the pruning mask where the adapter keeps one (`merge_masked`)."""
     merge = merge or merge_weights
+    merge_masked = merge_masked or merge_masked_weights
     out = build_model(model.cfg, model.ops.backend, seed=0)
     sd = {}
     for name, t in model.state_dict().items():
@@ -389,11 +440,72 @@ def merge_lora(model: Transformer, merge=None) -> Transformer:
             sd[name] = t.detach().clone().float()
     for name, m in adapted_layers(model):
         w = m.base_weight().float()
-        if m.has_adapter:
+        if m.has_adapter and m.weight_mask is not None:
+            w = merge_masked(w, m.lora_A.weight.detach(), m.lora_B.weight.detach(), m.scale(),
+                             m.weight_mask)
+        elif m.has_adapter:
             w = merge(w, m.lora_A.weight.detach(), m.lora_B.weight.detach(), m.scale())
         sd[f"{name}.weight"] = w
     out.load_state_dict(sd, strict=True)
     return out
+
+
+# ------------------------------------------------------------------------ pruning masks
+def read_masks(path: str | Path) -> dict[str, torch.Tensor]:
+    """A masks.safetensors file: {projection name: bool mask}; anything else is an error
+    naming the file."""
+    raw = load_file(str(path))
+    if not raw:
+        raise LoraConfigError(f"{path}: holds no mask")
+    for k, v in raw.items():
+        if v.dtype != torch.bool or v.dim() != 2:
+            raise LoraConfigError(f"{path}: mask {k!r} is {v.dtype} {tuple(v.shape)}, expected "
+                                  "a 2-D torch.bool tensor")
+    return raw
+
+
+def save_masks(masks: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Write masks.safetensors atomically (temp file beside it, then rename)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().to("cpu", torch.bool).contiguous() for k, v in masks.items()},
+                  tmp, metadata={"format": "pt"})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def masks_digest(masks: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(masks.items()):
+        h.update(f"{k}{tuple(v.shape)}".encode())
+        h.update(v.cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def attach_masks(model: nn.Module, masks: dict[str, torch.Tensor], where: str) -> None:
+    """Give every projection of an adapted model its pruning mask (set_mask). The masks must
+    name exactly the model's projections: a partial file would leave some pruned zeros
+    unprotected without a word."""
+    layers = dict(adapted_layers(model))
+    missing, extra = sorted(set(layers) - set(masks)), sorted(set(masks) - set(layers))
+    if missing or extra:
+        raise LoraConfigError(f"{where}: the masks do not name this model's projections "
+                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, mod in layers.items():
+        mod.set_mask(masks[name], f"{where}: {name}")
+
+
+def model_masks(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The masks an adapted model keeps (None: none)."""
+    out = {n: m.weight_mask for n, m in adapted_layers(model) if m.weight_mask is not None}
+    return out or None
 
 
 # ------------------------------------------------------------------------- PEFT export
@@ -420,7 +532,15 @@ def peft_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def export_peft(model: Transformer, out_dir: str | Path, base_name_or_path: str,
                 tokenizer_path: str | Path | None = None, meta: dict | None = None) -> Path:
     """adapter_config.json + adapter_model.safetensors (PEFT names), plus our sidecar with the
-    quantization the adapter was trained against, written atomically."""
+    quantization the adapter was trained against, written atomically. A masked adapter is
+    refused: PEFT's LoRA layer computes W + s·B·A and has no way to express M ⊙ (s·B·A) (the
+    masked delta is not low rank, so no LoRA of any rank reproduces it), and a PEFT adapter
+    that loads but refills the pruned zeros would be a silently different model."""
+    if model_masks(model) is not None:
+        raise LoraConfigError(
+            "this adapter keeps pruning masks (keep_masks=true): a PEFT LoRA adapter computes "
+            "W + s·B·A and cannot express the masked delta M ⊙ (s·B·A); merge it with "
+            "`falsify merge --adapter DIR` and use or export the merged model, which is exact")
     spec: LoraSpec = model.lora_spec
     cfg = peft_config(spec, model.cfg.num_layers, base_name_or_path)
     side = {"lora_spec": {**asdict(spec), "targets": list(spec.targets)},
@@ -438,15 +558,48 @@ def export_peft(model: Transformer, out_dir: str | Path, base_name_or_path: str,
     return atomic_dir(out_dir, fill)
 
 
+def export_masked(model: Transformer, out_dir: str | Path,
+                  tokenizer_path: str | Path | None = None, meta: dict | None = None) -> Path:
+    """A masked adapter (keep_masks): A and B under PEFT's names in adapter_model.safetensors,
+    the masks in masks.safetensors, our sidecar with `"masked": true` — and deliberately no
+    adapter_config.json, so no PEFT loader takes it for a plain LoRA adapter (export_peft).
+    Our own loaders (load_adapter: merge, generate, eval) read it whole. Written atomically."""
+    masks = model_masks(model)
+    if masks is None:
+        raise LoraConfigError("export_masked: the model keeps no masks (use export_peft)")
+    spec: LoraSpec = model.lora_spec
+    side = {"lora_spec": {**asdict(spec), "targets": list(spec.targets)},
+            "model": model.cfg.to_dict(), "masked": True, "masks_sha256": masks_digest(masks),
+            **(meta or {})}
+
+    def fill(tmp: Path):
+        save_file(peft_state(model), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_file({k: v.cpu().contiguous() for k, v in masks.items()}, str(tmp / MASKS_FILE),
+                  metadata={"format": "pt"})
+        (tmp / FALSIFY_META).write_text(json.dumps(side, indent=1, default=str))
+        if tokenizer_path is not None:
+            from falsify.impl.llm.hf import write_tokenizer_files
+
+            write_tokenizer_files(tmp, tokenizer_path, model.cfg.max_seq_len)
+
+    return atomic_dir(out_dir, fill)
+
+
 def read_adapter(adapter_dir: str | Path) -> tuple[LoraSpec, dict[str, torch.Tensor], dict]:
     """(spec, our-named tensors, sidecar) of an exported adapter directory. Our sidecar is
-    required: without it the base quantization the adapter was trained on is unknown."""
+    required: without it the base quantization the adapter was trained on is unknown. A masked
+    adapter (sidecar `"masked": true`) has masks.safetensors instead of adapter_config.json."""
     d = Path(adapter_dir)
-    for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, FALSIFY_META):
+    if not (d / FALSIFY_META).is_file():
+        raise LoraConfigError(f"{d}: {FALSIFY_META} is missing (not an adapter written by "
+                              "`falsify finetune`)")
+    side = json.loads((d / FALSIFY_META).read_text())
+    need = (ADAPTER_WEIGHTS, MASKS_FILE) if side.get("masked") else (ADAPTER_CONFIG,
+                                                                     ADAPTER_WEIGHTS)
+    for f in need:
         if not (d / f).is_file():
             raise LoraConfigError(f"{d}: {f} is missing (not an adapter written by "
                                   "`falsify finetune`)")
-    side = json.loads((d / FALSIFY_META).read_text())
     s = dict(side["lora_spec"])
     s["targets"] = tuple(s["targets"])
     spec = LoraSpec(**s)
@@ -480,4 +633,10 @@ def load_adapter(model: Transformer, adapter_dir: str | Path) -> Transformer:
                 raise LoraConfigError(f"{adapter_dir}: {k} has shape {tuple(tensors[k].shape)}, "
                                       f"expected {tuple(p.shape)}")
             p.copy_(tensors[k])
+    if side.get("masked"):
+        masks = read_masks(Path(adapter_dir) / MASKS_FILE)
+        if masks_digest(masks) != side.get("masks_sha256"):
+            raise LoraConfigError(f"{Path(adapter_dir) / MASKS_FILE}: differs from the masks the "
+                                  f"adapter was trained with ({FALSIFY_META} masks_sha256)")
+        attach_masks(model, masks, str(Path(adapter_dir) / MASKS_FILE))
     return model

@@ -7,6 +7,10 @@ gain as [1, n]), merged, and put back in its shape. SLERP interpolates from the 
 (t = 0) to the second (t = 1); TIES and DARE take task vectors against `base`. DARE draws each
 tensor's drop mask from its own seed, derived from (seed, tensor name), so the result does not
 depend on the order tensors are visited in.
+
+Adapters (merge_adapters): LoRA/QLoRA adapters trained on one base are merged through the same
+per-tensor kernels (merge_tensor) on their task vectors ΔW_i = s_i·B_i·A_i, with the base's
+task vector 0 as TIES/DARE's base, and the result is added to the shared base.
 """
 
 from __future__ import annotations
@@ -52,9 +56,12 @@ class MergeSpec:
                              f"{2 if self.method == 'linear' else 1} model(s)")
         if not self.weights:
             self.weights = [1.0] * n_models
-        if len(self.weights) != n_models or any(w <= 0 for w in self.weights):
-            raise MergeError(f"--weights: one positive weight per model ({n_models}), got "
-                             f"{self.weights}")
+        # a zero weight leaves a model out (linear 1,0 is the first model alone); the kernels
+        # divide by the sum, so at least one must be positive
+        if (len(self.weights) != n_models or any(not w >= 0 for w in self.weights)
+                or not sum(self.weights) > 0):
+            raise MergeError(f"--weights: one weight >= 0 per model ({n_models}), at least one "
+                             f"positive weight, got {self.weights}")
         if self.method == "ties" and not (0.0 < self.density <= 1.0 and self.lam > 0):
             raise MergeError(f"--density {self.density} must be in (0, 1] and --lambda "
                              f"{self.lam} > 0")
@@ -77,6 +84,21 @@ def check_same_architecture(models: list[Transformer], names: list[str]) -> None
                              "merged tensor by tensor")
 
 
+def merge_tensor(spec: MergeSpec, name: str, two_d: list[torch.Tensor],
+                 base2d: torch.Tensor | None) -> torch.Tensor:
+    """One 2-D tensor of every model (and of the base) merged by the spec's kernel: the one
+    place both the model path and the adapter path call the merging kernels."""
+    if spec.method == "slerp":
+        return kernel.slerp(spec.t, two_d[0], two_d[1])
+    thetas = torch.stack(two_d)
+    w = torch.tensor(spec.weights, dtype=torch.float32)
+    if spec.method == "linear":
+        return kernel.linear(thetas, w)
+    if spec.method == "ties":
+        return kernel.ties(base2d, thetas, w, spec.density, spec.lam)
+    return kernel.dare_linear(base2d, thetas, w, spec.drop, tensor_seed(spec.seed, name))
+
+
 @torch.no_grad()
 def merge_models(spec: MergeSpec, models: list[Transformer], base: Transformer | None
                  ) -> Transformer:
@@ -87,21 +109,63 @@ def merge_models(spec: MergeSpec, models: list[Transformer], base: Transformer |
         shape = first.shape
         two_d = [s[name].float().reshape(shape[0] if first.dim() > 1 else 1, -1)
                  for s in states]
-        if spec.method == "slerp":
-            y = kernel.slerp(spec.t, two_d[0], two_d[1])
-        else:
-            thetas = torch.stack(two_d)
-            w = torch.tensor(spec.weights, dtype=torch.float32)
-            if spec.method == "linear":
-                y = kernel.linear(thetas, w)
-            else:
-                b2 = b_state[name].float().reshape(two_d[0].shape)
-                if spec.method == "ties":
-                    y = kernel.ties(b2, thetas, w, spec.density, spec.lam)
-                else:
-                    y = kernel.dare_linear(b2, thetas, w, spec.drop,
-                                           tensor_seed(spec.seed, name))
-        out[name] = y.reshape(shape)
+        b2 = (b_state[name].float().reshape(two_d[0].shape)
+              if spec.method in ("ties", "dare") else None)
+        out[name] = merge_tensor(spec, name, two_d, b2).reshape(shape)
     merged = build_model(models[0].cfg, models[0].ops.backend, seed=0)
     merged.load_state_dict(out, strict=True)
     return merged
+
+
+# --------------------------------------------------------------------------- adapters
+def adapter_deltas(model) -> dict[str, torch.Tensor]:
+    """ΔW = s·B·A (M ⊙ s·B·A for a masked adapter) per adapted projection, by weight name
+    (`layers.0.self_attn.q_proj.weight`), in float64 as lora_model.merge_weights forms it,
+    rounded once to fp32 (the merging kernels' precision)."""
+    from falsify.impl.llm import lora_model as LM
+
+    out = {}
+    for name, m in LM.adapted_layers(model):
+        if not m.has_adapter:
+            continue
+        d = m.scale() * (m.lora_B.weight.detach().double() @ m.lora_A.weight.detach().double())
+        if m.weight_mask is not None:
+            d = torch.where(m.weight_mask, d, torch.zeros((), dtype=d.dtype))
+        out[f"{name}.weight"] = d.float()
+    return out
+
+
+@torch.no_grad()
+def merge_adapters(spec: MergeSpec, adapted: list, names: list[str]) -> Transformer:
+    """Merge adapters trained on one base: their task vectors ΔW_i (adapter_deltas; a
+    projection an adapter does not train has ΔW_i = 0, and so does the base) go through
+    merge_tensor with the zero tensor as the base, and the result is
+    W + merged(ΔW_1, …, ΔW_k), summed in float64 and rounded once. W is the base each adapter
+    was trained against (the NF4 dequantization for QLoRA), and it must be one and the same
+    for every adapter, bit for bit."""
+    from falsify.impl.llm import lora_model as LM
+
+    if spec.method == "slerp":
+        raise MergeError("--method slerp interpolates whole weights, not task vectors: merge "
+                         "each adapter into its base (`falsify merge --adapter`) and slerp the "
+                         "merged models")
+    bases = [LM.base_as_trained(m).state_dict() for m in adapted]
+    for n, b in zip(names[1:], bases[1:]):
+        diff = next((k for k in bases[0] if not torch.equal(bases[0][k], b[k])), None)
+        if diff is not None:
+            raise MergeError(f"{n} was trained against other base weights than {names[0]} "
+                             f"({diff} differs; e.g. lora vs qlora, or another NF4 setting): "
+                             "their task vectors have no common origin")
+    deltas = [adapter_deltas(m) for m in adapted]
+    out = {}
+    for name, w in bases[0].items():
+        if not any(name in d for d in deltas):
+            out[name] = w
+            continue
+        two_d = [d.get(name, torch.zeros(w.shape, dtype=torch.float32)) for d in deltas]
+        zero = torch.zeros(w.shape, dtype=torch.float32)
+        merged = merge_tensor(spec, name, two_d, zero)
+        out[name] = (w.double() + merged.double()).float()
+    model = build_model(adapted[0].cfg, adapted[0].ops.backend, seed=0)
+    model.load_state_dict(out, strict=True)
+    return model

@@ -121,8 +121,13 @@ def activation_norms(model: Transformer, windows: list[list[int]]) -> dict[str, 
 
 
 @torch.no_grad()
-def prune(model: Transformer, plan: Plan, norms: dict[str, torch.Tensor] | None) -> dict:
-    """Prune in place; per projection the fraction of its entries the mask removed."""
+def prune(model: Transformer, plan: Plan, norms: dict[str, torch.Tensor] | None,
+          masks: dict[str, torch.Tensor] | None = None) -> dict:
+    """Prune in place; per projection the fraction of its entries the mask removed. Given a
+    dict `masks`, each projection's keep mask (bool, True = kept) from the kernel is stored in
+    it under the projection's name: the masks a pruned checkpoint records (masks.safetensors),
+    which are the source of truth for which weights are pruned — a kept weight may happen to
+    be 0, a pruned one must be."""
     stats = {}
     for name, w in projection_weights(model).items():
         x = (norms[name].to(w.dtype) if plan.method == "wanda"
@@ -137,4 +142,6 @@ def prune(model: Transformer, plan: Plan, norms: dict[str, torch.Tensor] | None)
             pruned, keep = kernel.wanda(w, x, plan.sparsity)
         w.copy_(pruned)
         stats[name] = 1.0 - float(keep.float().mean())
+        if masks is not None:
+            masks[name] = keep.to(torch.bool).cpu()
     return stats

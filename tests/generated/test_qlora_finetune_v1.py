@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9ced8e7a8104e1fe63013103b4bd154016fff8e2aada3388cd7121c410ae57a6"
+SHA256 = "1f3ea5e173a7e7371c17423bfb5c78ebe83111018a425c500a84c2ae3c283906"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 
@@ -163,6 +163,12 @@ def test_falsify_qft_020__torch__float32():
 def test_falsify_qft_021__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-QFT-021", "torch", "float32", None)
 
+# FALSIFY-QFT-024 → QFT-MSK-001 (training): Pruning masks kept through fine-tune and merge
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QFT-MSK-001", check="FALSIFY-QFT-024", backend="torch", variant="float32")
+def test_falsify_qft_024__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-QFT-024", "torch", "float32", None)
+
 # FALSIFY-QFT-022 → QFT-MEM-001 (training): NF4 base memory formula
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-MEM-001", check="FALSIFY-QFT-022", backend="torch", variant="float32")
@@ -228,3 +234,9 @@ def test_mut_qft_008():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-009", obligation="QFT-EXP-001", backend="torch")
 def test_mut_qft_009():
     rt.assert_killed(CONTRACT, "MUT-QFT-009")
+
+
+# MUT-QFT-010 → QFT-MSK-001: masked adapter merged as a plain one: W + s·B·A refills the pruned weights
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-010", obligation="QFT-MSK-001", backend="torch")
+def test_mut_qft_010():
+    rt.assert_killed(CONTRACT, "MUT-QFT-010")
