@@ -1,14 +1,18 @@
 """`falsify quantize [--model BASE] [--method int8|int4|nf4] [--group 32|64|128]
-[--asymmetric] --out DIR`
+[--asymmetric] [--double-quant] --out DIR`
 
 Weight-only quantization of every attention and MLP projection with the contract-checked
 kernels (impl/llm/quantize_model.py has the layout). Writes OUT/quantized (the codes, scales and
 zero points, with `quantization.json`) and OUT/ours (the dequantized float32 model, a `--model`
 for every other command), and reports the held-out perplexity of the original and the
 dequantized model and the sizes on disk. Without --model it quantizes the built-in base.
+With --method nf4 it also writes OUT/hf-bnb-nf4: a pre-quantized Hugging Face checkpoint that
+`AutoModelForCausalLM.from_pretrained` loads with bitsandbytes as 4-bit NF4 Linear4bit layers
+(config.json's quantization_config, the packed weights with their quant_state; tokenizer files
+included) and that decodes to exactly OUT/ours' weights.
 The command reads its own output back: the dequantized model must be bit-identical to the
-kernels' round trip of every projection (exit 4 otherwise). Exit codes: 0 done, 2 bad input,
-4 self-check failed.
+kernels' round trip of every projection, and OUT/hf-bnb-nf4 must decode to the same tensors
+(exit 4 otherwise). Exit codes: 0 done, 2 bad input, 4 self-check failed.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ def register(sub) -> None:
     p.add_argument("--method", default="int8", choices=("int8", "int4", "nf4"))
     p.add_argument("--group", type=int, default=128, help="int4: columns per group (32/64/128)")
     p.add_argument("--asymmetric", action="store_true", help="int4: a zero point per group")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--double-quant", action="store_true",
+                   help="nf4: quantize the per-block absmax to 8 bits too (QLoRA's double "
+                        "quantization)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: OUT/quantized, OUT/ours, and for nf4 OUT/hf-bnb-nf4 "
+                        "(a bitsandbytes 4-bit checkpoint AutoModelForCausalLM loads)")
     p.add_argument("--backend", default="auto", choices=("torch", "triton", "auto"))
     p.set_defaults(func=cmd_quantize)
 
@@ -53,7 +62,7 @@ def cmd_quantize(args) -> int:
     from falsify.impl.torch import quantize as q_kernel
 
     console = Console()
-    spec = Q.QuantSpec(args.method, args.group, not args.asymmetric)
+    spec = Q.QuantSpec(args.method, args.group, not args.asymmetric, args.double_quant)
     out = Path(args.out)
     try:
         spec.validate()
@@ -65,7 +74,10 @@ def cmd_quantize(args) -> int:
         deq = Q.dequantize_model(out / "quantized")
         write_ours(deq, out / "ours", base.tokenizer_path,
                    {"quantized_from": base.source, "method": args.method,
-                    "group": args.group, "symmetric": spec.symmetric})
+                    "group": args.group, "symmetric": spec.symmetric,
+                    "double_quant": spec.double_quant})
+        if args.method == "nf4":
+            Q.export_hf_bnb(out / "quantized", out / Q.BNB_DIR, base.tokenizer_path)
     except (Q.QuantizeError, ConfigError, DataError) as e:
         raise UsageError(f"falsify quantize: {e}") from None
     # self-check: what the directory decodes to is exactly the kernels' round trip
@@ -78,10 +90,18 @@ def cmd_quantize(args) -> int:
         elif args.method == "int4":
             want = q_kernel.int4_roundtrip(w, args.group, spec.symmetric)
         else:
-            want = nf4_kernel.nf4_roundtrip(w, Q.NF4_BLOCK)
+            want = nf4_kernel.nf4_roundtrip(w, Q.NF4_BLOCK, spec.double_quant)
         if not torch.equal(got[name].detach().cpu(), want):
             bad.append(name)
+    if args.method == "nf4":
+        # the bitsandbytes checkpoint decodes (by our kernel) to exactly the dequantized model
+        hf_state = Q.read_hf_bnb(out / Q.BNB_DIR)
+        ours = deq.state_dict()
+        bad += sorted(f"{Q.BNB_DIR}:{k}" for k in set(ours) | set(hf_state)
+                      if k not in ours or k not in hf_state
+                      or not torch.equal(ours[k].detach().cpu(), hf_state[k]))
     report = {"from": base.source, "method": args.method, "group": args.group,
+              "double_quant": spec.double_quant,
               "symmetric": spec.symmetric,
               "size_mb": {"original_fp32": _size_mb(out / "ours"),
                           "quantized": _size_mb(out / "quantized")}}
@@ -101,9 +121,11 @@ def cmd_quantize(args) -> int:
     t.add_row("size on disk, fp32 → quantized (MB)",
               f"{report['size_mb']['original_fp32']:.2f} → {report['size_mb']['quantized']:.2f}")
     console.print(t)
-    console.print(f"wrote {out / 'quantized'}, {out / 'ours'} and {out / 'quantize.json'}")
+    wrote = [out / "quantized", out / "ours"] + ([out / Q.BNB_DIR] if args.method == "nf4"
+                                                 else [])
+    console.print(f"wrote {', '.join(map(str, wrote))} and {out / 'quantize.json'}")
     if bad:
-        console.print(f"[bold red]self-check failed:[/] {len(bad)} projection(s) decode to "
+        console.print(f"[bold red]self-check failed:[/] {len(bad)} tensor(s) decode to "
                       f"something other than the kernels' round trip: {', '.join(bad[:3])}")
         return 4
     console.print("self-check: every projection decodes bit for bit to the kernels' round trip")
