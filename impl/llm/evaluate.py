@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -87,7 +88,11 @@ def load_problems(path: str | Path | None = None) -> list[Problem]:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one problem (module docstring)."""
+    """Unbiased pass@k for one problem (module docstring); contract pass-at-k-kernel-v1."""
+    for name, v in (("n", n), ("c", c), ("k", k)):
+        # a float count (5.0) or a bool is a caller's bug, not a sample count
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"pass_at_k: {name} must be an integer, got {v!r}")
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass_at_k(n={n}, c={c}, k={k}): need 0 <= c <= n and 1 <= k <= n")
     if n - c < k:
