@@ -321,3 +321,18 @@ def test_cli_errors_are_exit_code_2(tmp_path, capsys):
     assert "unreachable" in capsys.readouterr().out
     assert main(["train", "save_every=25"]) == 2
     assert "unknown config field 'save_every'" in capsys.readouterr().out
+
+
+def test_resume_config_tolerates_fields_added_since_at_their_default(tmp_path):
+    """A checkpoint written before a config field existed ran as that field's default: resuming
+    with the default continues the same run, resuming with another value is refused."""
+    from dataclasses import asdict
+
+    from falsify.impl.llm.config import ConfigError, TrainConfig, check_resume_config
+
+    cfg = TrainConfig()
+    saved = asdict(cfg)
+    del saved["fim_rate"]  # as if written before fim_rate existed
+    check_resume_config(saved, cfg, tmp_path, set())
+    with pytest.raises(ConfigError, match="fim_rate"):
+        check_resume_config(saved, cfg.replace(fim_rate=0.5), tmp_path, set())

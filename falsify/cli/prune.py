@@ -88,10 +88,10 @@ def cmd_prune(args) -> int:
     out = Path(args.out)
     meta = {"pruned_from": base.source, "plan": plan.describe()}
     write_ours(model, out / "ours", base.tokenizer_path, meta, masks=masks)
-    hf.export_hf(model, out / "hf", base.tokenizer_path)
     # HF loaders read model.safetensors only; the masks beside it let `falsify finetune
-    # --keep-masks` start from the HF layout as well
-    LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
+    # --keep-masks` start from the HF layout as well (written in the same atomic directory)
+    hf.export_hf(model, out / "hf", base.tokenizer_path,
+                 also=lambda tmp: LM.save_masks(masks, tmp / LM.MASKS_FILE))
     report = {**meta, "calibration_windows": args.calibration if norms else 0,
               "perplexity_before": before["perplexity"], "perplexity_after": after["perplexity"],
               "held_out_tokens": before["tokens"], "sparsity": stats,

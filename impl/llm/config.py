@@ -345,7 +345,11 @@ def check_resume_config(saved: dict, cfg: LoopConfig, where: Path, mutable: set[
     """A resumed run must continue the same arithmetic: every field outside `mutable` must
     equal the checkpoint's."""
     now = asdict(cfg)
-    diff = [k for k in now if k not in mutable and saved.get(k) != now[k]]
+    # a field the checkpoint's config lacks was added later; its default is what that run did
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                         else f.default) for f in fields(cfg)}
+    diff = [k for k in now if k not in mutable
+            and saved.get(k, defaults[k]) != now[k]]
     if diff:
         k = diff[0]
         raise cfg.error(f"config field {k!r} is {now[k]!r} but checkpoint {where} was written "

@@ -104,9 +104,10 @@ def write_tokenizer_files(dst: Path, tokenizer_path: str | Path, max_len: int) -
 
 
 def export_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-              ) -> Path:
+              also=None) -> Path:
     """Write an HF-loadable directory atomically (temp dir, then rename into place): weights,
-    config.json, generation_config.json and, given a tokenizer, the tokenizer files."""
+    config.json, generation_config.json and, given a tokenizer, the tokenizer files; `also(tmp)`
+    adds files of the caller's into the same temporary directory, so they appear together."""
     eos = eos_id(tokenizer_path)
 
     def fill(tmp: Path):
@@ -116,6 +117,8 @@ def export_hf(model: Transformer, out_dir: str | Path, tokenizer_path: str | Pat
             {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}, indent=1))
         if tokenizer_path is not None:
             write_tokenizer_files(tmp, tokenizer_path, model.cfg.max_seq_len)
+        if also is not None:
+            also(tmp)
 
     return atomic_dir(out_dir, fill)
 
