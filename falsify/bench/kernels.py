@@ -101,6 +101,33 @@ def cases(quick: bool = False) -> list[Case]:
         lambda a: fused_linear_cross_entropy(a["x"], a["w"], a["y"]),
         lambda a: F.cross_entropy(a["x"] @ a["w"].t(), a["y"], ignore_index=-100),
         "F.cross_entropy(x @ W.T, y)", flops=3 * 2.0 * T * H * V, backward=True)
+
+    from falsify.impl.torch.fused_linear_kd import fused_linear_kd
+
+    # Distillation head (4k tokens, hidden 512, 32k vocabulary) with full teacher logits: the
+    # naive side holds the [N, V] student logits, both tempered log-softmaxes, the KL terms and
+    # their gradients. Every label counted, so kl_div's batchmean is the mean over valid rows.
+    N, D, V = (512, 128, 8192) if quick else (4096, 512, 32000)
+    temp, alpha = 2.0, 0.5
+
+    def kd_setup(N=N, D=D, V=V):
+        x = (_rand(N, D) / D ** 0.5).requires_grad_(True)
+        w = (_rand(V, D, seed=1) / D ** 0.5).requires_grad_(True)
+        zt = _rand(N, V, seed=3) * 3
+        y = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(2))
+        return {"x": x, "w": w, "zt": zt, "y": y}
+
+    def kd_naive(a):
+        z = a["x"] @ a["w"].t()  # once, shared by both terms
+        kl = F.kl_div(F.log_softmax(z / temp, -1), F.log_softmax(a["zt"] / temp, -1),
+                      log_target=True, reduction="batchmean")
+        return kl * temp ** 2 * alpha + (1 - alpha) * F.cross_entropy(z, a["y"])
+
+    add("fused_linear_kd", f"{N}x{D}x{V}", kd_setup,
+        lambda a: fused_linear_kd(a["x"], a["w"], a["zt"], a["y"], temperature=temp,
+                                  alpha=alpha),
+        kd_naive, "F.kl_div(log_softmax(x @ W.T / T), ...) + F.cross_entropy",
+        flops=3 * 2.0 * N * D * V, backward=True)
     return out
 
 
