@@ -37,6 +37,9 @@ SMOKE = {
     "falsify bench finetune":
         "tests/test_finetune_bench.py::test_bench_finetune_table_with_memory_children",
     "falsify train": f"{HERE}::test_train_config_file_then_resume_auto",
+    "falsify distill": "tests/test_distill.py::test_distill_from_our_checkpoint",
+    "falsify pipeline":
+        "tests/test_pipeline.py::test_pipeline_runs_resumes_and_reruns_what_changed",
     "falsify finetune":
         "tests/test_finetune_default.py::test_default_finetune_completes_and_the_loss_falls",
     "falsify merge": "tests/test_finetune_peft.py::"

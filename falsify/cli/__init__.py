@@ -5,7 +5,8 @@
     falsify mutants [CONTRACT...] [-n WORKERS]
     falsify bench kernels|train|finetune
     falsify train [--config FILE] [--resume [DIR]] [key=value ...]
-    falsify finetune | merge | export | generate | eval | prune | quantize   (each: --help)
+    falsify distill | finetune | merge | export | generate | eval | prune | quantize |
+            pipeline   (each: --help)
 
 Exit codes: 0 all passed, 1 a check failed or a mutant survived, 2 usage error (some verbs
 add their own: `falsify train` 3 on an Andon stop, `falsify merge` 4 when its self-check fails).
@@ -25,12 +26,14 @@ VERBS = (  # the order of `falsify --help`
     "falsify.cli.run",       # run, mutants
     "falsify.bench",         # bench kernels | train | finetune
     "falsify.cli.train",     # train
+    "falsify.cli.distill",   # distill
     "falsify.cli.finetune",  # finetune
     "falsify.cli.merge",     # merge
     "falsify.cli.export",    # export
     "falsify.cli.eval",      # eval
     "falsify.cli.prune",     # prune
     "falsify.cli.quantize",  # quantize
+    "falsify.cli.pipeline",  # pipeline
     "falsify.cli.generate",  # generate
     "falsify.cli.init",      # init
     "falsify.cli.soak",      # soak

@@ -20,8 +20,6 @@ from falsify.impl.llm.checkpoint import CheckpointError
 from falsify.impl.llm.config import (
     ConfigError,
     TrainConfig,
-    config_from_dict,
-    load_config,
     model_config,
     parse_overrides,
     read_yaml_config,
@@ -50,37 +48,43 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _resume_config(args) -> TrainConfig:
+def _resume_config(args, cls=TrainConfig) -> TrainConfig:
     """On resume the checkpoint's config is the base; --config/overrides may only change fields
     that do not alter the arithmetic (train() enforces that)."""
-    base = load_config(args.config, []) if args.config else TrainConfig()
+    base = cls.load(args.config, []) if args.config else cls()
     out_dir = parse_overrides(args.overrides).get("out_dir", base.out_dir)
     # resolved once (a damaged latest checkpoint is reported once, and train() uses this one)
     args.resume = str(find_resume_checkpoint(args.resume, out_dir))
     saved = ckpt_mod.read_state(args.resume)["config"]["train"]
-    cfg = config_from_dict(saved, source="checkpoint config")
+    cfg = cls.from_dict(saved, source="checkpoint config")
     if args.config:
-        cfg = config_from_dict(read_yaml_config(args.config), source=args.config, base=cfg)
+        cfg = cls.from_dict(read_yaml_config(args.config), source=args.config, base=cfg)
     if args.overrides:
-        cfg = config_from_dict(parse_overrides(args.overrides), source="command line", base=cfg,
-                               from_text=True)
+        cfg = cls.from_dict(parse_overrides(args.overrides), source="command line", base=cfg,
+                            from_text=True)
     return cfg
 
 
 def cmd_train(args) -> int:
+    return run_loop(args, TrainConfig, lambda cfg, console: train(cfg, resume=args.resume))
+
+
+def run_loop(args, cls, runner, verb: str = "train", errors: tuple = ()) -> int:
+    """Config (fresh or resumed) -> `runner(cfg, console)` -> the report; shared by `falsify
+    train` and `falsify distill`, whose runs differ only in their step."""
     console = Console()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
-        cfg = _resume_config(args) if args.resume else load_config(args.config, args.overrides)
+        cfg = _resume_config(args, cls) if args.resume else cls.load(args.config, args.overrides)
         mcfg = model_config(cfg)
-        console.print(f"[bold]falsify train[/]: model={cfg.model} ({param_count(mcfg):,} "
+        console.print(f"[bold]falsify {verb}[/]: model={cfg.model} ({param_count(mcfg):,} "
                       f"params, {mcfg.num_layers}L/{mcfg.hidden_size}H/{mcfg.num_heads}A/"
                       f"{mcfg.num_kv_heads}KV, vocab {mcfg.vocab_size}, seq {mcfg.max_seq_len}) "
                       f"corpus={cfg.corpus} max_steps={cfg.max_steps} "
                       f"out_dir={cfg.out_dir or 'runs/<model>-<time> (new)'}")
-        result = train(cfg, resume=args.resume)
+        result = runner(cfg, console)
         out_dir = result.out_dir
-    except (ConfigError, PreflightError, DataError, CheckpointError) as e:
+    except (ConfigError, PreflightError, DataError, CheckpointError, *errors) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved

@@ -478,6 +478,9 @@ class BatchSampler:
         self.data_key = data_key
         self.epoch, self.step_in_epoch = 0, 0
         self._perm_epoch, self._perm = -1, None
+        # the block indices of each micro-batch of the last step (a cached-teacher
+        # distillation run looks its teacher's top-k up by block)
+        self.last_blocks: list[np.ndarray] = []
 
     @property
     def total_steps(self) -> int:
@@ -498,9 +501,11 @@ class BatchSampler:
         per_step = self.batch_size * self.grad_accum
         idx = perm[self.step_in_epoch * per_step:(self.step_in_epoch + 1) * per_step]
         micro = []
+        self.last_blocks = []
         for m in range(self.grad_accum):
-            rows = [block(self.stream, int(i), self.seq_len)
-                    for i in idx[m * self.batch_size:(m + 1) * self.batch_size]]
+            blocks = idx[m * self.batch_size:(m + 1) * self.batch_size]
+            self.last_blocks.append(blocks)
+            rows = [block(self.stream, int(i), self.seq_len) for i in blocks]
             x = torch.from_numpy(np.stack([r[0] for r in rows]).astype(np.int64))
             y = torch.from_numpy(np.stack([r[1] for r in rows]).astype(np.int64))
             micro.append((x, y))

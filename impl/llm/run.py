@@ -294,7 +294,7 @@ class PretrainRun:
         self.out.mkdir(parents=True, exist_ok=True)
         self.model = build_model(self.mcfg, cfg.backend, self.device, seed=cfg.seed)
         self.model.activation_checkpointing = cfg.activation_checkpointing
-        self.trainer = Trainer(self.model, cfg, self.device, self.autocast, self.parts)
+        self.trainer = self.make_trainer()
         self.kernels = kernel_record(self.model)
         log.info("backend=%s kernels=%s", self.kernels["backend"], self.kernels["kernels"])
         extra = {**self.kernels, "threads": torch.get_num_threads(),
@@ -314,6 +314,10 @@ class PretrainRun:
             self.result.resumed_from = str(self.ckpt_path)
             truncate_metrics(self.metrics_path, self.trainer.step)
             log.info("resumed from %s at step %d", self.ckpt_path, self.trainer.step)
+
+    def make_trainer(self) -> Trainer:
+        """The step: plain next-token cross-entropy (impl/llm/distill.py overrides it)."""
+        return Trainer(self.model, self.cfg, self.device, self.autocast, self.parts)
 
     def save(self, metrics: dict | None = None) -> Path:
         tr = self.trainer

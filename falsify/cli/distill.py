@@ -1,0 +1,60 @@
+"""`falsify distill [--teacher DIR] [--config FILE] [--resume [DIR]] [key=value ...]`
+
+Knowledge distillation (impl/llm/distill.py): a frozen teacher trains a smaller student with
+L = α·T²·KL(teacher ‖ student at temperature T) + (1 − α)·CE, through the fused linear-KD kernel
+(the student's logits are never built). The run is the pretraining run — same data pipeline,
+preflight, schedule, checkpoints, resume, Andon stops — and takes every `falsify train` config
+field plus alpha, temperature, teacher_topk, teacher_cache and kd_chunk.
+
+With no arguments: the teacher is the built-in base (the tiny preset trained on the stdlib, as
+`falsify finetune` uses it; trained once and cached), the student the tiny preset at half width
+and depth on the same corpus and tokenizer, T = 4, α = 0.5, full teacher logits on the fly; a
+couple of minutes on 2 CPU cores. `teacher_topk=K teacher_cache=DIR` precomputes the teacher's
+top-k per training block into safetensors shards once and trains from them.
+
+The run directory holds the checkpoints, metrics.jsonl, summary.json and distill.json (teacher,
+its weight fingerprint, the loss settings, validation loss). Exit codes: 0 done, 2 config or
+teacher error (a teacher with another vocabulary or tokenizer is refused before step 1), 3
+Andon stop.
+"""
+
+from __future__ import annotations
+
+from falsify.cli.train import run_loop
+
+
+def register(sub) -> None:
+    from falsify.impl.llm.config_file import LIMITS
+
+    p = sub.add_parser(
+        "distill", help="distill a teacher into a smaller student (KD loss)",
+        description="Distill a frozen teacher into a smaller student (default: the built-in "
+                    "base into a half-size tiny model, a couple of minutes on CPU).")
+    p.add_argument("--teacher", metavar="DIR",
+                   help="our checkpoint or run dir, or an HF causal-LM dir (default: the "
+                        "built-in base)")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML file of DistillConfig fields ({LIMITS})")
+    p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
+                   help="continue from a checkpoint: a checkpoint or run directory; without "
+                        "DIR, the latest checkpoint in out_dir")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override config fields, e.g. alpha=0.9 temperature=2 teacher_topk=32")
+    p.set_defaults(func=cmd_distill)
+
+
+def cmd_distill(args) -> int:
+    from falsify.impl.llm import distill as D
+
+    if args.teacher is not None:
+        args.overrides = [*args.overrides, f"teacher={args.teacher}"]
+
+    def runner(cfg, console):
+        console.print(f"teacher: {cfg.teacher or 'the built-in base'}; alpha={cfg.alpha} "
+                      f"temperature={cfg.temperature} "
+                      f"teacher_topk={cfg.teacher_topk or 'full logits'}")
+        result = D.distill(cfg, resume=args.resume, console=console)
+        console.print(f"distill.json: {result.out_dir}/distill.json")
+        return result
+
+    return run_loop(args, D.DistillConfig, runner, verb="distill")
