@@ -1,0 +1,82 @@
+"""`falsify pipeline` on a small preset: all seven stages run, each reading the previous
+stage's model; a rerun skips every stage; changing one stage's settings reruns that stage and
+those after it only; an unknown stage is refused. Slow (a real chain, minutes on 2 cores):
+CI runs it in its own step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from falsify.cli import main
+from falsify.impl.llm import pipeline as PL
+
+SMALL = {
+    "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 400_000, "vocab_size": 512,
+                 "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                 "intermediate_size": 64, "seq_len": 64, "max_steps": 6, "warmup_steps": 0,
+                 "batch_size": 4, "eval_interval": 6, "eval_batches": 1, "save_interval": 6,
+                 "sample_tokens": 0, "progress": False},
+    "distill": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                "intermediate_size": 32, "max_steps": 4, "warmup_steps": 0, "batch_size": 4,
+                "eval_interval": 4, "eval_batches": 1, "save_interval": 4, "progress": False},
+    "finetune": {"max_steps": 2, "method": "qlora", "batch_size": 2, "progress": False,
+                 "sample_tokens": 0},
+    "merge": {},
+    "prune": {"method": "wanda", "sparsity": 0.5, "calibration": 2},
+    "quantize": {"method": "int8"},
+    "eval": {"samples": 1, "k": "1", "limit": 2, "max_new_tokens": 8, "temperature": 0},
+}
+
+
+@pytest.mark.slow
+def test_pipeline_runs_resumes_and_reruns_what_changed(tmp_path, capsys):
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "out"
+    assert main(["pipeline", "--config", str(cfg), "--out", str(out)]) == 0, \
+        capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert [r["stage"] for r in report] == list(PL.STAGES)
+    assert not any(r["skipped"] for r in report)
+    by = {r["stage"]: r for r in report}
+    for stage in ("pretrain", "distill", "finetune", "merge", "prune", "quantize"):
+        assert by[stage]["perplexity"] > 1 and by[stage]["size_bytes"] > 0, stage
+    assert 0.0 <= by["eval"]["pass_at_1"] <= 1.0
+    # the int8 layout is smaller than the fp32 model it came from
+    assert by["quantize"]["size_bytes"] < by["prune"]["size_bytes"]
+    # the distilled student is smaller than its teacher, and transformers loads it exported
+    assert by["distill"]["size_bytes"] < by["pretrain"]["size_bytes"]
+    assert main(["export", by["distill"]["model"], "--out", str(tmp_path / "student-hf")]) == 0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "student-hf")
+    assert student.config.hidden_size == SMALL["distill"]["hidden_size"]
+    assert AutoTokenizer.from_pretrained(tmp_path / "student-hf").eos_token == "<|endoftext|>"
+    capsys.readouterr()
+
+    assert main(["pipeline", "--config", str(cfg), "--out", str(out)]) == 0
+    again = json.loads((out / "report.json").read_text())
+    assert all(r["skipped"] for r in again)
+
+    cfg.write_text(yaml.safe_dump({**SMALL, "quantize": {"method": "int4", "group": 32}}))
+    assert main(["pipeline", "--config", str(cfg), "--out", str(out)]) == 0
+    third = {r["stage"]: r["skipped"] for r in json.loads((out / "report.json").read_text())}
+    assert third == {"pretrain": True, "distill": True, "finetune": True, "merge": True,
+                     "prune": True, "quantize": False, "eval": False}
+
+
+def test_unknown_stage_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("pretrain: {}\ndistil: {}\n")
+    assert main(["pipeline", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown stage 'distil'" in capsys.readouterr().out
+
+
+def test_a_stage_must_be_a_mapping(tmp_path, capsys):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("prune: 0.5\n")
+    assert main(["pipeline", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "must be a mapping" in capsys.readouterr().out
