@@ -65,7 +65,7 @@ class DistillConfig(TrainConfig):
     temperature: float = 4.0
     teacher_topk: int | None = None  # null: full teacher logits; k: the teacher's top-k
     teacher_cache: str | None = None  # top-k shards directory: read if it matches, else written
-    kd_chunk: int = 1024  # tokens per chunk of the fused linear-KD kernel
+    kd_chunk: int | None = None  # tokens per chunk of the fused linear-KD kernel (null: its own)
     # the student (architecture overrides of the `tiny` preset) and the built-in base's data
     hidden_size: int | None = 64
     num_layers: int | None = 2

@@ -31,11 +31,11 @@ __all__ = ["fused_linear_cross_entropy"]
 CHUNK_ELEMENTS = 1 << 22  # one [C, V] fp32 block ≤ 16 MiB (C = 128 rows at V = 32768)
 
 
-def chunk_rows(T, V):
-    """Rows per chunk: the largest power of two with C·V ≤ CHUNK_ELEMENTS (at least 1, at most
+def chunk_rows(T, V, budget=CHUNK_ELEMENTS):
+    """Rows per chunk: the largest power of two with C·V ≤ budget (at least 1, at most
     next_power_of_2(T)). Pure integer arithmetic."""
     c = 1
-    while c * 2 * V <= CHUNK_ELEMENTS and c < T:
+    while c * 2 * V <= budget and c < T:
         c *= 2
     return max(1, min(c, next_power_of_2(max(T, 1))))
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c6465beea189f5dd4058146a49902a129d66f0e3a561dc586c887dd63106a6bc"
+SHA256 = "4cf23948d3e71771b3093e0ba09476f67b3396eede2b1b88cd2a50f3411e99e7"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 
