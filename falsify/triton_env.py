@@ -36,3 +36,39 @@ def configure() -> None:
         if os.environ.get("FALSIFY_QUIET") != "1":
             print("falsify: no GPU visible; Triton kernels run under TRITON_INTERPRET=1",
                   file=sys.stderr)
+
+
+def pin_interpreter_dot() -> None:
+    """Under the interpreter, compute `tl.dot` so that each output row's value does not depend
+    on where the row sits in its tile.
+
+    Triton's interpreter evaluates `tl.dot` with `np.matmul`, i.e. the machine's BLAS, and
+    OpenBLAS's sgemm kernels (seen: 0.3.31, Haswell/SkylakeX paths) sum a row's K products in
+    an order that depends on the row's position in the M tile: row 33 of a 64-row tile and
+    the same row alone at position 0 differ in the last bit. A kernel whose tiles do not
+    depend on the batch then fails the batch-invariance checks on some CPUs and passes on
+    others, a property of the BLAS and not of the kernel. `np.einsum` without `optimize` does
+    not call BLAS: it sums each element's K products in K order, in the accumulator dtype, the
+    same for every row. Floating-point dots only; fp8 and integer dots keep the interpreter's
+    own path."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_falsify_pinned", False):
+        return
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        floats = all(x.dtype.is_floating() and x.dtype.primitive_bitwidth >= 16
+                     for x in (a, b)) and d.data.dtype.kind == "f"
+        if not floats:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        prod = np.einsum("...mk,...kn->...mn", a.data, b.data, dtype=d.data.dtype,
+                         optimize=False)
+        return interpreter.TensorHandle(prod + d.data, d.dtype.scalar)
+
+    create_dot._falsify_pinned = True
+    builder.create_dot = create_dot

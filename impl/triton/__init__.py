@@ -12,3 +12,4 @@ from falsify import triton_env
 triton_env.configure()
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+triton_env.pin_interpreter_dot()  # tl.dot's rows independent of their tile position
