@@ -43,7 +43,14 @@ def _peak_from_trace(prof) -> int:
         os.unlink(path)
     mem = sorted((e for e in trace["traceEvents"] if e.get("name") == "[memory]"),
                  key=lambda e: e["ts"])
-    return max([int(e["args"]["Total Allocated"]) for e in mem] + [0])
+    if not mem:
+        return 0
+    # "Total Allocated" is the profiler's running total over every allocation it has seen
+    # while profiling, in this window or an earlier one; tensors from an earlier window freed
+    # outside any window stay in it. The window's own baseline is the total before its first
+    # event, so the peak counts only what this call added.
+    base = int(mem[0]["args"]["Total Allocated"]) - int(mem[0]["args"]["Bytes"])
+    return max(0, max(int(e["args"]["Total Allocated"]) for e in mem) - base)
 
 
 def _bound_flce(backend):
