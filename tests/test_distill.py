@@ -23,6 +23,13 @@ TINY = ["corpus=synthetic", "vocab_size=512", "hidden_size=32", "num_layers=1",
         "progress=false", "max_bytes=null"]
 
 
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """rich wraps messages at the terminal's width (80 under xdist); the tests read them."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
 @pytest.fixture(scope="module")
 def teacher_run(tmp_path_factory):
     """A tiny teacher pretrained for a few steps on the synthetic corpus (our checkpoint)."""

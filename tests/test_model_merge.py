@@ -239,7 +239,9 @@ def test_adapters_dare_is_seeded_and_drops_what_its_mask_drops(models, adapters,
     ("model", "mixes adapters"),
     ("slerp", "not task vectors"),
 ])
-def test_bad_adapter_merges_are_refused(models, adapters, tmp_path, which, words, capsys):
+def test_bad_adapter_merges_are_refused(models, adapters, tmp_path, which, words, capsys,
+                                        monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width (80 under xdist)
     argv = {"other-base": ["--method", "linear", "--models", str(adapters[0]),
                            str(adapters[2])],
             "model": ["--method", "linear", "--models", str(adapters[0]), str(models[0])],

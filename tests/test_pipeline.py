@@ -31,6 +31,13 @@ SMALL = {
 }
 
 
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """rich wraps messages at the terminal's width (80 under xdist); the tests read them."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
 @pytest.mark.slow
 def test_pipeline_runs_resumes_and_reruns_what_changed(tmp_path, capsys):
     cfg = tmp_path / "pipeline.yaml"

@@ -151,8 +151,11 @@ def test_layout_is_what_transformers_saves(tmp_path, double_quant):
     assert qa == qb
 
 
-def test_quantize_cli_writes_the_bnb_checkpoint_with_its_tokenizer(tmp_path, capsys):
+def test_quantize_cli_writes_the_bnb_checkpoint_with_its_tokenizer(tmp_path, capsys,
+                                                                  monkeypatch):
     from falsify.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width (80 under xdist)
 
     base = base_with_tokenizer(tmp_path)
     out = tmp_path / "out"
