@@ -15,12 +15,13 @@ from falsify.impl.llm import pipeline as PL
 
 SMALL = {
     "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 400_000, "vocab_size": 512,
-                 "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-                 "intermediate_size": 64, "seq_len": 64, "max_steps": 6, "warmup_steps": 0,
+                 "hidden_size": 64, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2,
+                 "intermediate_size": 128, "seq_len": 64, "max_steps": 6, "warmup_steps": 0,
                  "batch_size": 4, "eval_interval": 6, "eval_batches": 1, "save_interval": 6,
                  "sample_tokens": 0, "progress": False},
-    "distill": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-                "intermediate_size": 32, "max_steps": 4, "warmup_steps": 0, "batch_size": 4,
+    # every projection of the student has a multiple of 32 input columns (int4, group 32)
+    "distill": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                "intermediate_size": 64, "max_steps": 4, "warmup_steps": 0, "batch_size": 4,
                 "eval_interval": 4, "eval_batches": 1, "save_interval": 4, "progress": False},
     "finetune": {"max_steps": 2, "method": "qlora", "batch_size": 2, "progress": False,
                  "sample_tokens": 0},
