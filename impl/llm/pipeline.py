@@ -36,11 +36,11 @@ SHARED_DATA = ("corpus", "max_bytes", "max_files", "val_fraction", "vocab_size",
 # The built-in default: the tiny preset on the stdlib, minutes on 2 CPU cores.
 TINY = {
     "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000,
-                 "max_steps": 120, "warmup_steps": 6, "batch_size": 8, "eval_interval": 120,
-                 "eval_batches": 4, "save_interval": 120, "sample_tokens": 0},
-    "distill": {"max_steps": 80, "warmup_steps": 4, "batch_size": 8, "eval_interval": 80,
-                "eval_batches": 4, "save_interval": 80},
-    "finetune": {"max_steps": 20, "method": "qlora"},
+                 "max_steps": 500, "warmup_steps": 25, "batch_size": 8, "eval_interval": 500,
+                 "eval_batches": 4, "save_interval": 500, "sample_tokens": 0},
+    "distill": {"max_steps": 300, "warmup_steps": 15, "batch_size": 8, "eval_interval": 300,
+                "eval_batches": 4, "save_interval": 300},
+    "finetune": {"max_steps": 60, "method": "qlora"},
     "merge": {},
     "prune": {"method": "wanda", "sparsity": 0.5},
     "quantize": {"method": "int8"},
@@ -204,8 +204,9 @@ def run(spec: dict, out: Path, backend: str = "auto",
             work.mkdir()
             (work / "eval.json").write_text(json.dumps(report, indent=1))
             pass1 = float(report["pass_at_k"]["1"])
-            ppl = float(report["perplexity"]["perplexity"])
+            # the column's own held-out text (eval's may be cut by its --limit)
             model, sizes = prev, []
+            ppl = _perplexity(stage, model, backend)
         else:
             model, sizes = _output(stage, work)
             ppl = _perplexity(stage, model, backend)
