@@ -20,12 +20,10 @@ Andon stop.
 
 from __future__ import annotations
 
-from falsify.cli.train import run_loop
+from falsify.cli.train import add_loop_args, run_loop
 
 
 def register(sub) -> None:
-    from falsify.impl.llm.config_file import LIMITS
-
     p = sub.add_parser(
         "distill", help="distill a teacher into a smaller student (KD loss)",
         description="Distill a frozen teacher into a smaller student (default: the built-in "
@@ -33,13 +31,7 @@ def register(sub) -> None:
     p.add_argument("--teacher", metavar="DIR",
                    help="our checkpoint or run dir, or an HF causal-LM dir (default: the "
                         "built-in base)")
-    p.add_argument("--config", metavar="FILE",
-                   help=f"YAML file of DistillConfig fields ({LIMITS})")
-    p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
-                   help="continue from a checkpoint: a checkpoint or run directory; without "
-                        "DIR, the latest checkpoint in out_dir")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="override config fields, e.g. alpha=0.9 temperature=2 teacher_topk=32")
+    add_loop_args(p, "DistillConfig", "alpha=0.9 temperature=2 teacher_topk=32")
     p.set_defaults(func=cmd_distill)
 
 

@@ -37,15 +37,21 @@ def register(sub) -> None:
         "train", help="pretrain a LLaMA-style model (default: tiny, on the stdlib)",
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
+    add_loop_args(p, "TrainConfig", "max_steps=100 lr=1e-3")
+    p.set_defaults(func=cmd_train)
+
+
+def add_loop_args(p, config_class: str, example: str) -> None:
+    """--config, --resume and key=value overrides: the arguments of every run that is the
+    pretraining loop (`falsify train`, `falsify distill`)."""
     p.add_argument("--config", metavar="FILE",
-                   help=f"YAML file of TrainConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
+                   help=f"YAML file of {config_class} fields ({CONFIG_FILE_LIMITS}; duplicate "
                         "keys and YAML tags are errors)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint: a checkpoint or run directory; without "
                         "DIR, the latest checkpoint in out_dir")
     p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="override config fields, e.g. max_steps=100 lr=1e-3")
-    p.set_defaults(func=cmd_train)
+                   help=f"override config fields, e.g. {example}")
 
 
 def _resume_config(args, cls=TrainConfig) -> TrainConfig:
