@@ -121,7 +121,7 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in sorted(module.state_dict().items()):
         h.update(f"{k}{tuple(v.shape)}{v.dtype}".encode())
-        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -270,6 +270,8 @@ class TopkCache:
               seq_len: int, k: int, ident: dict, batch: int = 16) -> Path:
         from safetensors.torch import save_file
 
+        device = next(teacher.module.parameters()).device
+
         def fill(tmp: Path):
             shards = []
             for a in range(0, len(blocks), cls.SHARD_BLOCKS):
@@ -278,10 +280,10 @@ class TopkCache:
                 for b in range(0, len(part), batch):
                     ids = torch.from_numpy(np.stack(
                         [data_mod.block(stream, int(i), seq_len)[0] for i in part[b:b + batch]]
-                    ).astype(np.int64))
+                    ).astype(np.int64)).to(device)
                     v, i = topk_stable(teacher.logits(ids), k)
-                    vals.append(v)
-                    idx.append(i.to(torch.int32))
+                    vals.append(v.cpu())
+                    idx.append(i.to(torch.int32).cpu())
                 name = f"shard-{len(shards):05d}.safetensors"
                 save_file({"blocks": torch.from_numpy(part.astype(np.int64)),
                            "values": torch.cat(vals), "indices": torch.cat(idx)},
@@ -322,13 +324,13 @@ class TopkCache:
         return cls({int(x): r for r, x in enumerate(b.tolist())}, torch.cat(values),
                    torch.cat(indices))
 
-    def lookup(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, blocks: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             rows = torch.tensor([self.rows[int(b)] for b in blocks])
         except KeyError as e:
             raise DistillConfigError(f"teacher cache: block {e.args[0]} is not cached (the "
                                      "cache covers the blocks of max_steps steps)") from None
-        return self.values[rows], self.indices[rows].long()
+        return self.values[rows].to(device), self.indices[rows].long().to(device)
 
 
 # ------------------------------------------------------------------------------ the step
@@ -363,7 +365,7 @@ class DistillTrainer(Trainer):
     def teacher_signal(self, micro) -> tuple:
         c = self.kd
         if self.cache is not None:
-            v, i = self.cache.lookup(micro[2])
+            v, i = self.cache.lookup(micro[2], self.device)
             return v.reshape(-1, v.shape[-1]), i.reshape(-1, i.shape[-1])
         x_t = self.dparts.teacher_input(micro[0], micro[1]).to(self.device)
         z = self.teacher.logits(x_t)
