@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "913f69c62fa0c1ecf7ee0b24bac2d82a60d3a0710a9c6e3623d921f1868cf2a7"
+SHA256 = "c11882bea8b108f4645b40f41c0a080da93cc0b8c3d9184bee8986c73d2e6bd3"
 CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 
 
