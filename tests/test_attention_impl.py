@@ -100,3 +100,29 @@ def test_empty_batch_and_explicit_scale(backend):
     got = BACKENDS[backend].attention(q, k, v, scale=0.3)
     want = tatt.attention_naive(q, k, v, scale=0.3)
     assert torch.allclose(got, want, atol=2e-6)
+
+
+def test_head_dim_padding_for_the_cuda_kernels_changes_nothing():
+    """On CUDA a head dim that is not a whole number of 16-byte vectors is padded with zero
+    columns before the fused kernel (an H200 had no kernel for d = 1 in fp32). The padding is
+    exact: outputs and gradients equal the unpadded call's, run here on the CPU kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    from falsify.impl.torch import attention as A
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    dy = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64)
+    scale = 3 ** -0.5
+    plain = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    gp = torch.autograd.grad(plain, (q, k, v), dy)
+    qp, kp, vp = A._pad_head_dim(q, k, v, 5)
+    assert qp.shape[-1] == 8 and bool((qp[..., 3:] == 0).all())
+    padded = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    assert bool((padded[..., 3:] == 0).all())
+    gq = torch.autograd.grad(padded[..., :3], (q, k, v), dy)
+    torch.testing.assert_close(padded[..., :3], plain, rtol=0, atol=1e-15)
+    for a, b in zip(gq, gp):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-14)

@@ -380,3 +380,19 @@ def test_fd_rounding_scale_covers_outputs_formed_by_cancellation():
                  "teacher_logits": np.zeros((1, 5), np.float32), "labels": np.array([0]),
                  "temperature": 2.0, "alpha": 1.0, "ignore_index": -1}, {}, 0, "zeros")
     rt.execute("kd-loss-kernel-v1", "FALSIFY-KD-002", "reference", "float32", case)
+
+
+# ---------------------------------------------------------------- training evidence
+def test_a_failed_training_predicate_shows_the_run_figures(tmp_path):
+    """'predicate is false' alone leaves a GPU user with nothing to act on: the message names
+    the scalar figures the run returned (lists and arrays stay out of it)."""
+    fns = {"add_eps": {"reference": f"{FNS}:add_eps", "torch": f"{FNS}:add_eps"}}
+    c = load(tmp_path, contract_dict(fns, {}, [
+        {"kind": "training", "run": f"{FNS}:resume_run",
+         "predicate": "r['bit_identical'] and r['max_abs_diff'] == 0.0"}]))
+    with pytest.raises(runtime.CheckFailed) as e:
+        run_check(c, 0, "torch", "float32")
+    msg = str(e.value)
+    assert "is false" in msg
+    assert "bit_identical=False" in msg and "max_abs_diff=3.5e-07" in msg and "steps=5" in msg
+    assert "curve" not in msg

@@ -222,3 +222,26 @@ def test_clip_norm_is_right_where_a_plain_fp32_sum_of_squares_is_not(scale):
     plain = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gs, 2))))
     if scale in (1e-30, 1e35):  # what the fast path alone reports: 0 and inf
         assert not abs(plain - want) <= 1e-3 * want
+
+
+# ------------------------------------------------------------------ precision on a GPU
+@pytest.mark.parametrize("precision,backend,expect", [
+    ("auto", "torch", None), ("auto", "triton", None), ("fp32", "torch", None),
+    ("bf16", "triton", torch.bfloat16), ("bf16", "torch", "refused")])
+def test_precision_on_cuda_is_what_the_kernel_contracts_check(monkeypatch, precision, backend,
+                                                              expect):
+    """On a GPU `auto` trains fp32: bf16 autocast hands the torch kernels a dtype their
+    contracts do not check (the H200 run stopped at step 1 in rope). bf16 must be asked for,
+    and with the torch backend it is refused before any work, naming the reason. A CUDA device
+    also switches the loop to deterministic kernels (resume is bit-identical by contract)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(RUN, "deterministic_cuda", lambda: calls.append(1))
+    cfg = LC.TrainConfig.load(None, [f"precision={precision}", f"backend={backend}",
+                                     "device=cuda"])
+    if expect == "refused":
+        with pytest.raises(LC.ConfigError, match="precision='bf16' with backend='torch'"):
+            RUN.resolve_device(cfg)
+        return
+    dev, autocast = RUN.resolve_device(cfg)
+    assert dev.type == "cuda" and autocast == expect and calls == [1]

@@ -13,6 +13,8 @@ import inspect
 import numpy as np
 import torch
 
+from falsify.probes import device
+
 F32_EPS = float(np.finfo(np.float32).eps)
 HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 SHAPES = ((7, 13), (64,), (1,), (3, 1, 5))  # non-power-of-2, size-1 and 3-d parameters
@@ -24,13 +26,14 @@ def _impl(backend: str):
     return importlib.import_module(f"falsify.impl.{backend}.adamw")
 
 
-def _grad_stream(steps: int, seed: int):
+def _grad_stream(steps: int, seed: int, dev: str = "cpu"):
     """Seeded gradients whose scale sweeps 1e-3 … 1e3 (Adam is scale-invariant only up to ε),
-    with an all-zero gradient on every 10th step for the first tensor."""
+    with an all-zero gradient on every 10th step for the first tensor; drawn on the CPU, on
+    `dev` when yielded."""
     gen = torch.Generator().manual_seed(seed)
     for t in range(1, steps + 1):
         scale = 10.0 ** ((t % 7) - 3)
-        gs = [torch.randn(s, generator=gen) * scale for s in SHAPES]
+        gs = [(torch.randn(s, generator=gen) * scale).to(dev) for s in SHAPES]
         if t % 10 == 0:
             gs[0].zero_()
         yield gs
@@ -49,8 +52,9 @@ def vs_torch_adamw(backend, dtype, steps, lr, beta1, beta2, eps, weight_decay, s
     from falsify.impl.torch.adamw import init_state
 
     impl = _impl(backend)
+    dev = device(backend)  # torch.optim runs on the same device as ours
     gen = torch.Generator().manual_seed(seed + 1)
-    init = [torch.randn(s, generator=gen) for s in SHAPES]
+    init = [torch.randn(s, generator=gen).to(dev) for s in SHAPES]
     ref = [p.clone().requires_grad_(True) for p in init]
     l2 = [p.clone().requires_grad_(True) for p in init]
     ours = [p.clone() for p in init]
@@ -60,7 +64,7 @@ def vs_torch_adamw(backend, dtype, steps, lr, beta1, beta2, eps, weight_decay, s
                               weight_decay=weight_decay, foreach=False)
     ms, vs = init_state(ours)  # the zero state the AdamW class starts from, on either backend
     max_err = max_param = max_update = 0.0
-    for t, gs in enumerate(_grad_stream(steps, seed), start=1):
+    for t, gs in enumerate(_grad_stream(steps, seed, dev), start=1):
         before = [p.detach().clone() for p in ref]
         for p, q, g in zip(ref, l2, gs):
             p.grad = g.clone()
@@ -98,9 +102,12 @@ def hyperparameter_contract(backend, dtype):
             prm = sig.parameters.get(name)
             if prm is None or prm.default is not inspect.Parameter.empty:
                 defaulted.append(f"{fn.__name__}.{name}")
-    p = torch.randn(5, 3, dtype=getattr(torch, dtype))
-    g = torch.randn(5, 3, dtype=getattr(torch, dtype))
-    m, v = torch.zeros(5, 3), torch.zeros(5, 3)
+    # On the backend's device: a mutant that skips validation must launch and not raise, rather
+    # than fail on a CPU pointer with a ValueError counted as a rejection.
+    dev = device(backend)
+    p = torch.randn(5, 3, dtype=getattr(torch, dtype)).to(dev)
+    g = torch.randn(5, 3, dtype=getattr(torch, dtype)).to(dev)
+    m, v = torch.zeros(5, 3, device=dev), torch.zeros(5, 3, device=dev)
     good = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     missing_raises = True
     try:
@@ -120,7 +127,7 @@ def hyperparameter_contract(backend, dtype):
             rejected += 1
     from falsify.impl.torch.adamw import AdamW
 
-    w = torch.nn.Parameter(torch.randn(4, dtype=torch.float32))
+    w = torch.nn.Parameter(torch.randn(4, dtype=torch.float32).to(dev))
     opt = AdamW([w], lr=3e-4, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1,
                 backend=backend)
     group = opt.hyperparameters(0)

@@ -4,6 +4,8 @@ swapped-in mutant is what runs."""
 
 from __future__ import annotations
 
+from falsify.probes import device
+
 CONTRACT = "attention-kernel-v1"
 
 
@@ -21,12 +23,14 @@ def gqa_probe(backend, dtype="float32", b=2, hkv=2, g=3, s=37, d=24, causal=True
     import torch
 
     fn = fn or _bound(backend)
+    dev = device(backend)
     dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(11)
     q = (torch.rand(b, hkv * g, s, d, generator=gen) * 2 - 1).to(dt)
     k = (torch.rand(b, hkv, s, d, generator=gen) * 2 - 1).to(dt)
     v = (torch.rand(b, hkv, s, d, generator=gen) * 2 - 1).to(dt)
     dy = torch.randn(b, hkv * g, s, d, generator=gen).to(dt)
+    q, k, v, dy = (t.to(dev) for t in (q, k, v, dy))
     leaves_g = [t.clone().requires_grad_() for t in (q, k, v)]
     y_g = fn(*leaves_g, causal=causal)
     gq_g, gk_g, gv_g = torch.autograd.grad(y_g, leaves_g, dy)
@@ -77,6 +81,9 @@ def memory_probe(backend, dtype="float32", b=1, hkv=2, g=2, d=64, s_small=512, s
 
     from falsify.impl.torch.attention import attention_naive
 
+    if device(backend) != "cpu":
+        raise ValueError(f"backend={backend!r} runs on {device(backend)}: this probe measures "
+                         "torch's CPU allocator")
     fn = fn or _bound(backend)
     dt = getattr(torch, dtype)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from falsify.probes import device
+
 F32_EPS = float(np.finfo(np.float32).eps)
 
 
@@ -20,6 +22,7 @@ def vs_torch_functional(backend, dtype):
 
     fn = backends.function(runtime.contract("cross-entropy-kernel-v1"), "cross_entropy", backend)
     importlib.import_module(f"falsify.impl.{backend}.cross_entropy")
+    dev = device(backend)  # F.cross_entropy runs on the same device as ours
     gen = torch.Generator().manual_seed(0)
     worst_loss = worst_grad = 0.0
     cases = 0
@@ -27,6 +30,7 @@ def vs_torch_functional(backend, dtype):
         z = torch.randn(T, V, generator=gen) * 4
         y = torch.randint(0, V, (T,), generator=gen)
         y[::3] = -100
+        z, y = z.to(dev), y.to(dev)
         for reduction in ("none", "sum", "mean"):
             for ls in (0.0, 0.1):
                 a = z.clone().requires_grad_(True)
@@ -34,7 +38,7 @@ def vs_torch_functional(backend, dtype):
                 la = fn(a, y, reduction=reduction, label_smoothing=ls)
                 lb = torch.nn.functional.cross_entropy(b, y, reduction=reduction,
                                                        label_smoothing=ls)
-                dy = torch.randn(la.shape, generator=gen)
+                dy = torch.randn(la.shape, generator=gen).to(dev)
                 la.backward(dy)
                 lb.backward(dy)
                 worst_loss = max(worst_loss, float((la - lb).abs().max()))

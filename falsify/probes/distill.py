@@ -40,11 +40,15 @@ def _parts():
 def _config(out: Path, **over):
     from falsify.impl.llm import run as R
     from falsify.impl.llm.distill import DistillConfig
+    from falsify.probes import device
 
     d = {**R.TINY_TEST, "out_dir": str(out), "max_steps": 4, "warmup_steps": 0,
          "save_interval": 1000, "eval_interval": 1000, "max_bytes": None, "alpha": 0.5,
          "temperature": 2.0, "kd_chunk": 48}
     d.update(over)
+    # the run lives where the check's backend does (torch: the CPU), not wherever `auto` finds
+    # a GPU: the probes compare against CPU tensors, and the checks name their backend
+    d.setdefault("device", device(d.get("backend", "torch")))
     return DistillConfig.from_dict(d, source="distill probe")
 
 
@@ -103,7 +107,7 @@ def alpha_zero_run(backend: str = "torch", dtype: str = "float32", steps: int = 
         _, kd = _run(cfg)
         pre_cfg = R.tiny_config(Path(tmp) / "pre", **{
             k: getattr(cfg, k) for k in ("max_steps", "warmup_steps", "save_interval",
-                                         "eval_interval", "backend")})
+                                         "eval_interval", "backend", "device")})
         pre = R.train(pre_cfg, keep_model=True)
     a, b = kd.model.state_dict(), pre.model.state_dict()
     rel = [abs(x - y) / abs(y) for x, y in zip(kd.losses, pre.losses, strict=True)]

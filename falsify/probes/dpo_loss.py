@@ -3,6 +3,8 @@ log-prob up and the rejected down."""
 
 from __future__ import annotations
 
+from falsify.probes import device
+
 
 def preference_step(backend, dtype, steps, lr, beta, seed):
     """A tiny categorical policy over response tokens trained with the bound DPO loss (SGD)
@@ -15,13 +17,14 @@ def preference_step(backend, dtype, steps, lr, beta, seed):
     from falsify.impl.torch.dpo_loss import sequence_logps
 
     fn = backends.function(runtime.contract("dpo-loss-kernel-v1"), "dpo_loss", backend)
+    dev = device(backend)
     gen = torch.Generator().manual_seed(seed)
     B, S, V = 4, 6, 11
-    ref_logits = torch.randn(B, S, V, generator=gen)
+    ref_logits = torch.randn(B, S, V, generator=gen).to(dev)
     policy = ref_logits.clone().requires_grad_(True)
-    chosen = torch.randint(0, V, (B, S), generator=gen)
-    rejected = torch.randint(0, V, (B, S), generator=gen)
-    mask = torch.ones(B, S)
+    chosen = torch.randint(0, V, (B, S), generator=gen).to(dev)
+    rejected = torch.randint(0, V, (B, S), generator=gen).to(dev)
+    mask = torch.ones(B, S, device=dev)
     with torch.no_grad():
         rc = sequence_logps(ref_logits, chosen, mask)
         rr = sequence_logps(ref_logits, rejected, mask)

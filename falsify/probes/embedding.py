@@ -1,5 +1,7 @@
 """Embedding contract: the out-of-range token id probe."""
 
+from falsify.probes import device
+
 CONTRACT = "embedding-kernel-v1"
 
 
@@ -14,18 +16,19 @@ def range_probe(backend, dtype="float32", vocab=8, d=4):
 
     fn = backends.function(runtime.contract(CONTRACT), "embedding", backend)
     ref = backend == "reference"  # numpy in, numpy out, no `out=`
+    dev = device(backend)
     dt = getattr(torch, dtype)
     table = torch.arange(vocab * d, dtype=torch.float32).view(vocab, d).to(dt)
-    tab = table.double().numpy() if ref else table
+    tab = table.double().numpy() if ref else table.to(dev)
 
     def ids_of(values):
-        return np.asarray(values, dtype=np.int64) if ref else torch.tensor(values)
+        return np.asarray(values, dtype=np.int64) if ref else torch.tensor(values, device=dev)
 
     bad = {"id = V": [0, vocab], "id = −1": [-1, 0], "id = 2^40": [2 ** 40, 1],
            "id = V + 1000": [vocab + 1000, 2]}
     rejected, untouched = [], True
     for name, ids in bad.items():
-        out = None if ref else torch.full((2, d), float("nan"), dtype=dt)
+        out = None if ref else torch.full((2, d), float("nan"), dtype=dt, device=dev)
         try:
             fn(ids=ids_of(ids), table=tab, **({} if ref else {"out": out}))
         except (ValueError, IndexError):

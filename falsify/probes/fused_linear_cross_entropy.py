@@ -18,6 +18,8 @@ import json
 import torch
 import torch.nn.functional as F
 
+from falsify.probes import device
+
 
 def peak_allocated_bytes(fn) -> int:
     """Peak of torch's CPU "Total Allocated" while fn() runs (bytes beyond what was live
@@ -82,6 +84,9 @@ def memory_vs_naive(backend, dtype, T, H, V, chunk_size):
     The naive path holds at least the [T, V] logits and their gradient: 2·T·V·4 bytes."""
     if dtype != "float32":
         raise ValueError("the memory comparison runs in float32")
+    if device(backend) != "cpu":
+        raise ValueError(f"backend={backend!r} runs on {device(backend)}: this probe measures "
+                         "torch's CPU allocator")
     fn = _bound_flce(backend)
     tdt = getattr(torch, dtype)
     out = {}

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from falsify.probes import device
 from falsify.probes.fused_linear_cross_entropy import peak_allocated_bytes
 
 F32_EPS = float(np.finfo(np.float32).eps)
@@ -22,14 +23,15 @@ def _bound(equation, backend):
     return backends.function(runtime.contract(CONTRACT), equation, backend)
 
 
-def _inputs(N, d, V, dtype, seed=0, teacher_scale=3.0):
+def _inputs(N, d, V, dtype, seed=0, teacher_scale=3.0, dev="cpu"):
+    """(x, w, zt, y), drawn on the CPU and moved to `dev`; x and w are leaves requiring grad."""
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(N, d, generator=g) / d ** 0.25).to(dtype).requires_grad_(True)
-    w = (torch.randn(V, d, generator=g) / d ** 0.25).to(dtype).requires_grad_(True)
-    zt = (torch.randn(N, V, generator=g) * teacher_scale).to(dtype)
+    x = (torch.randn(N, d, generator=g) / d ** 0.25).to(dtype).to(dev).requires_grad_(True)
+    w = (torch.randn(V, d, generator=g) / d ** 0.25).to(dtype).to(dev).requires_grad_(True)
+    zt = (torch.randn(N, V, generator=g) * teacher_scale).to(dtype).to(dev)
     y = torch.randint(0, V, (N,), generator=g)
     y[::7] = -100
-    return x, w, zt, y
+    return x, w, zt, y.to(dev)
 
 
 def naive(x, w, zt, y, temperature, alpha):
@@ -54,6 +56,9 @@ def memory_vs_naive(backend, dtype, N, d, V, chunk_size):
     of that size: 3·N·V·4 bytes."""
     if dtype != "float32":
         raise ValueError("the memory comparison runs in float32")
+    if device(backend) != "cpu":
+        raise ValueError(f"backend={backend!r} runs on {device(backend)}: this probe measures "
+                         "torch's CPU allocator")
     fn = _bound("fused_linear_kd", backend)
     x, w, zt, y = _inputs(N, d, V, torch.float32)
 
@@ -73,13 +78,14 @@ def memory_vs_naive(backend, dtype, N, d, V, chunk_size):
 def teacher_no_grad(backend, dtype):
     """Teacher logits (and top-k values) that require grad get no gradient; KL and CE come
     back without an autograd graph; x and W still get theirs. Returns counts of violations."""
+    dev = device(backend)
     tdt = getattr(torch, dtype)
     full = _bound("fused_linear_kd", backend)
     topk = _bound("fused_linear_kd_topk", backend)
     bad = {"teacher_grads": 0, "graph_on_logged_terms": 0, "student_without_grad": 0}
     for i, (N, d, V, C) in enumerate(((9, 8, 37, 4), (16, 4, 64, 16))):
         for which in ("full", "topk"):
-            x, w, zt, y = _inputs(N, d, V, tdt, seed=i)
+            x, w, zt, y = _inputs(N, d, V, tdt, seed=i, dev=dev)
             zt.requires_grad_(True)
             if which == "full":
                 loss, kl, ce = full(x, w, zt, y, temperature=2.0, alpha=0.5, ignore_index=-100,
@@ -114,6 +120,7 @@ def topk_vs_full(backend, dtype):
       where the tail mass ε is small)."""
     from falsify.reference.fused_linear_kd import topk_renorm_bound
 
+    dev = device(backend)
     tdt = getattr(torch, dtype) if backend != "reference" else torch.float64
     full = _bound("fused_linear_kd", backend)
     topk = _bound("fused_linear_kd_topk", backend)
@@ -124,10 +131,10 @@ def topk_vs_full(backend, dtype):
     # Triton interpreter runs every row as Python: few, small shapes)
     for seed, (N, d, V, C) in enumerate(((9, 8, 37, 4), (5, 4, 12, 2), (12, 16, 90, 5))):
         for temperature in (1.0, 4.0):
-            x, w, zt, y = _inputs(N, d, V, tdt, seed=seed)
+            x, w, zt, y = _inputs(N, d, V, tdt, seed=seed, dev=dev)
             xs, ws, zts = x.detach(), w.detach(), zt
-            xn, wn, ztn = (xs.double().numpy(), ws.double().numpy(), zts.double().numpy())
-            yn = y.numpy()
+            xn, wn, ztn = (t.double().cpu().numpy() for t in (xs, ws, zts))
+            yn = y.cpu().numpy()
             if backend == "reference":
                 kl_f = float(full(xn, wn, ztn, yn, temperature, 1.0, -100)[1])
                 rounding = 0.0

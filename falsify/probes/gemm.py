@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from falsify.probes import device
+
 CONTRACT = "gemm-kernel-v1"
 
 
@@ -22,17 +24,21 @@ def out_buffer_probe(backend, dtype="float32", m=5, n=7, k=3, fn=None):
     import torch
 
     fn = fn or _bound(backend)
+    dev = device(backend)
     dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(7)
     a = torch.randn(m, k, generator=gen).to(dt)
     b = torch.randn(k, n, generator=gen).to(dt)
     c = torch.randn(m, n, generator=gen).to(dt)
+    a, b, c = a.to(dev), b.to(dev), c.to(dev)
 
+    # Guard buffers are allocated on the device and `out` is a view into them: a moved copy of
+    # a view would not alias its buffer.
     def guarded(shape, dtype=dt):
         numel = 1
         for s in shape:
             numel *= s
-        buf = torch.full((2 * numel + 16,), float("nan"), dtype=dtype)
+        buf = torch.full((2 * numel + 16,), float("nan"), dtype=dtype, device=dev)
         return buf, buf[8:8 + numel].view(shape)
 
     bad = {
@@ -62,7 +68,7 @@ def out_buffer_probe(backend, dtype="float32", m=5, n=7, k=3, fn=None):
         else:
             failures.append(f"{name}: wrote into the buffer before raising")
     # Positive control: a correctly shaped strided view inside the guard buffer.
-    buf = torch.full((m * (n + 3) + 32,), float("nan"), dtype=dt)
+    buf = torch.full((m * (n + 3) + 32,), float("nan"), dtype=dt, device=dev)
     out = buf[16:16 + m * (n + 3)].view(m, n + 3)[:, :n]
     res = fn(a=a, b=b, out=out)
     want = (a.double() @ b.double())

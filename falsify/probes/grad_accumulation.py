@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from falsify.probes import device
 from falsify.reference.grad_accumulation import full_batch_grad, micro_batch_slices
 
 F32_EPS = float(np.finfo(np.float32).eps)
@@ -61,17 +62,19 @@ def cycles_vs_full_batch(backend, dtype, cycles, n_micro, max_norm, lr, seed):
     if dtype != "float32":
         raise ValueError("this run compares fp32 parameters")
     step_fn = _bound_step(backend)
+    dev = device(backend)  # the loop runs there; x, y stay on the CPU for the numpy reference
     B, H, V = 29, 7, 11
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(V, H, generator=gen).requires_grad_(True)
+    w = torch.randn(V, H, generator=gen).to(dev).requires_grad_(True)
     opt = _RecordingSGD([w], lr)
     max_err = max_loss_err = scale = w_max = x_max = 0.0
     clipped = 0
     for x, y in _cycle_data(gen, cycles, B, H, V):
-        w_before = w.detach().double().numpy().copy()
+        w_before = w.detach().double().cpu().numpy().copy()
         w_max = max(w_max, float(np.abs(w_before).max()))
         x_max = max(x_max, float(x.abs().max()))
-        mbs = [(x[sl], y[sl]) for sl in micro_batch_slices(B, n_micro)]
+        xd, yd = x.to(dev), y.to(dev)
+        mbs = [(xd[sl], yd[sl]) for sl in micro_batch_slices(B, n_micro)]
         n_seen = len(opt.seen)
 
         def loss_fn(mb):
@@ -86,7 +89,7 @@ def cycles_vs_full_batch(backend, dtype, cycles, n_micro, max_norm, lr, seed):
         coef = min(1.0, max_norm / (norm + 1e-6))
         clipped += int(coef < 1.0)
         if len(opt.seen) > n_seen:
-            got = opt.seen[n_seen][0].numpy()
+            got = opt.seen[n_seen][0].cpu().numpy()
             max_err = max(max_err, float(np.abs(got - g_ref * coef).max()))
         else:
             max_err = float("inf")  # the loop did not step at all
@@ -105,14 +108,16 @@ def fp16_params_fp32_buffer(backend, dtype):
     """With fp16 parameters and inputs, the accumulation buffer is fp32 and the gradient
     handed to the optimizer is within fp16 rounding of the float64 full-batch gradient."""
     step_fn = _bound_step(backend)
+    dev = device(backend)  # the loop runs there; x, y stay on the CPU for the numpy reference
     tdt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(5)
     B, H, V = 64, 16, 9
     x = torch.randn(B, H, generator=gen).to(tdt)
     y = torch.randint(0, V, (B,), generator=gen)
-    w = torch.randn(V, H, generator=gen).to(tdt).requires_grad_(True)
+    w = torch.randn(V, H, generator=gen).to(tdt).to(dev).requires_grad_(True)
     opt = _RecordingSGD([w], 0.0)
-    mbs = [(x[sl], y[sl]) for sl in micro_batch_slices(B, 16)]
+    xd, yd = x.to(dev), y.to(dev)
+    mbs = [(xd[sl], yd[sl]) for sl in micro_batch_slices(B, 16)]
 
     def loss_fn(mb):
         s = torch.nn.functional.cross_entropy((mb[0] @ w.t()).float(), mb[1],
@@ -120,9 +125,9 @@ def fp16_params_fp32_buffer(backend, dtype):
         return s, (mb[1] != IGNORE).sum()
 
     stats = step_fn([w], mbs, loss_fn, opt, 1.0e9, 1e-6)
-    g_ref, _, _ = full_batch_grad(x.double().numpy(), w.detach().double().numpy(), y.numpy(),
-                                  IGNORE)
-    got = opt.seen[0][0].numpy() if opt.seen else np.full_like(g_ref, np.inf)
+    g_ref, _, _ = full_batch_grad(x.double().numpy(), w.detach().double().cpu().numpy(),
+                                  y.numpy(), IGNORE)
+    got = opt.seen[0][0].cpu().numpy() if opt.seen else np.full_like(g_ref, np.inf)
     return {"buffer_dtype": stats.get("buffer_dtype"), "grad_dtype": str(w.grad.dtype),
             "rel_err": float(np.abs(got - g_ref).max() / np.abs(g_ref).max()),
             "eps": float(torch.finfo(tdt).eps), "steps": len(opt.seen)}

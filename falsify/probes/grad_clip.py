@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from falsify.probes import device
+
 F32_EPS = float(np.finfo(np.float32).eps)
 SHAPES = ((7, 13), (64,), (1,), (3, 1, 5), (33, 2))
 
@@ -28,14 +30,15 @@ def vs_torch_clip(backend, dtype, max_norm, seed):
     if dtype != "float32":
         raise ValueError("the torch.nn.utils comparison runs in float32")
     fn = _bound_clip(backend)
+    dev = device(backend)  # clip_grad_norm_ runs on the same device as ours
     gen = torch.Generator().manual_seed(seed)
     max_rel_g = max_rel_n = 0.0
     clipped = scenarios = 0
     trios = ((0, 1, 2), (3, 4, 1), (2, 0, 4))
     for scale in (1e-4, 1e-2, 1.0, 1e2, 1e4):
         for trio in trios:
-            gs = [torch.randn(SHAPES[i], generator=gen) * scale for i in trio]
-            params = [torch.zeros(g.shape, requires_grad=True) for g in gs]
+            gs = [(torch.randn(SHAPES[i], generator=gen) * scale).to(dev) for i in trio]
+            params = [torch.zeros(g.shape, requires_grad=True, device=dev) for g in gs]
             for p, g in zip(params, gs):
                 p.grad = g.clone()
             want_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=2.0,
@@ -59,10 +62,12 @@ def nonfinite_raises(backend, dtype):
     from falsify.reference.grad_clip import NonFiniteGradNorm
 
     fn = _bound_clip(backend)
+    dev = device(backend)
     tdt = getattr(torch, dtype)
     res = {}
     for label, bad in (("inf", float("inf")), ("nan", float("nan"))):
         gs = [torch.randn(4, 5).to(tdt), torch.randn(9).to(tdt), torch.randn(2, 3).to(tdt)]
+        gs = [g.to(dev) for g in gs]
         gs[1][3] = bad
         before = [g.clone() for g in gs]
         try:

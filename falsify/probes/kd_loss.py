@@ -6,6 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from falsify.probes import device
+
 F32_EPS = float(np.finfo(np.float32).eps)
 
 
@@ -18,6 +20,7 @@ def vs_torch_kl_div(backend, dtype):
     c = runtime.contract("kd-loss-kernel-v1")
     fn = backends.function(c, "kd_loss", backend)
     fn_k = backends.function(c, "kd_loss_from_topk", backend)
+    dev = device(backend)  # the F.kl_div formulation runs on the same device as ours
     gen = torch.Generator().manual_seed(0)
     worst = worst_grad = worst_topk = 0.0
     for T, V in ((9, 17), (32, 300)):
@@ -25,6 +28,7 @@ def vs_torch_kl_div(backend, dtype):
         zt = torch.randn(T, V, generator=gen) * 3
         y = torch.randint(0, V, (T,), generator=gen)
         y[::4] = -100
+        zs, zt, y = zs.to(dev), zt.to(dev), y.to(dev)
         valid = y != -100
         for temp in (1.0, 2.0, 4.0):
             for alpha in (0.0, 0.5, 1.0):

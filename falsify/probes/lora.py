@@ -6,6 +6,7 @@ from __future__ import annotations
 # torch 2.13 imports triton on its first matmul (torch/_native/ops); the interpreter switch must
 # come first or the probes' Triton kernels look for a GPU driver.
 import falsify.impl.triton  # noqa: F401
+from falsify.probes import device
 
 CONTRACT = "lora-kernel-v1"
 
@@ -30,6 +31,7 @@ def init_step_probe(backend, dtype, m, in_features, out_features, rank, alpha, s
         fwd = backends.function(c, "lora_linear", backend)
     else:
         init, fwd = fns
+    dev = device(backend)
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     gen = torch.Generator().manual_seed(int(seed) + 1)
 
@@ -37,9 +39,10 @@ def init_step_probe(backend, dtype, m, in_features, out_features, rank, alpha, s
         return (torch.rand(*shape, generator=gen) * 2 - 1).to(dt)
 
     x, w, dy = uniform(m, in_features), uniform(out_features, in_features), uniform(m, out_features)
+    x, w, dy = x.to(dev), w.to(dev), dy.to(dev)
     a0, b0 = init(in_features, out_features, rank, seed)
-    a = a0.to(dt).requires_grad_(True)
-    b = b0.to(dt).requires_grad_(True)
+    a = a0.to(dt).to(dev).requires_grad_(True)
+    b = b0.to(dt).to(dev).requires_grad_(True)
     w.requires_grad_(True)
     y = fwd(x, w, a, b, alpha, rank)
     with torch.no_grad():

@@ -11,6 +11,7 @@ from __future__ import annotations
 # torch 2.13 imports triton on its first matmul (torch/_native/ops); the interpreter switch must
 # come first or the probes' Triton kernels look for a GPU driver.
 import falsify.impl.triton  # noqa: F401
+from falsify.probes import device
 
 CONTRACT = "qlora-kernel-v1"
 
@@ -26,7 +27,8 @@ def _functions(backend, fns):
             backends.function(runtime.contract("lora-kernel-v1"), "lora_linear", backend))
 
 
-def _layer(dtype, m, in_features, out_features, rank, seed):
+def _layer(dtype, m, in_features, out_features, rank, seed, dev="cpu"):
+    """(w, x, a, b, dy), drawn on the CPU and moved to `dev`."""
     import torch
 
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -35,8 +37,9 @@ def _layer(dtype, m, in_features, out_features, rank, seed):
     def uniform(*shape):
         return (torch.rand(*shape, generator=gen) * 2 - 1).to(dt)
 
-    return (uniform(out_features, in_features).float(), uniform(m, in_features),
-            uniform(rank, in_features), uniform(out_features, rank), uniform(m, out_features))
+    layer = (uniform(out_features, in_features).float(), uniform(m, in_features),
+             uniform(rank, in_features), uniform(out_features, rank), uniform(m, out_features))
+    return tuple(t.to(dev) for t in layer)
 
 
 def frozen_base_probe(backend, dtype, m, in_features, out_features, rank, alpha, blocksize,
@@ -49,7 +52,7 @@ def frozen_base_probe(backend, dtype, m, in_features, out_features, rank, alpha,
     import torch
 
     qlora, quantize, _, _ = _functions(backend, fns)
-    w, x, a, b, dy = _layer(dtype, m, in_features, out_features, rank, seed)
+    w, x, a, b, dy = _layer(dtype, m, in_features, out_features, rank, seed, device(backend))
     state = list(quantize(w, blocksize, double_quant))
     names = ["packed", "absmax", "absmax2", "offset"] if double_quant else ["packed", "absmax"]
     before = {k: v.detach().clone() for k, v in zip(names, state)}
@@ -81,7 +84,7 @@ def matches_lora_probe(backend, dtype, m, in_features, out_features, rank, alpha
     import torch
 
     qlora, quantize, dequantize, lora = _functions(backend, fns)
-    w, x, a, b, _ = _layer(dtype, m, in_features, out_features, rank, seed)
+    w, x, a, b, _ = _layer(dtype, m, in_features, out_features, rank, seed, device(backend))
     state = list(quantize(w, blocksize, double_quant))
     extra = {"absmax2": state[2], "offset": state[3]} if double_quant else {}
     shape = (out_features, in_features)

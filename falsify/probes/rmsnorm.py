@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from falsify.probes import device
+
 CONTRACT = "rmsnorm-kernel-v1"
 
 
@@ -18,10 +20,11 @@ def saved_tensors_probe(backend, dtype="float32", m=4, n=96, eps=1e-6, fn=None):
         from falsify.harness import backends, runtime
 
         fn = backends.function(runtime.contract(CONTRACT), "rmsnorm", backend)
+    dev = device(backend)
     gen = torch.Generator().manual_seed(m * 1000 + n)
     dt = getattr(torch, dtype)
-    x = torch.randn(m, n, generator=gen).to(dt).requires_grad_()
-    w = torch.randn(n, generator=gen).to(dt).requires_grad_()
+    x = torch.randn(m, n, generator=gen).to(dt).to(dev).requires_grad_()
+    w = torch.randn(n, generator=gen).to(dt).to(dev).requires_grad_()
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         y = fn(x, w, eps)

@@ -1,5 +1,7 @@
 """SwiGLU contract: the aliasing probe."""
 
+from falsify.probes import device
+
 CONTRACT = "swiglu-kernel-v1"
 
 
@@ -14,11 +16,12 @@ def aliasing_probe(backend, dtype="float32", m=3, n=40):
     from falsify.harness import backends, runtime
 
     fn = backends.function(runtime.contract(CONTRACT), "swiglu_backward_inplace", backend)
+    dev = device(backend)
     dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(m * 100 + n)
 
     def fresh(rows=m, cols=n):
-        return (torch.randn(rows, cols, generator=gen) * 4).to(dt)
+        return (torch.randn(rows, cols, generator=gen) * 4).to(dt).to(dev)
 
     gate, up, dy = fresh(), fresh(), fresh()
     dy0 = dy.clone()
@@ -26,7 +29,8 @@ def aliasing_probe(backend, dtype="float32", m=3, n=40):
     in_place = (d_gate.data_ptr() == gate.data_ptr() and d_up.data_ptr() == up.data_ptr()
                 and d_gate.shape == gate.shape and d_up.shape == up.shape)
 
-    buf = fresh(2 * m + 1, n)  # shared storage for the illegal cases
+    # Shared storage for the illegal cases, made on dev before slicing: its views alias it.
+    buf = fresh(2 * m + 1, n)
     other = fresh()
     bad_cases = {
         "up is gate": (buf[:m], buf[:m], other),

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from falsify.probes import device
+
 CONTRACT = "train-loop-v1"
 
 # Hyperparameters of the shared 100-step run, every one different from torch.optim.AdamW's
@@ -67,11 +69,18 @@ def _memo(key: tuple, fn):
     return _MEMO[key]
 
 
-def _steps_run(steps: int, seed: int) -> dict:
+def _placement(backend: str) -> dict:
+    """Config overrides that run the loop on the check's backend and that backend's device;
+    left to `auto`, a GPU machine would run the triton backend on CUDA under a torch check."""
+    return {"backend": backend, "device": device(backend)}
+
+
+def _steps_run(steps: int, seed: int, backend: str) -> dict:
     from falsify.impl.llm import run as RUN
 
-    return _memo(("run_steps", steps, seed),
-                 lambda: RUN.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER))
+    return _memo(("run_steps", steps, seed, backend),
+                 lambda: RUN.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER,
+                                       **_placement(backend)))
 
 
 def _finite(xs) -> bool:
@@ -83,7 +92,7 @@ def stability_run(backend, dtype="float32", steps=100, seed=0):
     """TL-STB-001: loss, pre-clip global gradient norm (finite ⇔ every gradient element is,
     short of overflow) and parameters finite after every one of `steps` steps; the Trainer's
     Andon stop would end the run early, so the number of steps is part of the result."""
-    r = _steps_run(steps, seed)
+    r = _steps_run(steps, seed, backend)
     return {"steps": len(r["losses"]), "loss_finite": _finite(r["losses"]),
             "grad_finite": _finite(r["grad_norms"]), "params_finite": all(r["params_finite"]),
             "max_grad_norm": max(r["grad_norms"]), "max_loss": max(r["losses"])}
@@ -97,7 +106,7 @@ def gradient_flow_run(backend, dtype="float32", steps=100, seed=0):
     from falsify.impl.llm import run as RUN
     from falsify.impl.llm.model import param_tensor_count
 
-    r = _steps_run(steps, seed)
+    r = _steps_run(steps, seed, backend)
     in_opt = [n for g in r["optimizer_groups"] for n in g["param_names"]]
     mcfg = LC.model_config(RUN.tiny_config("unused"))
     return {"n_params": len(r["grad_flow"]), "n_expected": param_tensor_count(mcfg),
@@ -114,7 +123,7 @@ def hyperparameter_run(backend, dtype="float32", steps=100, seed=0):
     matrices, the no-decay group 0 and exactly the norm gains and the embedding."""
     from falsify.impl.llm import trainer as TR
 
-    r = _steps_run(steps, seed)
+    r = _steps_run(steps, seed, backend)
     groups = r["optimizer_groups"]
     cfg = r["config"]["train"]
     lr_last = TR.lr_at(steps - 1, cfg["lr"], cfg["lr_min"], cfg["warmup_steps"], steps)
@@ -140,7 +149,7 @@ def hyperparameter_run(backend, dtype="float32", steps=100, seed=0):
 
 def convergence_run(backend, dtype="float32", steps=100, seed=0):
     """TL-CNV-001: the loss of the tiny model on the synthetic Markov corpus over `steps`."""
-    r = _steps_run(steps, seed)
+    r = _steps_run(steps, seed, backend)
     losses = r["losses"]
     return {"first": losses[0], "last10": float(np.mean(losses[-10:])), "steps": len(losses),
             "ln_vocab": math.log(r["config"]["model"]["vocab_size"])}
@@ -170,7 +179,7 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
         max_steps = (epochs - 1) * spe + 1  # needs `epochs` epochs, one step into the last
         kw = dict(synthetic_tokens=6_000, val_fraction=0.0, max_steps=max_steps,
                   warmup_steps=max_steps // 10, save_interval=max_steps,
-                  eval_interval=max_steps)
+                  eval_interval=max_steps, **_placement(backend))
         res = RUN.train(RUN.tiny_config(Path(tmp) / "ok", epochs=epochs, **kw), parts=p)
         out.update(steps_per_epoch=spe, max_steps=max_steps, final_step=res.final_step,
                    losses=len(res.losses), stopped=res.stopped)
@@ -281,7 +290,8 @@ def resume_run(backend, dtype="float32", total=8, kill_at=3):
     from falsify.impl.llm import run as RUN
 
     with tempfile.TemporaryDirectory() as tmp:
-        r = RUN.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0)
+        r = RUN.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0,
+                                   **_placement(backend))
     return {"straight": r["losses_straight"], "spliced": r["losses_killed"] +
             r["losses_resumed"], "n_resumed": len(r["losses_resumed"]),
             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
@@ -347,7 +357,7 @@ def determinism_run(backend, dtype="float32", steps=6):
     with tempfile.TemporaryDirectory() as tmp:
         for name, seed in (("a", 0), ("b", 0), ("other_seed", 1)):
             cfg = RUN.tiny_config(Path(tmp) / name, max_steps=steps, warmup_steps=0, seed=seed,
-                                val_fraction=0.0, save_interval=steps)
+                                val_fraction=0.0, save_interval=steps, **_placement(backend))
             RUN.train(cfg, parts=parts())
             hashes[name] = digest(C.latest_checkpoint(Path(tmp) / name))
     return {"same_seed_equal": hashes["a"] == hashes["b"],
@@ -427,6 +437,7 @@ def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
     from falsify.reference import model as RM
     from falsify.reference import train as RT
 
+    dev = device(backend)  # model and loop; the batches stay on the CPU (the Trainer moves them)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -446,13 +457,14 @@ def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
             y[:, : (3 * t) % seq] = TR.IGNORE_INDEX  # unequal token counts per micro-batch
             micro[0] = (x, y)
             batches.append(micro)
-        model = build_model(mcfg, backend, seed=0)
-        init = {k: v.detach().double().numpy().copy() for k, v in model.state_dict().items()}
-        tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=loop_parts)
+        model = build_model(mcfg, backend, dev, seed=0)  # initialised on the CPU, then moved
+        init = {k: v.detach().double().cpu().numpy().copy()
+                for k, v in model.state_dict().items()}
+        tr = TR.Trainer(model, cfg, torch.device(dev), parts=loop_parts)
         stats = [tr.train_step(m) for m in batches]
     finally:
         torch.set_num_threads(threads)
-    final = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    final = {k: v.detach().double().cpu().numpy() for k, v in model.state_dict().items()}
     rcfg = RM.RefModelConfig(**{k: getattr(mcfg, k) for k in (
         "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
         "intermediate_size", "max_seq_len", "rope_theta", "rms_norm_eps")})

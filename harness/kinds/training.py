@@ -15,5 +15,12 @@ def run(ctx, case=None):
         raise CheckFailed(f"{ctx.spec['run']} returned {type(r).__name__}, not a dict")
     atol, rtol = tolerance(ctx.spec, ctx.variant, {})
     env = dict(expr.eps_names(ctx.variant), r=r, np=np, tol=atol, rtol=rtol, dtype=ctx.variant)
-    ctx.assert_expr(ctx.spec["predicate"], env, "training predicate")
-    return {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}
+    scalars = {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}
+    try:
+        ctx.assert_expr(ctx.spec["predicate"], env, "training predicate")
+    except CheckFailed as e:
+        # the run's figures are the evidence: which term of the predicate broke, and by how much
+        shown = ", ".join(f"{k}={v!r}" for k, v in scalars.items())
+        e.args = (f"{e.args[0]}; the run returned {shown}",)
+        raise
+    return scalars

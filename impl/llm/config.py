@@ -184,7 +184,7 @@ class LoopConfig:
     # runtime
     seed: int = 42
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto (fp32 on CPU, bf16 autocast on CUDA) | fp32 | bf16
+    precision: str = "auto"  # auto (fp32: what the kernels' contracts check) | fp32 | bf16 (CUDA)
     threads: int | None = None  # null: all cores, or 1 when the machine is already loaded
     activation_checkpointing: bool = False
     # evaluation, logging, checkpoints

@@ -82,9 +82,25 @@ def resolve_device(cfg: LoopConfig) -> tuple[torch.device, torch.dtype | None]:
                        (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
     if cfg.precision == "bf16" and dev.type != "cuda":
         raise ConfigError("config field precision='bf16' needs a CUDA device (CPU trains fp32)")
-    if cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda"):
+    if cfg.precision == "bf16" and cfg.backend == "torch":
+        raise ConfigError("config field precision='bf16' with backend='torch': the torch kernels "
+                          "refuse bfloat16 activations (their contracts check float32 and float16 "
+                          "only); use backend='triton' on the GPU, or precision='fp32'")
+    if dev.type == "cuda":
+        deterministic_cuda()
+    # `auto` is fp32 on every device: bf16 autocast would hand the kernels a dtype that no
+    # contract of the torch backend checks, so it runs only when asked for
+    if cfg.precision == "bf16":
         return dev, torch.bfloat16
     return dev, None
+
+
+def deterministic_cuda() -> None:
+    """The loop promises bit-identical resume and seed-for-seed equal runs; on CUDA that holds
+    only with deterministic kernels (the atomics of embedding and attention backward add in
+    arrival order). cuBLAS needs its workspace pinned for that, before its first handle."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def seed_everything(seed: int) -> None:

@@ -255,6 +255,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     # Not .contiguous(): it keeps the strides of a view whose dims are all 1.
     q, k, v = (t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
                for t in (q, k, v))
+    if q.device.type == "cuda" and hq != hkv and q.dtype == torch.float32:
+        # on CUDA only the flash kernel takes enable_gqa, and it has no fp32 path: the
+        # memory-efficient kernel gets K/V repeated per query head (G× the K/V memory, still
+        # no [S, S] scores) rather than "No available kernel"
+        k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))
+        hkv = hq
+    d_pad = -d % _CUDA_HEAD_DIM_MULTIPLE if q.device.type == "cuda" else 0
+    if d_pad:
+        q, k, v = _pad_head_dim(q, k, v, d_pad)
     with sdpa_kernel(_SDPA_BACKENDS[q.device.type]):
         # Under torch.compile with dynamic shapes the default 1/√d and hq != hkv are symbolic,
         # which SDPA's `scale` and `enable_gqa` refuse (a TypeError that breaks the graph):
@@ -265,7 +274,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
                                                scale=float(scale))
+    if d_pad:
+        y = y[..., :d]
     return out.copy_(y) if out is not None else y
+
+
+# The CUDA fused kernels want the head dim in whole 16-byte vectors (8 halves, 4 floats): for
+# another d no kernel in _SDPA_BACKENDS accepts the call ("No available kernel" at d = 1 on an
+# H200). 8 covers both dtypes.
+_CUDA_HEAD_DIM_MULTIPLE = 8
+
+
+def _pad_head_dim(q, k, v, pad: int):
+    """q, k, v with `pad` zero columns appended to the head dim: q·kᵀ is unchanged (the zeros
+    add nothing), the output's extra columns are zero (sliced off by the caller), and autograd
+    slices the gradients back. The caller passes the scale explicitly: the default 1/√d would
+    otherwise read the padded d."""
+    return tuple(F.pad(t, (0, pad)) for t in (q, k, v))
 
 
 def attention_naive(q, k, v, causal=True, scale=None, out=None):

@@ -67,7 +67,8 @@ class _FLCE(torch.autograd.Function):
         dx = dw = unit = None
         if precompute:
             n = (labels != ignore_index).sum().float()
-            unit = torch.ones((), dtype=torch.float32) if reduction == "sum" else 1.0 / n
+            unit = (torch.ones((), dtype=torch.float32, device=x.device) if reduction == "sum"
+                    else 1.0 / n)
             dx = torch.empty_like(x)
             dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
         for r0 in range(0, T, chunk):

@@ -39,7 +39,7 @@ def accumulation_step(params, micro_batches, loss_sum_fn, optimizer, max_norm, c
     if not micro_batches:
         raise ValueError("an accumulation step needs at least one micro-batch")
     bufs = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
-    total_loss = torch.zeros((), dtype=torch.float64)
+    total_loss = torch.zeros((), dtype=torch.float64, device=bufs[0].device if bufs else None)
     n_total = 0
     for mb in micro_batches:
         s, n = loss_sum_fn(mb)
@@ -90,7 +90,10 @@ def accumulate_grad(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps
     differing by ≤ 1) of a linear LM head; returns (clipped ∂L/∂W, L, n_tokens, ‖∂L/∂W‖)."""
     from falsify.reference.grad_accumulation import check_accumulation_args, micro_batch_slices
 
-    check_accumulation_args(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps)
+    # the reference's argument check reads labels with numpy: hand it a host copy (CUDA labels
+    # cannot be viewed as an array)
+    host_labels = labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels
+    check_accumulation_args(x, weight, host_labels, n_micro, ignore_index, max_norm, clip_eps)
     require("accumulate_grad", FP32, x=x, weight=weight)  # its contract runs float32 only
     w = weight.detach().clone().requires_grad_(True)
     mbs = [(x[sl], labels[sl]) for sl in micro_batch_slices(x.shape[0], n_micro)]

@@ -66,12 +66,15 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, po_ptr, mo_ptr, vo_ptr,
     m = tl.load(m_ptr + r * s_m0 + c * s_m1, mask=mask, other=0.0)
     v = tl.load(v_ptr + r * s_v0 + c * s_v1, mask=mask, other=0.0)
 
+    # Every multiply-add is an explicit fma: left as a*b + c, the GPU compiler contracts it or
+    # not per compiled variant (BLOCK differs between one row and a batch), and the same
+    # element came out one ulp apart alone and mid-batch (AW-BIN-001, seen on an H200)
     p = p * decay
     # torch's lerp picks the form whose weight is < ½ (fewer cancellations); we match it
-    m = tl.where(w1 < 0.5, m + w1 * (g - m), g - (g - m) * (1.0 - w1))
-    v = v * beta2 + one_minus_beta2 * g * g
+    m = tl.where(w1 < 0.5, tl.fma(w1, g - m, m), tl.fma(m - g, 1.0 - w1, g))
+    v = tl.fma(v, beta2, one_minus_beta2 * g * g)
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    p = p + neg_step_size * tl.div_rn(m, denom)
+    p = tl.fma(neg_step_size, tl.div_rn(m, denom), p)
 
     tl.store(po_ptr + r * s_po0 + c * s_po1, p.to(po_ptr.dtype.element_ty), mask=mask)
     tl.store(mo_ptr + r * s_mo0 + c * s_mo1, m, mask=mask)

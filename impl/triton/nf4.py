@@ -89,7 +89,10 @@ def _nf4_quantize_kernel(w_ptr, packed_ptr, absmax_ptr, mid_ptr, n, ncols, nbloc
                  other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
     # bitsandbytes clamps absmax to 1e-38 first: an all-zero block scales to 0 (code 7)
-    inv = tl.math.div_rn(tl.full([G], 1.0, tl.float32), tl.maximum(amax, 1e-38))
+    # 1e-38 is below fp32's smallest normal, so a bare literal is typed fp64 and Triton 3.6
+    # refuses the mixed max: the floor is built as the fp32 value (the subnormal 1e-38f)
+    inv = tl.math.div_rn(tl.full([G], 1.0, tl.float32),
+                         tl.maximum(amax, tl.full([G], 1e-38, tl.float32)))
     se = tl.minimum(tl.maximum(xe * inv[:, None], -1.0), 1.0)
     so = tl.minimum(tl.maximum(xo * inv[:, None], -1.0), 1.0)
     qe = _bucketize(se, mid_ptr, 4)
@@ -130,7 +133,8 @@ def _blockwise8_quantize_kernel(absmax_ptr, offset_ptr, q_ptr, absmax2_ptr, mid_
     x = tl.load(absmax_ptr + offs.to(tl.int64) * stride_a, mask=m, other=0.0)
     x = tl.where(m, x - tl.load(offset_ptr), 0.0)
     amax = tl.max(tl.abs(x), axis=0)
-    inv = tl.math.div_rn(1.0, tl.maximum(amax, 1e-38))
+    inv = tl.math.div_rn(tl.full([], 1.0, tl.float32),
+                         tl.maximum(amax, tl.full([], 1e-38, tl.float32)))  # fp32 floor, as above
     s = tl.minimum(tl.maximum(x * inv, -1.0), 1.0)
     q = _bucketize(s, mid_ptr, 8)
     tl.store(q_ptr + offs, q.to(tl.uint8), mask=m)
