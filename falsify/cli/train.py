@@ -9,6 +9,7 @@ error, 3 Andon stop.
 from __future__ import annotations
 
 import logging
+import os
 
 from rich.console import Console
 from rich.markup import escape
@@ -38,6 +39,13 @@ def register(sub) -> None:
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
     add_loop_args(p, "TrainConfig", "max_steps=100 lr=1e-3")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel processes on this node (DDP through torchrun's launcher; "
+                        "gloo on the CPU, nccl on CUDA)")
+    p.add_argument("--nnodes", type=int, default=1, metavar="M",
+                   help="nodes of a multi-node job (each node runs this command with --nproc)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="rendezvous of a multi-node job (c10d); default: a free local port")
     p.set_defaults(func=cmd_train)
 
 
@@ -72,14 +80,38 @@ def _resume_config(args, cls=TrainConfig) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
+    from falsify.impl.llm import distributed
+
+    if (args.nproc > 1 or args.nnodes > 1) and distributed.launched_world_size() == 1:
+        if not args.resume:  # a bad field is refused once, here, not by every rank
+            try:
+                TrainConfig.load(args.config, args.overrides).validate()
+            except ConfigError as e:
+                Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+                return 2
+        try:
+            return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
+                                      ["train", *train_argv(args)])
+        except ValueError as e:
+            Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+            return 2
     return run_loop(args, TrainConfig, lambda cfg, console: train(cfg, resume=args.resume))
+
+
+def train_argv(args) -> list[str]:
+    """The command line each rank runs: this one's, without the launcher's options."""
+    return [*(["--config", args.config] if args.config else []),
+            *(["--resume", args.resume] if args.resume else []), *args.overrides]
 
 
 def run_loop(args, cls, runner, verb: str = "train", errors: tuple = ()) -> int:
     """Config (fresh or resumed) -> `runner(cfg, console)` -> the report; shared by `falsify
     train` and `falsify distill`, whose runs differ only in their step."""
-    console = Console()
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    # in a data-parallel job rank 0 reports; the other ranks only log warnings and errors
+    rank = int(os.environ.get("RANK", "0"))
+    console = Console(quiet=rank != 0)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(name)s: %(message)s")
     try:
         cfg = _resume_config(args, cls) if args.resume else cls.load(args.config, args.overrides)
         mcfg = model_config(cfg)

@@ -247,8 +247,13 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
     """Run (or resume) a training run as configured. `resume`: a run or checkpoint directory,
     or "auto" for the latest checkpoint in cfg.out_dir. `stop_after`: stop once this optimizer
     step is done (and checkpointed), as if killed there: the schedule still runs to max_steps."""
+    from falsify.impl.llm import distributed
+
     with torch_threads(cfg.threads):
-        run = PretrainRun(cfg, parts or LoopParts())
+        if distributed.launched_world_size() > 1:  # one rank of a torchrun job
+            run = distributed.distributed_run_class()(cfg, parts or LoopParts())
+        else:
+            run = PretrainRun(cfg, parts or LoopParts())
         run.open(resume)
         run.prepare(data)
         run.build()
@@ -257,6 +262,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
 
 class PretrainRun:
     """One run's state, built in stages (open -> prepare -> build -> loop), each a method."""
+
+    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts):
         self.t_start = time.perf_counter()
@@ -316,9 +323,11 @@ class PretrainRun:
         extra = {**self.kernels, "threads": torch.get_num_threads(),
                  "device": str(self.device), "autocast": str(self.autocast),
                  "data": self.data.info, "preflight": self.pre}
-        atomic_write_text(self.out / "config.json",
-                          json.dumps(effective_config(cfg, extra), indent=1, default=str))
-        atomic_write_text(self.out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+        if self.writes:
+            atomic_write_text(self.out / "config.json",
+                              json.dumps(effective_config(cfg, extra), indent=1, default=str))
+            atomic_write_text(self.out / "config.yaml",
+                              yaml.safe_dump(asdict(cfg), sort_keys=False))
         self.result = TrainResult(out_dir=str(self.out), preflight=self.pre,
                                   data_info=self.data.info)
         self.metrics_path = self.out / "metrics.jsonl"
@@ -328,8 +337,13 @@ class PretrainRun:
             self.parts.restore_position(self.trainer, self.sampler, state)
             self.best_val = state.get("best_val_loss")
             self.result.resumed_from = str(self.ckpt_path)
-            truncate_metrics(self.metrics_path, self.trainer.step)
+            if self.writes:
+                truncate_metrics(self.metrics_path, self.trainer.step)
             log.info("resumed from %s at step %d", self.ckpt_path, self.trainer.step)
+
+    def next_batch(self) -> list:
+        """The step's micro-batches (a data-parallel rank reads its shard of them)."""
+        return self.sampler.next_step()
 
     def make_trainer(self) -> Trainer:
         """The step: plain next-token cross-entropy (impl/llm/distill.py overrides it)."""
@@ -363,12 +377,13 @@ class PretrainRun:
 
     def loop(self, stop_after: int | None, keep_model: bool) -> TrainResult:
         cfg, trainer, result = self.cfg, self.trainer, self.result
-        progress = Progress(cfg.progress, cfg.max_steps, trainer.step, cfg.log_interval)
-        mf = self.metrics_path.open("a", buffering=1)
+        progress = Progress(cfg.progress and self.writes, cfg.max_steps, trainer.step,
+                            cfg.log_interval)
+        mf = self.metrics_path.open("a", buffering=1) if self.writes else open(os.devnull, "w")
         t_loop, tokens = time.perf_counter(), 0
         try:
             while trainer.step < cfg.max_steps:
-                micro = self.sampler.next_step()
+                micro = self.next_batch()
                 t0 = time.perf_counter()
                 try:
                     st = step_or_andon(trainer, micro, self.out)
@@ -409,6 +424,8 @@ class PretrainRun:
         if result.evals and result.evals[-1]["step"] == self.trainer.step:
             result.val_loss = result.evals[-1]["val_loss"]
             result.val_ppl = result.evals[-1]["val_ppl"]
+        if not self.writes:
+            return
         result.sample = sample(self.model, self.cfg, self.data, self.device)
         atomic_write_text(self.out / "summary.json", json.dumps(
             {k: v for k, v in asdict(result).items() if k != "model"}, default=str))

@@ -1,0 +1,25 @@
+"""Mutants of data-parallel training (contracts/distributed-train-v1.yaml): buggy variants of
+impl/llm/distributed.DistParts, each a bug seen in hand-rolled data-parallel loops. The probes
+(falsify/probes/distributed.py) hand each rank the bound piece, so the variant runs inside the
+real DistributedTrainer on every rank."""
+
+from __future__ import annotations
+
+from falsify.impl.llm import distributed as D
+
+
+def shard_same_rows(micro_batches: list, rank: int, size: int) -> list:
+    """Every rank reads the first rank's rows (a sampler that ignores the rank): the job trains
+    on 1/W of the batch W times over."""
+    return D.shard(micro_batches, 0, size)
+
+
+def local_counts(counts: list[int], device) -> list[int]:
+    """Each rank divides by its own token count: the step's loss is the mean of per-rank means,
+    which over-weighs the tokens of the rank that counted fewer."""
+    return list(counts)
+
+
+def grad_scale_summed(size: int) -> float:
+    """The ranks' gradients summed instead of averaged: W times the step's gradient."""
+    return float(size * size)

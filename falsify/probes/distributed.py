@@ -1,0 +1,182 @@
+"""distributed-train-v1's probes: the real DistributedTrainer (impl/llm/distributed.py) in W
+spawned processes on gloo, against one process running the plain Trainer on the same global
+batches.
+
+The ranks rendezvous through a FileStore in a temporary directory (no port to collide with
+a neighbouring test). They are fresh interpreters, so the harness's binding override (a mutant)
+does not reach them by itself: the parent passes each data-parallel piece as its
+`module:function` binding, and every rank imports that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+CONTRACT = "distributed-train-v1"
+PIECES = {"shard": "shard", "global_counts": "global_counts", "grad_scale": "grad_scale"}
+EPS32 = 2.0 ** -24
+
+
+def _refs() -> dict:
+    from falsify.harness import backends, runtime
+
+    c = runtime.contract(CONTRACT)
+    return {field: backends.binding_ref(c, eq, "torch")[0] for eq, field in PIECES.items()}
+
+
+def _config():
+    from falsify.impl.llm import run as RUN
+
+    # clip and Andon out of reach: the pre-clip norm is compared, and AdamW sees the gradient
+    return RUN.tiny_config("unused", max_steps=10, warmup_steps=0, grad_clip=1e9,
+                           andon_grad_norm=1e9, device="cpu", backend="torch")
+
+
+def global_batches(steps: int, world: int, rows: int, grad_accum: int, seq: int, vocab: int,
+                   seed: int) -> list:
+    """`steps` steps of `grad_accum` global micro-batches [rows·world, seq]. The last rank's rows
+    keep only 2 to 4 targets per row: the ranks count very different numbers of tokens, which
+    is where a mean of per-rank means departs from the token-weighted loss."""
+    import torch
+
+    from falsify.impl.llm.trainer import IGNORE_INDEX
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(steps):
+        micro = []
+        for m in range(grad_accum):
+            x = torch.randint(4, vocab, (rows * world, seq), generator=g)
+            y = torch.randint(4, vocab, (rows * world, seq), generator=g)
+            y[(world - 1) * rows:, : seq - 2 - (t + m) % 3] = IGNORE_INDEX
+            micro.append((x, y))
+        out.append(micro)
+    return out
+
+
+def _digest(trainer) -> str:
+    """sha256 of every parameter and AdamW moment, in optimizer order."""
+    h = hashlib.sha256()
+    for p in trainer.params:
+        h.update(p.detach().contiguous().numpy().tobytes())
+        st = trainer.optimizer.state.get(p, {})
+        for k in ("exp_avg", "exp_avg_sq"):
+            if k in st:
+                h.update(st[k].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: int,
+               seed: int) -> None:
+    """One rank: join the group, train `steps` steps on its shards, save what it saw."""
+    import torch
+    import torch.distributed as dist
+
+    from falsify.harness import backends
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm import distributed as D
+    from falsify.impl.llm.model import build_model
+    from falsify.impl.llm.trainer import LoopParts
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world)
+    try:
+        dparts = D.DistParts(**{k: backends.resolve(v) for k, v in refs.items()})
+        cfg = _config()
+        mcfg = LC.model_config(cfg)
+        model = build_model(mcfg, "torch", seed=0)
+        tr = D.DistributedTrainer(model, cfg, torch.device("cpu"), parts=LoopParts(),
+                                  world=D.World(rank, world, "gloo"), dparts=dparts)
+        batches = global_batches(steps, world, rows, cfg.grad_accum, mcfg.max_seq_len,
+                                 mcfg.vocab_size, seed)
+        read, stats, digests = [], [], []
+        for micro in batches:
+            mine = dparts.shard(micro, rank, world)
+            # which global rows this rank read (random rows: each is unique in its batch)
+            read.append([[int((gx == r).all(1).nonzero()[0]) for r in x]
+                         for (gx, _), (x, _) in zip(micro, mine, strict=True)])
+            st = tr.train_step(mine)
+            stats.append((st.loss, st.grad_norm, st.tokens))
+            digests.append(_digest(tr))
+        torch.save({"read": read, "stats": stats, "digests": digests,
+                    "params": {n: p.detach().clone() for n, p in model.named_parameters()}},
+                   Path(tmp) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _single(steps: int, world: int, rows: int, seed: int) -> dict:
+    """The plain Trainer in this process on the same global batches."""
+    import torch
+
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm.model import build_model
+    from falsify.impl.llm.trainer import LoopParts, Trainer
+
+    cfg = _config()
+    mcfg = LC.model_config(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build_model(mcfg, "torch", seed=0)
+        init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        tr = Trainer(model, cfg, torch.device("cpu"), parts=LoopParts())
+        stats = [tr.train_step(m) for m in global_batches(
+            steps, world, rows, cfg.grad_accum, mcfg.max_seq_len, mcfg.vocab_size, seed)]
+    finally:
+        torch.set_num_threads(threads)
+    lrs = [tr.lr(t) for t in range(steps)]
+    return {"stats": [(s.loss, s.grad_norm, s.tokens) for s in stats], "init": init,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "lrs": lrs}
+
+
+_MEMO: dict = {}
+
+
+def ddp_equivalence_run(backend: str = "torch", dtype: str = "float32", world: int = 2,
+                        steps: int = 3, rows: int = 2, seed: int = 0) -> dict:
+    """`world` ranks × `rows` rows per micro-batch against one process × rows·world rows, on the
+    same global batches: per-step loss, pre-clip gradient norm and token count, the final
+    weights, the ranks' replicas after every step, and which rows each rank read. The three
+    checks read one run; the key holds every piece's binding, so a run with a mutant bound is
+    never answered from one without it."""
+    refs = _refs()
+    key = (world, steps, rows, seed, tuple(sorted(refs.items())))
+    if key not in _MEMO:
+        _MEMO[key] = _equivalence(refs, world, steps, rows, seed)
+    return _MEMO[key]
+
+
+def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int) -> dict:
+    import torch
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_rank_main, args=(world, tmp, refs, steps, rows, seed),
+                           nprocs=world, start_method="spawn", join=True)
+        ranks = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
+    one = _single(steps, world, rows, seed)
+    ddp = ranks[0]["stats"]
+    rel = lambda a, b: abs(a - b) / abs(b)  # noqa: E731
+    # rows read: per step and micro-batch, disjoint across ranks and together every row
+    disjoint = union = True
+    for t in range(steps):
+        for m in range(len(ranks[0]["read"][t])):
+            sets = [set(r["read"][t][m]) for r in ranks]
+            disjoint &= sum(len(s) for s in sets) == len(set().union(*sets))
+            union &= set().union(*sets) == set(range(rows * world))
+    upd = max(float(torch.linalg.vector_norm(one["params"][n] - one["init"][n]))
+              for n in one["init"])
+    drift = max(float(torch.linalg.vector_norm(ranks[0]["params"][n] - one["params"][n]))
+                for n in one["init"])
+    return {"steps": len(ddp), "world": world,
+            "loss_rel": max(rel(a[0], b[0]) for a, b in zip(ddp, one["stats"], strict=True)),
+            "gnorm_rel": max(rel(a[1], b[1]) for a, b in zip(ddp, one["stats"], strict=True)),
+            "tokens_equal": [a[2] for a in ddp] == [b[2] for b in one["stats"]],
+            "param_rel": drift / upd,
+            "replicas_identical": all(r["digests"] == ranks[0]["digests"] for r in ranks),
+            "disjoint": disjoint, "union_is_batch": union, "eps32": EPS32}
