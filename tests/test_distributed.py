@@ -110,3 +110,59 @@ def test_a_killed_rank_stops_the_whole_job_with_an_error(tmp_path):
     assert p.returncode != 0
     assert "rank" in err and "failed" in err, err[-2000:]
     assert stopped_in < 60
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(tmp_path, node_overrides: tuple[list, list], timeout=180):
+    """Two "nodes" × 1 process on this machine: two launchers meeting at one c10d rendezvous,
+    as on two machines."""
+    endpoint = f"localhost:{_free_port()}"
+    env = dict(os.environ, COLUMNS="400", FALSIFY_RUN_ID="two-nodes-test")
+    procs = [subprocess.Popen([sys.executable, "-m", "falsify", "train", "--nproc", "1",
+                               "--nnodes", "2", "--rdzv-endpoint", endpoint, *TINY, *over],
+                              env=env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for over in node_overrides]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_two_nodes_meet_at_one_rendezvous_and_train_one_model(tmp_path):
+    common = ["batch_size=2", "max_steps=4", f"out_dir={tmp_path / 'n'}"]
+    outs = _two_nodes(tmp_path, (common, common))
+    for _, _, err in outs:
+        assert "failed" not in err, err[-2000:]
+    assert sum(out.count("trained 4 steps") for _, out, _ in outs) == 1  # global rank 0 reports
+    assert [r["step"] for r in steps(tmp_path / "n")] == [1, 2, 3, 4]
+
+
+def test_ranks_built_with_different_models_stop_the_job(tmp_path):
+    """A node started with another model config: DDP's check of the replicas raises on the
+    ranks, and both launchers exit non-zero instead of training two models or hanging."""
+    base = ["batch_size=2", "max_steps=4", f"out_dir={tmp_path / 'n'}"]
+    outs = _two_nodes(tmp_path, (base, [*base, "intermediate_size=128"]), timeout=120)
+    assert all(code != 0 for code, _, _ in outs), [(c, e[-800:]) for c, _, e in outs]
+    assert any("failed" in err for _, _, err in outs)
+
+
+def test_bench_distributed_counts_the_whole_gradient_once():
+    """`falsify bench distributed`: every parameter of the tiny model is used, so DDP's buckets
+    carry exactly the fp32 gradient, 4P bytes, once per step (accumulation under no_sync adds
+    no all-reduce); the timings are positive and the communication share a fraction."""
+    r = falsify("bench", "distributed", "--steps", "2", "--format", "json", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["bytes_per_step"] == out["fp32_grad_bytes"] == 4 * out["params"], out
+    assert out["single_step_s"] > 0 and out["ddp_step_s"] > 0 and out["speedup"] > 0, out
+    assert -1 < out["comm_share"] < 1, out

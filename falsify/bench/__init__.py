@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-BENCHES = ("falsify.bench.kernels", "falsify.bench.train", "falsify.bench.finetune")
+BENCHES = ("falsify.bench.kernels", "falsify.bench.train", "falsify.bench.finetune",
+           "falsify.bench.distributed")
 
 
 def register(sub) -> None:
     from falsify.cli.common import group
 
-    group(sub, "bench", "kernels | train | finetune: ours vs the baseline, in one run",
-          BENCHES)
+    group(sub, "bench", "kernels | train | finetune | distributed: ours vs the baseline, in "
+          "one run", BENCHES)
