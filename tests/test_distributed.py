@@ -166,3 +166,34 @@ def test_bench_distributed_counts_the_whole_gradient_once():
     assert out["bytes_per_step"] == out["fp32_grad_bytes"] == 4 * out["params"], out
     assert out["single_step_s"] > 0 and out["ddp_step_s"] > 0 and out["speedup"] > 0, out
     assert -1 < out["comm_share"] < 1, out
+
+
+def test_resume_matrix_2_to_2_2_to_1_1_to_2(tmp_path):
+    """2 → 2 processes resumes bit for bit; 2 → 1 and 1 → 2 continue the same loss curve
+    (within distributed-train-v1's 700·ε₃₂) when batch_size × processes, the global batch the
+    data position counts, stays the same; another global batch is refused, naming both."""
+    common = [*TINY, "max_steps=6", "save_interval=3", "eval_interval=3"]
+    runs = {"a": ("2", "batch_size=2", None), "a22": ("2", "batch_size=2", "a"),
+            "a21": ("1", "batch_size=4", "a"), "e": ("1", "batch_size=4", None),
+            "e12": ("2", "batch_size=2", "e")}
+    for name, (nproc, batch, resume) in runs.items():
+        extra = (["--resume", str(tmp_path / resume / "checkpoints" / "step-00000003")]
+                 if resume else [])
+        r = falsify("train", "--nproc", nproc, *extra, *common, batch,
+                    f"out_dir={tmp_path / name}")
+        assert r.returncode == 0, (name, r.stdout + r.stderr)
+
+    def last(name):
+        return load_file(tmp_path / name / "checkpoints" / "step-00000006" / "model.safetensors")
+
+    a, a22 = last("a"), last("a22")
+    assert all(torch.equal(a[k], a22[k]) for k in a)
+    for straight, resumed in (("a", "a21"), ("e", "e12")):
+        want = [r["loss"] for r in steps(tmp_path / straight)][3:]
+        got = [r["loss"] for r in steps(tmp_path / resumed)]
+        assert len(got) == 3
+        assert all(abs(g - w) <= 700 * EPS32 * w for g, w in zip(got, want, strict=True))
+    bad = falsify("train", "--resume", str(tmp_path / "a" / "checkpoints" / "step-00000003"),
+                  *common, "batch_size=2", f"out_dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2
+    assert "global batch 4" in bad.stdout and "1 × 2 = 2" in bad.stdout

@@ -197,6 +197,7 @@ def distributed_run_class():
             self.world = join(self.device)
             self.dparts = dparts or DistParts()
             self.writes = self.world.main
+            self.world_size = self.world.size
 
         def open(self, resume) -> None:
             if self.cfg.out_dir is None and resume is None:

@@ -260,10 +260,28 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
         return run.loop(stop_after, keep_model)
 
 
+def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:
+    """The checkpoint's train config as this run compares it: a run may resume on another
+    number of processes when batch_size × processes (the global batch, which the data position
+    counts) stays the same; then its batch_size is the one to compare."""
+    saved = state["train"]
+    was = int(state.get("world_size", 1))
+    if was == world_size:
+        return saved
+    then, now = saved["batch_size"] * was, cfg.batch_size * world_size
+    if then != now:
+        raise ConfigError(f"checkpoint {where} was written by {was} process(es) × batch_size "
+                          f"{saved['batch_size']} (global batch {then}); this run is "
+                          f"{world_size} × {cfg.batch_size} = {now}: keep batch_size × "
+                          "processes equal to continue the same data and arithmetic")
+    return {**saved, "batch_size": cfg.batch_size}
+
+
 class PretrainRun:
     """One run's state, built in stages (open -> prepare -> build -> loop), each a method."""
 
     writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
+    world_size = 1  # processes training this model (impl/llm/distributed.py: W)
 
     def __init__(self, cfg: TrainConfig, parts: LoopParts):
         self.t_start = time.perf_counter()
@@ -282,7 +300,8 @@ class PretrainRun:
         cfg = self.cfg
         if resume is not None:
             self.ckpt_path = find_resume_checkpoint(resume, cfg.out_dir)
-            saved = ckpt_mod.read_state(self.ckpt_path)["config"]["train"]
+            state = ckpt_mod.read_state(self.ckpt_path)["config"]
+            saved = resume_batch(state, cfg, self.world_size, self.ckpt_path)
             check_resume_config(saved, cfg, self.ckpt_path, RESUME_MUTABLE)
             if cfg.out_dir is None:
                 cfg = dataclasses.replace(cfg, out_dir=str(self.ckpt_path.parent.parent))
@@ -318,7 +337,7 @@ class PretrainRun:
         self.model = build_model(self.mcfg, cfg.backend, self.device, seed=cfg.seed)
         self.model.activation_checkpointing = cfg.activation_checkpointing
         self.trainer = self.make_trainer()
-        self.kernels = kernel_record(self.model)
+        self.kernels = {**kernel_record(self.model), "world_size": self.world_size}
         log.info("backend=%s kernels=%s", self.kernels["backend"], self.kernels["kernels"])
         extra = {**self.kernels, "threads": torch.get_num_threads(),
                  "device": str(self.device), "autocast": str(self.autocast),
