@@ -13,5 +13,5 @@ BENCHES = ("falsify.bench.kernels", "falsify.bench.train", "falsify.bench.finetu
 def register(sub) -> None:
     from falsify.cli.common import group
 
-    group(sub, "bench", "kernels | train | finetune | distributed: ours vs the baseline, in "
-          "one run", BENCHES)
+    group(sub, "bench", "kernels|train|finetune|distributed: ours vs the baseline",
+          BENCHES)

@@ -91,7 +91,7 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
             sent[0] += bucket.buffer().numel() * bucket.buffer().element_size()
             return default_hooks.allreduce_hook(state, bucket)
 
-        tr.ddp.register_comm_hook(None, counting)
+        tr.wrapped.register_comm_hook(None, counting)
         synced, skipped, per_step = [], [], []
         for micro in _batches(batch * world, cfg.grad_accum, steps + 1):
             mine = D.shard(micro, rank, world)
@@ -101,7 +101,7 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
             synced.append(time.perf_counter() - t0)
             per_step.append(sent[0] - before)
             dist.barrier()
-            with tr.ddp.no_sync():  # the same step without the gradient all-reduce: timed only
+            with tr.wrapped.no_sync():  # the same step without the gradient all-reduce: timed only
                 t0 = time.perf_counter()
                 tr.train_step(mine)
                 skipped.append(time.perf_counter() - t0)
@@ -134,9 +134,7 @@ def run(world: int, batch: int, steps: int) -> dict:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("distributed", help="one process vs N data-parallel processes on one "
-                                           "global batch: step time, communication share, "
-                                           "bytes all-reduced",
+    p = sub.add_parser("distributed", help="1 vs N DDP processes: step, comm share, bytes",
                        description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="data-parallel processes (default 2)")
     p.add_argument("--batch", type=int, default=4, help="rows per rank and micro-batch")

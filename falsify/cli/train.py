@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -95,7 +96,16 @@ def cmd_train(args) -> int:
         except ValueError as e:
             Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             return 2
-    return run_loop(args, TrainConfig, lambda cfg, console: train(cfg, resume=args.resume))
+    code = run_loop(args, TrainConfig, lambda cfg, console: train(cfg, resume=args.resume))
+    if distributed.launched_world_size() > 1:
+        # A rank's work is on disk (checkpoints are fsynced) and its process group is gone;
+        # the interpreter's own teardown after an FSDP run on gloo aborted now and then
+        # ("terminate called without an active exception", SIGABRT), which the launcher
+        # reports as a failed rank. Leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def train_argv(args) -> list[str]:

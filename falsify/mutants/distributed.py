@@ -23,3 +23,22 @@ def local_counts(counts: list[int], device) -> list[int]:
 def grad_scale_summed(size: int) -> float:
     """The ranks' gradients summed instead of averaged: W times the step's gradient."""
     return float(size * size)
+
+
+def clip_gradients_local_shard(params, max_norm: float, ops) -> float:
+    """The clip's norm over the rank's own shards only (under FSDP each rank holds 1/W of every
+    gradient): each rank scales by another, too large factor and reports ~‖g‖/√W. Under DDP
+    the shards are whole tensors and this is the correct clip."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from falsify.impl.llm.trainer import CLIP_EPS
+
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
+                                                       for g in local])))
+    coef = min(1.0, max_norm / (norm + CLIP_EPS))
+    for g in local:
+        g.mul_(coef)
+    return norm

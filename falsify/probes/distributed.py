@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 CONTRACT = "distributed-train-v1"
-PIECES = {"shard": "shard", "global_counts": "global_counts", "grad_scale": "grad_scale"}
+PIECES = {"shard": "shard", "global_counts": "global_counts", "grad_scale": "grad_scale",
+          "clip": "clip_gradients"}
 EPS32 = 2.0 ** -24
 
 
@@ -57,19 +58,21 @@ def global_batches(steps: int, world: int, rows: int, grad_accum: int, seq: int,
 
 
 def _digest(trainer) -> str:
-    """sha256 of every parameter and AdamW moment, in optimizer order."""
+    """sha256 of every parameter and AdamW moment (whole, under FSDP), in optimizer order."""
+    from falsify.impl.llm.distributed import full
+
     h = hashlib.sha256()
     for p in trainer.params:
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(full(p.detach()).contiguous().numpy().tobytes())
         st = trainer.optimizer.state.get(p, {})
         for k in ("exp_avg", "exp_avg_sq"):
             if k in st:
-                h.update(st[k].contiguous().numpy().tobytes())
+                h.update(full(st[k]).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
 def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: int,
-               seed: int) -> None:
+               seed: int, parallel: str) -> None:
     """One rank: join the group, train `steps` steps on its shards, save what it saw."""
     import torch
     import torch.distributed as dist
@@ -84,12 +87,16 @@ def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: in
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
                             world_size=world)
     try:
-        dparts = D.DistParts(**{k: backends.resolve(v) for k, v in refs.items()})
+        pieces = {k: backends.resolve(v) for k, v in refs.items()}
+        clip = pieces.pop("clip_gradients")
+        dparts = D.DistParts(**pieces)
         cfg = _config()
         mcfg = LC.model_config(cfg)
         model = build_model(mcfg, "torch", seed=0)
-        tr = D.DistributedTrainer(model, cfg, torch.device("cpu"), parts=LoopParts(),
-                                  world=D.World(rank, world, "gloo"), dparts=dparts)
+        tr = D.DistributedTrainer(model, cfg, torch.device("cpu"),
+                                  parts=LoopParts(clip_gradients=clip),
+                                  world=D.World(rank, world, "gloo"), dparts=dparts,
+                                  parallel=parallel)
         batches = global_batches(steps, world, rows, cfg.grad_accum, mcfg.max_seq_len,
                                  mcfg.vocab_size, seed)
         read, stats, digests = [], [], []
@@ -101,8 +108,8 @@ def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: in
             st = tr.train_step(mine)
             stats.append((st.loss, st.grad_norm, st.tokens))
             digests.append(_digest(tr))
-        torch.save({"read": read, "stats": stats, "digests": digests,
-                    "params": {n: p.detach().clone() for n, p in model.named_parameters()}},
+        params = {n: D.full(p.detach()).clone() for n, p in model.named_parameters()}
+        torch.save({"read": read, "stats": stats, "digests": digests, "params": params},
                    Path(tmp) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -138,25 +145,27 @@ _MEMO: dict = {}
 
 
 def ddp_equivalence_run(backend: str = "torch", dtype: str = "float32", world: int = 2,
-                        steps: int = 3, rows: int = 2, seed: int = 0) -> dict:
+                        steps: int = 3, rows: int = 2, seed: int = 0,
+                        parallel: str = "ddp") -> dict:
     """`world` ranks × `rows` rows per micro-batch against one process × rows·world rows, on the
     same global batches: per-step loss, pre-clip gradient norm and token count, the final
     weights, the ranks' replicas after every step, and which rows each rank read. The three
     checks read one run; the key holds every piece's binding, so a run with a mutant bound is
     never answered from one without it."""
     refs = _refs()
-    key = (world, steps, rows, seed, tuple(sorted(refs.items())))
+    key = (world, steps, rows, seed, parallel, tuple(sorted(refs.items())))
     if key not in _MEMO:
-        _MEMO[key] = _equivalence(refs, world, steps, rows, seed)
+        _MEMO[key] = _equivalence(refs, world, steps, rows, seed, parallel)
     return _MEMO[key]
 
 
-def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int) -> dict:
+def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int,
+                 parallel: str) -> dict:
     import torch
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank_main, args=(world, tmp, refs, steps, rows, seed),
+        mp.start_processes(_rank_main, args=(world, tmp, refs, steps, rows, seed, parallel),
                            nprocs=world, start_method="spawn", join=True)
         ranks = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
     one = _single(steps, world, rows, seed)
@@ -173,7 +182,7 @@ def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int) -> di
               for n in one["init"])
     drift = max(float(torch.linalg.vector_norm(ranks[0]["params"][n] - one["params"][n]))
                 for n in one["init"])
-    return {"steps": len(ddp), "world": world,
+    return {"steps": len(ddp), "world": world, "parallel": parallel,
             "loss_rel": max(rel(a[0], b[0]) for a, b in zip(ddp, one["stats"], strict=True)),
             "gnorm_rel": max(rel(a[1], b[1]) for a, b in zip(ddp, one["stats"], strict=True)),
             "tokens_equal": [a[2] for a in ddp] == [b[2] for b in one["stats"]],

@@ -497,17 +497,20 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
         if v.shape != own[k].shape:
             raise CheckpointError(f"{ckpt}: {k} has shape {tuple(v.shape)}, "
                                   f"model expects {tuple(own[k].shape)}")
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict({k: _placed_like(v, own[k]) for k, v in weights.items()}, strict=True)
     if optimizer is not None:
         if state["param_names"] != param_names:
             raise CheckpointError(f"{ckpt}: optimizer parameter order differs from the model's")
         flat = _load_tensors(ckpt, "optimizer.safetensors")
         sd = optimizer.state_dict()
         sd["state"] = {}
+        params = [p for g in optimizer.param_groups for p in g["params"]]
         for i, name in enumerate(param_names):
             entry = {k[len(name) + 1:]: v for k, v in flat.items()
                      if k.startswith(name + ".") and k[len(name) + 1:] in
                      ("step", "exp_avg", "exp_avg_sq")}
+            entry = {k: v if k == "step" else _placed_like(v, params[i])
+                     for k, v in entry.items()}
             if entry:
                 sd["state"][i] = entry
         optimizer.load_state_dict(sd)
@@ -520,6 +523,16 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
                                           f"written with {k}={saved[k]}")
     set_rng_state(state["rng"], _load_tensors(ckpt, "rng.safetensors"))
     return state
+
+
+def _placed_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """A whole tensor from a checkpoint, sharded like `ref` when `ref` is a DTensor (an FSDP
+    rank keeps its shard of it); otherwise as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(ref, DTensor):
+        return distribute_tensor(t.to(ref.device), ref.device_mesh, ref.placements)
+    return t
 
 
 def _load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:

@@ -137,7 +137,7 @@ POSITIVE = (lambda v: v > 0, "must be > 0")
 NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 UNIT_OPEN = (lambda v: 0 <= v < 1, "must be in [0, 1)")
 CHOICES = {"backend": ("torch", "triton", "auto"), "device": ("auto", "cpu", "cuda"),
-           "precision": ("auto", "fp32", "bf16")}
+           "precision": ("auto", "fp32", "bf16"), "parallel": ("ddp", "fsdp")}
 RULES = {
     **{k: AT_LEAST_1 for k in ("batch_size", "grad_accum", "epochs", "max_steps",
                                "eval_interval", "log_interval", "keep_last", "threads",
@@ -282,6 +282,9 @@ class TrainConfig(LoopConfig):
     max_steps: int = 300
     warmup_steps: int = 30
     memory_budget_gb: float | None = None  # null: the machine's RAM (CPU) / GPU memory
+    # data parallelism, when launched as several processes (falsify train --nproc N): DDP
+    # replicates the model, FSDP shards weights, gradients and AdamW state over the ranks
+    parallel: str = "ddp"
     # evaluation, logging, checkpoints
     eval_interval: int = 100
     eval_batches: int = 16
@@ -312,7 +315,10 @@ class TrainConfig(LoopConfig):
 RESUME_MUTABLE = {"eval_interval", "eval_batches", "log_interval", "save_interval", "keep_last",
                   "out_dir", "progress", "sample_tokens", "sample_prompt", "sample_temperature",
                   "sample_top_k", "threads", "cache_dir", "andon_grad_norm", "andon_loss_max",
-                  "memory_budget_gb"}
+                  "memory_budget_gb",
+                  # how the ranks hold the state, not what it is: a checkpoint is the whole
+                  # state either way (impl/llm/distributed.py: Consolidated)
+                  "parallel"}
 
 
 def config_from_dict(d: dict, source: str = "config", base: TrainConfig | None = None,

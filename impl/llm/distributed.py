@@ -67,8 +67,14 @@ def join(device: torch.device) -> World:
     return world
 
 
-def leave() -> None:
+def leave(completed: bool = True) -> None:
+    """Leave the process group. After a completed run every rank first meets the others at a
+    barrier: a rank that tears its connections down while a peer still has one in flight
+    aborts in gloo ("terminate called without an active exception", seen at the end of FSDP
+    runs)."""
     if dist.is_initialized():
+        if completed:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -138,28 +144,75 @@ class DistParts:
 
 
 # ------------------------------------------------------------------------------- the step
-class _LossSum(torch.nn.Module):
-    """The module DDP wraps: forward is the model's fused loss sum, so DDP's hooks see the
-    call that produces the gradient (the model's own forward returns logits)."""
+class _Root(torch.nn.Module):
+    """The module DDP or FSDP wraps, so their hooks see every call that reads the weights:
+    forward(x, y) is the model's fused loss sum (the training step), forward(x) its logits
+    (evaluation, sampling)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, x, y):
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    def forward(self, x, y=None):
+        if y is None:
+            return self.model(x)
         return self.model.loss_sum(x, y, IGNORE_INDEX)[0]
 
 
 class DistributedTrainer(Trainer):
-    """The shared step with DDP underneath: global token counts, one all-reduce per step."""
+    """The shared step with DDP or FSDP underneath: global token counts, one gradient
+    reduction per step.
 
-    def __init__(self, *args, world: World, dparts: DistParts, **kw):
-        super().__init__(*args, **kw)
-        if self.autocast_dtype is not None:
+    DDP keeps a full replica per rank and all-reduces the gradient. FSDP (fully_shard per
+    decoder layer and on the root) keeps 1/W of every weight, gradient and AdamW moment, as
+    DTensors: it gathers a layer's weights for its forward and backward and reduce-scatters its
+    gradient. Both average over the ranks, hence the same W·s/N. The clip's norm over DTensor
+    gradients is the global one (DTensor reduces the shards' partial sums)."""
+
+    def __init__(self, model, cfg, device, autocast_dtype=None, parts=None, *, world: World,
+                 dparts: DistParts, parallel: str = "ddp"):
+        if autocast_dtype is not None:
             raise ValueError("data-parallel training runs fp32 (precision='fp32' or 'auto')")
-        self.world, self.dparts = world, dparts
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(_LossSum(self.model), device_ids=ids)
+        self.world, self.dparts, self.parallel = world, dparts, parallel
+        loss_module = _Root(model)
+        if parallel == "fsdp":
+            # before the optimizer is built: fully_shard replaces the parameters by DTensors
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.layers:
+                fully_shard(layer)
+            fully_shard(loss_module)
+        super().__init__(model, cfg, device, autocast_dtype, parts)
+        if parallel == "ddp":
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            loss_module = DistributedDataParallel(loss_module, device_ids=ids)
+        elif parallel != "fsdp":
+            raise ValueError(f"parallel={parallel!r}: must be ddp or fsdp")
+        self.wrapped = loss_module  # DDP(root) or the FSDP root: what the step calls
+        self.forward_model = loss_module  # evaluation and sampling go through it too
+
+    @torch.no_grad()
+    def evaluate(self, batches) -> tuple[float, float]:
+        out = super().evaluate(batches)
+        self.settle()
+        return out
+
+    def settle(self) -> None:
+        """FSDP leaves the root's weights gathered after a forward without backward (it
+        expects the backward to need them): give them back, so no gathered state or pending
+        work outlives an evaluation or the run."""
+        if self.parallel == "fsdp":
+            self.wrapped.reshard()
+
+    def no_sync(self):
+        """Accumulate without reducing (every micro-batch but the step's last)."""
+        if self.parallel == "ddp":
+            return self.wrapped.no_sync()
+        return _fsdp_no_sync(self.wrapped)
 
     def forward_backward(self, micro_batches: list) -> tuple[float, int, dict]:
         counts = self.dparts.global_counts([self.count(m) for m in micro_batches],
@@ -176,12 +229,43 @@ class DistributedTrainer(Trainer):
         last = len(micro_batches) - 1
         for i, ((x, y), d) in enumerate(zip(micro_batches, divisors, strict=True)):
             x, y = x.to(self.device), y.to(self.device)
-            with self.ddp.no_sync() if i < last else contextlib.nullcontext():
-                s = self.ddp(x, y)
+            with self.no_sync() if i < last else contextlib.nullcontext():
+                s = self.wrapped(x, y)
                 (s * (scale / d)).backward()
             total += s.detach().double()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return float(total) / n, n, {}
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module):
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (an all-gather every rank joins); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class Consolidated:
+    """The model's and AdamW's state as whole tensors, for a checkpoint in the one-process
+    layout (export, eval and a resume on any number of processes read it unchanged). Building it
+    is collective under FSDP: every rank must construct it; rank 0 writes it."""
+
+    def __init__(self, model, optimizer):
+        self.weights = {k: full(v) for k, v in model.state_dict().items()}
+        self.param_groups = optimizer.param_groups
+        self.state = {p: {k: full(v) if torch.is_tensor(v) else v for k, v in st.items()}
+                      for p, st in optimizer.state.items()}
+
+    def state_dict(self) -> dict:
+        return self.weights
 
 
 # -------------------------------------------------------------------------------- the run
@@ -194,6 +278,9 @@ def distributed_run_class():
 
         def __init__(self, cfg, parts, dparts: DistParts | None = None):
             super().__init__(cfg, parts)
+            if self.device.type == "cuda":  # one GPU per local rank
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
             self.world = join(self.device)
             self.dparts = dparts or DistParts()
             self.writes = self.world.main
@@ -225,10 +312,16 @@ def distributed_run_class():
 
         def make_trainer(self) -> Trainer:
             return DistributedTrainer(self.model, self.cfg, self.device, self.autocast,
-                                      self.parts, world=self.world, dparts=self.dparts)
+                                      self.parts, world=self.world, dparts=self.dparts,
+                                      parallel=self.cfg.parallel)
+
+        def finish(self) -> None:
+            super().finish()
+            self.trainer.settle()
 
         def save(self, metrics: dict | None = None) -> Path:
-            path = super().save(metrics) if self.world.main else None
+            view = Consolidated(self.model, self.trainer.optimizer)  # every rank: collective
+            path = super().save(metrics, view) if self.world.main else None
             box = [str(path) if path is not None else None]
             dist.broadcast_object_list(box, src=0)  # also the barrier: the save is complete
             return Path(box[0])

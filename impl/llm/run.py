@@ -249,15 +249,23 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
     step is done (and checkpointed), as if killed there: the schedule still runs to max_steps."""
     from falsify.impl.llm import distributed
 
+    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
     with torch_threads(cfg.threads):
-        if distributed.launched_world_size() > 1:  # one rank of a torchrun job
-            run = distributed.distributed_run_class()(cfg, parts or LoopParts())
-        else:
-            run = PretrainRun(cfg, parts or LoopParts())
-        run.open(resume)
-        run.prepare(data)
-        run.build()
-        return run.loop(stop_after, keep_model)
+        completed = False
+        try:
+            if ranked:
+                run = distributed.distributed_run_class()(cfg, parts or LoopParts())
+            else:
+                run = PretrainRun(cfg, parts or LoopParts())
+            run.open(resume)
+            run.prepare(data)
+            run.build()
+            result = run.loop(stop_after, keep_model)
+            completed = True
+            return result
+        finally:
+            if ranked:  # a process group left to the interpreter's exit can abort it (SIGABRT)
+                distributed.leave(completed)
 
 
 def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:
@@ -368,10 +376,13 @@ class PretrainRun:
         """The step: plain next-token cross-entropy (impl/llm/distill.py overrides it)."""
         return Trainer(self.model, self.cfg, self.device, self.autocast, self.parts)
 
-    def save(self, metrics: dict | None = None) -> Path:
+    def save(self, metrics: dict | None = None, state=None) -> Path:
+        """Checkpoint the step; `state` stands in for the model and optimizer when their
+        tensors are sharded (impl/llm/distributed.py: Consolidated)."""
         tr = self.trainer
+        model, optimizer = (state, state) if state is not None else (self.model, tr.optimizer)
         return ckpt_mod.save_checkpoint(
-            self.out, tr.step, self.model, tr.optimizer, tr.param_names,
+            self.out, tr.step, model, optimizer, tr.param_names,
             data_state=self.sampler.state_dict(),
             config=effective_config(self.cfg, self.kernels), metrics=metrics,
             extra={"best_val_loss": self.best_val}, keep_last=self.cfg.keep_last)
@@ -443,9 +454,10 @@ class PretrainRun:
         if result.evals and result.evals[-1]["step"] == self.trainer.step:
             result.val_loss = result.evals[-1]["val_loss"]
             result.val_ppl = result.evals[-1]["val_ppl"]
+        # every rank samples: under FSDP each forward gathers weights from all of them
+        result.sample = sample(self.trainer.forward_model, self.cfg, self.data, self.device)
         if not self.writes:
             return
-        result.sample = sample(self.model, self.cfg, self.data, self.device)
         atomic_write_text(self.out / "summary.json", json.dumps(
             {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
 

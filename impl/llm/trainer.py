@@ -143,6 +143,9 @@ class Trainer:
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.step = 0
         self.autocast_dtype = autocast_dtype
+        # what evaluation and sampling call for logits (a data-parallel trainer's wrapper, so
+        # FSDP gathers the sharded weights for them)
+        self.forward_model = model
 
     def lr(self, step: int) -> float:
         """LR of the update with 0-based index `step`."""
@@ -233,11 +236,11 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, batches) -> tuple[float, float]:
         """(mean token CE, perplexity = exp(mean CE)) over the given batches."""
-        self.model.eval()
+        self.forward_model.eval()
         total, n = 0.0, 0
         for x, y in batches:
             with self._autocast():
-                logits = self.model(x.to(self.device))
+                logits = self.forward_model(x.to(self.device))
             s, c = loss_sum(logits, y.to(self.device), IGNORE_INDEX)
             total, n = total + float(s), n + c
         self.model.train()

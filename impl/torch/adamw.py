@@ -62,8 +62,11 @@ def init_state(params):
     """Zero-initialised fp32 moments, one (m, v) pair per parameter. Zeros matter: m̂ and v̂
     divide by 1 − β^t assuming m₀ = v₀ = 0; recycled memory would be amplified by up to
     1/(1−β2) = 1000× at t = 1 (seed ALB-059)."""
-    ms = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
-    vs = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+    # zeros_like: a sharded parameter (FSDP's DTensor) gets moments sharded the same way
+    ms = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+          for p in params]
+    vs = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+          for p in params]
     return ms, vs
 
 

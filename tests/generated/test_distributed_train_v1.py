@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "07a69be130ea00dc759abe7a4689ef057a58ddad63b0ae49203bf1d0700c02ae"
+SHA256 = "582af2de20ac8a4fb18729275b0d5fbfb543bd074bb80dcc5c7e03e07af4b39e"
 CONTRACT = rt.library_contract("distributed-train-v1.yaml", SHA256)
 
 
@@ -19,6 +19,12 @@ def test_falsify_ddp_001__torch__float32():
 @pytest.mark.falsify(contract=CONTRACT, obligation="DDP-EQV-001", check="FALSIFY-DDP-002", backend="torch", variant="float32")
 def test_falsify_ddp_002__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-DDP-002", "torch", "float32", None)
+
+# FALSIFY-DDP-004 → DDP-FSDP-001 (training): FSDP equals one process
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DDP-FSDP-001", check="FALSIFY-DDP-004", backend="torch", variant="float32")
+def test_falsify_ddp_004__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-DDP-004", "torch", "float32", None)
 
 # FALSIFY-DDP-003 → DDP-CON-001 (training): Replicas stay bit-identical
 
@@ -43,3 +49,9 @@ def test_mut_ddp_002():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-003", obligation="DDP-EQV-001", backend="torch")
 def test_mut_ddp_003():
     rt.assert_killed(CONTRACT, "MUT-DDP-003")
+
+
+# MUT-DDP-004 → DDP-FSDP-001: the clip norm from the rank's local shards only
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-004", obligation="DDP-FSDP-001", backend="torch")
+def test_mut_ddp_004():
+    rt.assert_killed(CONTRACT, "MUT-DDP-004")
