@@ -124,7 +124,7 @@ def _two_nodes(tmp_path, node_overrides: tuple[list, list], timeout=180):
     """Two "nodes" × 1 process on this machine: two launchers meeting at one c10d rendezvous,
     as on two machines."""
     endpoint = f"localhost:{_free_port()}"
-    env = dict(os.environ, COLUMNS="400", FALSIFY_RUN_ID="two-nodes-test")
+    env = dict(os.environ, COLUMNS="400")
     procs = [subprocess.Popen([sys.executable, "-m", "falsify", "train", "--nproc", "1",
                                "--nnodes", "2", "--rdzv-endpoint", endpoint, *TINY, *over],
                               env=env, text=True, stdout=subprocess.PIPE,

@@ -93,10 +93,12 @@ def launch(nproc: int, nnodes: int, rdzv_endpoint: str | None, argv: list[str]) 
     if nnodes > 1 and not rdzv_endpoint:
         raise ValueError("a multi-node job needs --rdzv-endpoint HOST:PORT (the same on every "
                          "node)")
+    # every node of a job must name the same rendezvous id: derived from the endpoint they all
+    # name, so no node needs another argument; a one-node job gets a fresh one
+    run_id = f"falsify-{rdzv_endpoint}" if rdzv_endpoint else str(uuid.uuid4())
     cfg = LaunchConfig(min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
                        rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint or "localhost:0",
-                       run_id=os.environ.get("FALSIFY_RUN_ID", str(uuid.uuid4())),
-                       max_restarts=0, monitor_interval=0.5)
+                       run_id=run_id, max_restarts=0, monitor_interval=0.5)
     log.info("launching %d process(es) on each of %d node(s)", nproc, nnodes)
     try:
         elastic_launch(cfg, entrypoint=sys.executable)("-m", "falsify", *argv)
