@@ -33,6 +33,23 @@ def steps(run: Path) -> list[dict]:
             if "loss" in r]
 
 
+def _trained_a_step(run: Path) -> bool:
+    """While a run is writing: a whole step line is in its metrics (a line being written is
+    not read)."""
+    try:
+        text = (run / "metrics.jsonl").read_text()
+    except FileNotFoundError:
+        return False
+    return any('"loss"' in line for line in text.split("\n")[:-1])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone since it was listed
+        return b""
+
+
 def test_two_processes_train_what_one_process_trains(tmp_path):
     """2 ranks × batch 2 against 1 process × batch 4 on the same data: one metrics line per
     step (rank 0 writes), the same token counts, losses within distributed-train-v1's 700·ε₃₂
@@ -92,13 +109,12 @@ def test_a_killed_rank_stops_the_whole_job_with_an_error(tmp_path):
                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and p.poll() is None and not (
-                (run / "metrics.jsonl").exists() and steps(run)):
+        while time.monotonic() < deadline and p.poll() is None and not _trained_a_step(run):
             time.sleep(0.2)
-        assert p.poll() is None and steps(run), p.communicate()[1][-2000:] if p.poll() else ""
+        assert p.poll() is None and _trained_a_step(run), (
+            p.communicate()[1][-2000:] if p.poll() is not None else "no step in 120 s")
         ranks = [c for c in _children(p.pid) for c in [c, *_children(c)]
-                 if b"falsify" in Path(f"/proc/{c}/cmdline").read_bytes()
-                 and b"train" in Path(f"/proc/{c}/cmdline").read_bytes()]
+                 if b"falsify" in _cmdline(c) and b"train" in _cmdline(c)]
         assert len(ranks) >= 2, ranks
         t0 = time.monotonic()
         os.kill(ranks[-1], signal.SIGKILL)
