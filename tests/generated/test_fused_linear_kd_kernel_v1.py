@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4cf23948d3e71771b3093e0ba09476f67b3396eede2b1b88cd2a50f3411e99e7"
+SHA256 = "aaf08662b2eea0ed40e7886e7569c0ff5644bb9bde99dffaff0707184e44bd9f"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 
@@ -18,6 +18,7 @@ CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[4])
 def test_falsify_flkd_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "torch", "float32", case)
 
@@ -28,6 +29,7 @@ def test_falsify_flkd_001__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[4])
 def test_falsify_flkd_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "torch", "float16", case)
 
@@ -38,6 +40,7 @@ def test_falsify_flkd_001__torch__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[4])
 def test_falsify_flkd_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "triton", "float32", case)
 
@@ -48,6 +51,7 @@ def test_falsify_flkd_001__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[4])
 def test_falsify_flkd_001__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "triton", "float16", case)
 
@@ -60,6 +64,7 @@ def test_falsify_flkd_001__triton__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[4])
 def test_falsify_flkd_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-002", "reference", "float32", case)
 
@@ -70,6 +75,7 @@ def test_falsify_flkd_002__reference__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[4])
 def test_falsify_flkd_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-002", "torch", "float32", case)
 
@@ -80,6 +86,7 @@ def test_falsify_flkd_002__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[4])
 def test_falsify_flkd_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-002", "triton", "float32", case)
 
@@ -277,6 +284,7 @@ def test_falsify_flkd_011__triton__sm_90():
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[4])
 def test_falsify_flkd_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "reference", "float32", case)
 
@@ -287,6 +295,7 @@ def test_falsify_flkd_012__reference__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[4])
 def test_falsify_flkd_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "reference", "float16", case)
 
@@ -297,6 +306,7 @@ def test_falsify_flkd_012__reference__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[4])
 def test_falsify_flkd_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "torch", "float32", case)
 
@@ -307,6 +317,7 @@ def test_falsify_flkd_012__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[4])
 def test_falsify_flkd_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "torch", "float16", case)
 
@@ -317,6 +328,7 @@ def test_falsify_flkd_012__torch__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[4])
 def test_falsify_flkd_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "triton", "float32", case)
 
@@ -327,6 +339,7 @@ def test_falsify_flkd_012__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[4])
 def test_falsify_flkd_012__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "triton", "float16", case)
 
@@ -416,6 +429,7 @@ def test_falsify_flkd_015__triton__undeclared():
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[4])
 def test_falsify_flkd_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-016", "torch", "float32", case)
 
@@ -427,6 +441,7 @@ def test_falsify_flkd_016__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[4])
 def test_falsify_flkd_016__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-016", "torch", "float16", case)
 
@@ -438,6 +453,7 @@ def test_falsify_flkd_016__torch__float16(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[4])
 def test_falsify_flkd_016__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-016", "triton", "float32", case)
 
@@ -449,6 +465,7 @@ def test_falsify_flkd_016__triton__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[1])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[2])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[3])
+@example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[4])
 def test_falsify_flkd_016__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-016", "triton", "float16", case)
 
