@@ -22,8 +22,8 @@ TINY = ["model=tiny", "corpus=synthetic", "synthetic_tokens=60000", "vocab_size=
 EPS32 = 2.0 ** -24
 
 
-def falsify(*argv, timeout=300, **kw):
-    env = dict(os.environ, COLUMNS="400")
+def falsify(*argv, timeout=300, env=None, **kw):
+    env = dict(env or os.environ, COLUMNS="400")
     return subprocess.run([sys.executable, "-m", "falsify", *argv], env=env, text=True,
                           capture_output=True, timeout=timeout, **kw)
 
@@ -126,6 +126,57 @@ def test_a_killed_rank_stops_the_whole_job_with_an_error(tmp_path):
     assert p.returncode != 0
     assert "rank" in err and "failed" in err, err[-2000:]
     assert stopped_in < 60
+
+
+KILL_IN_SAVE = """
+import os
+if os.environ.get("RANK") == os.environ.get("KILL_RANK_IN_SAVE"):
+    import signal
+    import safetensors.torch as st
+    real, saves = st.save_file, []
+
+    def save_file(tensors, path, *a, **k):  # the rank's RNG file: after its shards, pre-commit
+        if os.path.basename(str(path)).startswith("rng-rank"):
+            saves.append(path)
+            if len(saves) == int(os.environ["KILL_AT_SAVE"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(tensors, path, *a, **k)
+    st.save_file = save_file
+"""
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_kill_9_of_a_rank_during_a_save_leaves_the_previous_checkpoint(tmp_path, victim):
+    """One rank is killed (SIGKILL, from a sitecustomize hook) in the middle of the second
+    sharded save, after its shards and before the commit: the job stops naming that rank, and
+    step 3 stays the newest checkpoint and verifies intact. Rank 1 killed: rank 0, alive,
+    removes the half-written step 6 itself. Rank 0 killed: the half-written step 6 stays as an
+    orphan, which `--resume auto` removes before it continues from step 3 to the end."""
+    from falsify.impl.llm import checkpoint as C
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_IN_SAVE)
+    run = tmp_path / "run"
+    common = [*TINY, "batch_size=2", "max_steps=6", "save_interval=3", "eval_interval=3",
+              f"out_dir={run}"]
+    env = dict(PYTHONPATH=os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+               KILL_RANK_IN_SAVE=str(victim), KILL_AT_SAVE="2")
+    killed = falsify("train", "--nproc", "2", *common, env=dict(os.environ, **env))
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+    assert "failed" in killed.stderr, killed.stderr[-2000:]
+    assert [p.name for p in C.list_checkpoints(run)] == ["step-00000003"]
+    C.verify_checkpoint(run / "checkpoints" / "step-00000003")
+    temps = [p.name for p in C.checkpoints_dir(run).iterdir() if p.name.startswith(".tmp-")]
+    if victim == 1:
+        assert temps == [], temps
+        return
+    assert any("step-00000006" in t and not t.endswith(".lock") for t in temps), temps
+    again = falsify("train", "--nproc", "2", "--resume", "auto", *common)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not [p for p in C.checkpoints_dir(run).iterdir() if p.name.startswith(".tmp-")]
+    assert [r["step"] for r in steps(run)] == [1, 2, 3, 4, 5, 6]
+    C.verify_checkpoint(run / "checkpoints" / "step-00000006")
 
 
 def _free_port() -> int:
@@ -240,3 +291,42 @@ def test_fsdp_trains_what_one_process_trains_and_resumes_bit_for_bit(tmp_path):
         assert abs(x["loss"] - y["loss"]) <= 700 * EPS32 * y["loss"]
         assert abs(x["grad_norm"] - y["grad_norm"]) <= 2e-4 * y["grad_norm"]
     assert max(float((f[k] - one[k]).abs().max()) for k in f) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["sft", "preference"])
+def test_finetune_on_two_processes_trains_what_one_process_trains(tmp_path, kind):
+    """`falsify finetune --nproc 2` (QLoRA, DDP over the adapters), SFT and DPO: one metrics
+    line per step from rank 0, the same counts (tokens, pairs) and the losses of one process
+    with the doubled batch within distributed-train-v1's 700·ε₃₂ (the same fp32 arithmetic on
+    rows grouped another way); DPO's per-pair stats are summed over the ranks; the adapter is
+    exported once; a resume on another process count is refused."""
+    from tests.test_finetune import base_with_tokenizer, shipped_records, write_jsonl
+
+    base = base_with_tokenizer(tmp_path)
+    recs = shipped_records(40)
+    if kind == "preference":
+        recs = [{"prompt": r["prompt"], "chosen": r["response"],
+                 "rejected": recs[(i + 1) % len(recs)]["response"]} for i, r in enumerate(recs)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    common = ["--method", "qlora", "--model", str(base), "--data", str(data), "max_steps=3",
+              "grad_accum=2", "lora_r=4", "val_split=0.2", "sample_count=0", "lr=3e-3",
+              "progress=false", "backend=torch", "threads=1", "save_every=2"]
+    two = falsify("finetune", "--nproc", "2", *common, "batch_size=2",
+                  "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert two.stdout.count("trained 3/3 steps") == 1
+    one = falsify("finetune", *common, "batch_size=4", "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    a, b = steps(tmp_path / "two"), steps(tmp_path / "one")
+    assert [r["step"] for r in a] == [1, 2, 3]
+    assert [r["count"] for r in a] == [r["count"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= 700 * EPS32 * y["loss"], (x, y)
+        if kind == "preference":  # means over the step's pairs, both ranks' pairs counted
+            assert abs(x["accuracy"] - y["accuracy"]) < 1e-9, (x, y)
+    assert (tmp_path / "two" / "adapter").is_dir()
+    ck = tmp_path / "two" / "checkpoints" / "step-00000002"
+    bad = falsify("finetune", "--resume", str(ck), *common, "batch_size=2",
+                  "--out", str(tmp_path / "two"))
+    assert bad.returncode == 2
+    assert "written by 2 process(es); this run has 1" in bad.stdout.replace("\n", " ")

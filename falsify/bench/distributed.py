@@ -78,6 +78,7 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
                             world_size=world)
+    tr = None
     try:
         cfg = _config(batch, 1)
         model = build_model(LC.model_config(cfg), "torch", seed=0)
@@ -112,7 +113,7 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
                 "no_allreduce_s": statistics.median(skipped[1:]),
                 "bytes_per_step": int(statistics.median(per_step[1:]))}))
     finally:
-        dist.destroy_process_group()
+        D.leave(completed=False, trainer=tr)
 
 
 def run(world: int, batch: int, steps: int) -> dict:

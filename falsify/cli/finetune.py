@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,6 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from falsify.cli.train import add_launch_args, leave_rank
 from falsify.impl.llm import checkpoint as ckpt_mod
 from falsify.impl.llm import finetune as FT
 from falsify.impl.llm.config import ConfigError, parse_overrides, read_yaml_config
@@ -71,6 +73,7 @@ def register(sub) -> None:
                    help="continue from a checkpoint (default: the latest in out_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override config fields, e.g. lora_r=16 lr=2e-4")
+    add_launch_args(p)
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.set_defaults(func=cmd_finetune)
 
@@ -168,8 +171,42 @@ def _clip(text: str, lines: int = 12) -> str:
 
 
 def cmd_finetune(args) -> int:
-    console = Console()
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    from falsify.impl.llm import distributed
+
+    launching = (args.nproc > 1 or args.nnodes > 1) and distributed.launched_world_size() == 1
+    rank = int(os.environ.get("RANK", "0"))  # in a data-parallel job rank 0 reports
+    console = Console(quiet=rank != 0)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    if launching:
+        return _launch(args, console)
+    return leave_rank(_finetune(args, console))
+
+
+def _launch(args, console: Console) -> int:
+    """The launcher's side of `--nproc N`: the config is checked once, the built-in base is
+    trained (or found cached) once, here, then every rank runs this command without the
+    launcher's options."""
+    from falsify.impl.llm import distributed
+    from falsify.impl.llm.finetune_base import builtin_base
+
+    try:
+        cfg = resolve_config(args, console)
+        cfg.validate()
+        if cfg.model is None:
+            builtin_base(cfg, console)
+        argv = [*(["--config", args.config] if args.config else []),
+                *(["--resume", args.resume] if args.resume else []),
+                *_flag_overrides(args), *args.overrides]
+        return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
+                                  ["finetune", *argv])
+    except (ConfigError, PreflightError, DataError, LoraConfigError, ValueError,
+            ckpt_mod.CheckpointError) as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        return 2
+
+
+def _finetune(args, console: Console) -> int:
     cfg = None
     try:
         cfg = resolve_config(args, console)

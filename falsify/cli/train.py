@@ -40,6 +40,12 @@ def register(sub) -> None:
         description="Pretrain a LLaMA-style code model (default: tiny preset on the Python "
                     "stdlib, a few minutes on CPU).")
     add_loop_args(p, "TrainConfig", "max_steps=100 lr=1e-3")
+    add_launch_args(p)
+    p.set_defaults(func=cmd_train)
+
+
+def add_launch_args(p) -> None:
+    """--nproc/--nnodes/--rdzv-endpoint: a data-parallel job through torchrun's launcher."""
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel processes on this node (DDP through torchrun's launcher; "
                         "gloo on the CPU, nccl on CUDA)")
@@ -47,7 +53,6 @@ def register(sub) -> None:
                    help="nodes of a multi-node job (each node runs this command with --nproc)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="rendezvous of a multi-node job (c10d); default: a free local port")
-    p.set_defaults(func=cmd_train)
 
 
 def add_loop_args(p, config_class: str, example: str) -> None:
@@ -96,12 +101,18 @@ def cmd_train(args) -> int:
         except ValueError as e:
             Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             return 2
-    code = run_loop(args, TrainConfig, lambda cfg, console: train(cfg, resume=args.resume))
+    return leave_rank(run_loop(args, TrainConfig,
+                               lambda cfg, console: train(cfg, resume=args.resume)))
+
+
+def leave_rank(code: int) -> int:
+    """A rank of a data-parallel job exits here with `code`. Its work is on disk (checkpoints
+    are fsynced) and its process group is gone; the interpreter's own teardown after an FSDP
+    run on gloo aborted now and then ("terminate called without an active exception",
+    SIGABRT), which the launcher reports as a failed rank. Leave without it."""
+    from falsify.impl.llm import distributed
+
     if distributed.launched_world_size() > 1:
-        # A rank's work is on disk (checkpoints are fsynced) and its process group is gone;
-        # the interpreter's own teardown after an FSDP run on gloo aborted now and then
-        # ("terminate called without an active exception", SIGABRT), which the launcher
-        # reports as a failed rank. Leave without it.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

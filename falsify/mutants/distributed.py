@@ -42,3 +42,22 @@ def clip_gradients_local_shard(params, max_norm: float, ops) -> float:
     for g in local:
         g.mul_(coef)
     return norm
+
+
+def checkpoint_local_shards(model, optimizer, names: list[str]) -> dict:
+    """Each rank saves its own shards as if they were whole tensors (a checkpoint written from
+    `.to_local()`, or rank 0's torch.save of its state under FSDP): the saved tensors are
+    1/W of the model, and every rank's claims the same names."""
+    from torch.distributed.tensor import DTensor
+
+    from falsify.impl.llm.sharded_checkpoint import dcp_state
+
+    state = dcp_state(model, optimizer, names)
+    return {part: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in d.items()}
+            for part, d in state.items()}
+
+
+def commit_without_waiting() -> None:
+    """Rank 0 renames the checkpoint into place as soon as its own part is written, before the
+    other ranks have finished theirs: a crash (or a slow disk) on another rank leaves a
+    checkpoint that reads as complete and is not."""

@@ -16,7 +16,8 @@ from pathlib import Path
 
 CONTRACT = "distributed-train-v1"
 PIECES = {"shard": "shard", "global_counts": "global_counts", "grad_scale": "grad_scale",
-          "clip": "clip_gradients"}
+          "clip": "clip_gradients", "checkpoint_state": "checkpoint_state",
+          "commit": "wait_for_ranks"}
 EPS32 = 2.0 ** -24
 
 
@@ -71,11 +72,23 @@ def _digest(trainer) -> str:
     return h.hexdigest()
 
 
-def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: int,
-               seed: int, parallel: str) -> None:
-    """One rank: join the group, train `steps` steps on its shards, save what it saw."""
+def _join(rank: int, world: int, tmp: str) -> None:
+    """Join the probe's gloo group; a peer that is gone fails a collective within 2 minutes
+    instead of the default half hour."""
+    import datetime
+
     import torch
     import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+
+
+def _rank_parts(rank: int, world: int, refs: dict, parallel: str):
+    """(DistParts with the bound pieces, train config, model config, a factory of a fresh
+    model and its DistributedTrainer)."""
+    import torch
 
     from falsify.harness import backends
     from falsify.impl.llm import config as LC
@@ -83,20 +96,46 @@ def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: in
     from falsify.impl.llm.model import build_model
     from falsify.impl.llm.trainer import LoopParts
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
-                            world_size=world)
-    try:
-        pieces = {k: backends.resolve(v) for k, v in refs.items()}
-        clip = pieces.pop("clip_gradients")
-        dparts = D.DistParts(**pieces)
-        cfg = _config()
-        mcfg = LC.model_config(cfg)
+    pieces = {k: backends.resolve(v) for k, v in refs.items()}
+    clip = pieces.pop("clip_gradients")
+    dparts = D.DistParts(**pieces)
+    cfg = _config()
+    mcfg = LC.model_config(cfg)
+
+    def make():
         model = build_model(mcfg, "torch", seed=0)
         tr = D.DistributedTrainer(model, cfg, torch.device("cpu"),
                                   parts=LoopParts(clip_gradients=clip),
                                   world=D.World(rank, world, "gloo"), dparts=dparts,
                                   parallel=parallel)
+        _MADE.append(tr)
+        return model, tr
+    return dparts, cfg, mcfg, make
+
+
+_MADE: list = []  # this rank's trainers, released before the group goes (_leave)
+
+
+def _leave() -> None:
+    """Release every trainer this rank made, then destroy the group (distributed.leave)."""
+    from falsify.impl.llm import distributed as D
+
+    while _MADE:
+        _MADE.pop().release()
+    D.leave(completed=False)
+
+
+def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: int,
+               seed: int, parallel: str) -> None:
+    """One rank: join the group, train `steps` steps on its shards, save what it saw."""
+    import torch
+
+    from falsify.impl.llm import distributed as D
+
+    _join(rank, world, tmp)
+    try:
+        dparts, cfg, mcfg, make = _rank_parts(rank, world, refs, parallel)
+        model, tr = make()
         batches = global_batches(steps, world, rows, cfg.grad_accum, mcfg.max_seq_len,
                                  mcfg.vocab_size, seed)
         read, stats, digests = [], [], []
@@ -112,7 +151,7 @@ def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: in
         torch.save({"read": read, "stats": stats, "digests": digests, "params": params},
                    Path(tmp) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        _leave()
 
 
 def _single(steps: int, world: int, rows: int, seed: int) -> dict:
@@ -189,3 +228,145 @@ def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int,
             "param_rel": drift / upd,
             "replicas_identical": all(r["digests"] == ranks[0]["digests"] for r in ranks),
             "disjoint": disjoint, "union_is_batch": union, "eps32": EPS32}
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _whole_state(trainer) -> dict:
+    """Every parameter and AdamW tensor, whole (gathered under FSDP: collective)."""
+    from falsify.impl.llm.distributed import full
+
+    out = {}
+    for name, p in zip(trainer.param_names, trainer.params, strict=True):
+        out[name] = full(p.detach()).clone()
+        for k, v in trainer.optimizer.state.get(p, {}).items():
+            out[f"{name}.{k}"] = full(v).clone()
+    return out
+
+
+def _ckpt_rank_main(rank: int, world: int, tmp: str, refs: dict, rows: int, seed: int,
+                    parallel: str, slow_rank: int, slow_s: float) -> None:
+    """One rank: 2 steps, a sharded save (rank `slow_rank` writes its RNG file `slow_s` late),
+    a third step; then a fresh model and trainer restored from the checkpoint take the third
+    step again."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from falsify.impl.llm import checkpoint as C
+    from falsify.impl.llm import sharded_checkpoint as SC
+
+    _join(rank, world, tmp)
+    out = {"lost": [], "damage": None, "load_error": None}
+    try:
+        dparts, cfg, mcfg, make = _rank_parts(rank, world, refs, parallel)
+        batches = global_batches(3, world, rows, cfg.grad_accum, mcfg.max_seq_len,
+                                 mcfg.vocab_size, seed)
+        model, tr = make()
+        for micro in batches[:2]:
+            tr.train_step(dparts.shard(micro, rank, world))
+        whole = _whole_state(tr)
+        real_save_file = SC.save_file
+
+        def slow_save_file(tensors, path, **kw):  # the late rank's part of the checkpoint
+            time.sleep(slow_s)
+            try:
+                real_save_file(tensors, path, **kw)
+            except Exception:  # safetensors' own error for a missing directory, among others
+                if Path(path).parent.is_dir():
+                    raise
+                out["lost"].append(rank)  # its directory was renamed into place without it
+
+        if rank == slow_rank:
+            SC.save_file = slow_save_file
+        try:
+            ck = SC.save(Path(tmp) / "run", tr.step, model, tr.optimizer, tr.param_names,
+                         rank=rank, world_size=world, data_state={}, config={},
+                         state_fn=dparts.checkpoint_state, wait=dparts.wait_for_ranks)
+        finally:
+            SC.save_file = real_save_file
+        if rank == 0:
+            try:
+                C.verify_checkpoint(ck)
+            except C.CheckpointDamaged as e:
+                out["damage"] = str(e)
+            torch.save(whole, Path(tmp) / "whole.pt")
+        tr.train_step(dparts.shard(batches[2], rank, world))
+        out["want"] = _digest(tr)
+        model2, tr2 = make()
+        try:
+            state = C.load_checkpoint(ck, model2, tr2.optimizer, tr2.param_names)
+        except C.CheckpointError as e:  # a rank's own RNG file missing fails that rank only
+            out["load_error"] = str(e)
+        loaded = torch.tensor([0 if out["load_error"] else 1])
+        dist.all_reduce(loaded, op=dist.ReduceOp.MIN)  # so every rank trains, or none
+        if loaded.item():
+            tr2.step = int(state["step"])
+            tr2.train_step(dparts.shard(batches[2], rank, world))
+            out["got"] = _digest(tr2)
+        out["ckpt"] = str(ck)
+        torch.save(out, Path(tmp) / f"ckpt{rank}.pt")
+    finally:
+        _leave()
+
+
+def _single_load(ckpt: Path) -> dict:
+    """The sharded checkpoint read by one process (no process group): its whole state. This
+    process's RNG states are put back afterwards (loading a checkpoint sets them)."""
+    import torch
+
+    from falsify.impl.llm import checkpoint as C
+    from falsify.impl.llm import config as LC
+    from falsify.impl.llm.model import build_model
+    from falsify.impl.llm.trainer import LoopParts, Trainer
+
+    cfg = _config()
+    js, tensors = C.rng_state()
+    try:
+        model = build_model(LC.model_config(cfg), "torch", seed=1)  # not the saved weights
+        tr = Trainer(model, cfg, torch.device("cpu"), parts=LoopParts())
+        C.load_checkpoint(ckpt, model, tr.optimizer, tr.param_names)
+        return _whole_state(tr)
+    finally:
+        C.set_rng_state(js, tensors)
+
+
+def sharded_checkpoint_run(backend: str = "torch", dtype: str = "float32", world: int = 2,
+                           rows: int = 2, seed: int = 0, parallel: str = "fsdp",
+                           slow_s: float = 1.5) -> dict:
+    """A sharded checkpoint after 2 steps of `world` ranks (the last rank's part written
+    `slow_s` late): whether rank 0 found it complete the moment it was committed, which rank's
+    write found no directory, whether a restore on `world` ranks takes step 3 bit for bit as
+    the uninterrupted run did, and whether one process reads the ranks' whole state exactly."""
+    refs = _refs()
+    key = ("ckpt", world, rows, seed, parallel, slow_s, tuple(sorted(refs.items())))
+    if key not in _MEMO:
+        _MEMO[key] = _checkpoint(refs, world, rows, seed, parallel, slow_s)
+    return _MEMO[key]
+
+
+def _checkpoint(refs: dict, world: int, rows: int, seed: int, parallel: str,
+                slow_s: float) -> dict:
+    import torch
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_ckpt_rank_main,
+                           args=(world, tmp, refs, rows, seed, parallel, world - 1, slow_s),
+                           nprocs=world, start_method="spawn", join=True)
+        ranks = [torch.load(Path(tmp) / f"ckpt{r}.pt") for r in range(world)]
+        whole = torch.load(Path(tmp) / "whole.pt")
+        single, single_error = None, None
+        try:
+            single = _single_load(Path(ranks[0]["ckpt"]))
+        except Exception as e:  # noqa: BLE001 (reported in the result, which the check reads)
+            single_error = f"{type(e).__name__}: {e}"
+    single_equal = single is not None and single.keys() == whole.keys() and all(
+        torch.equal(single[k], whole[k]) for k in whole)
+    return {"world": world, "parallel": parallel,
+            "complete_at_commit": ranks[0]["damage"] is None, "damage": ranks[0]["damage"],
+            "lost_writes": sorted(r for o in ranks for r in o["lost"]),
+            "load_errors": [o["load_error"] for o in ranks if o["load_error"]],
+            "resume_identical": all(o.get("got") is not None and o["got"] == o["want"]
+                                    for o in ranks),
+            "single_equal": single_equal, "single_error": single_error}

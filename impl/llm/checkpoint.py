@@ -8,6 +8,9 @@
                                optimizer hyperparameters, metrics (val_loss), timestamp
         manifest.json          size and sha256 of each file above; written last
 
+A data-parallel run writes the sharded layout instead (impl/llm/sharded_checkpoint.py: DCP
+shards, an RNG file per rank, the whole weights); verify, find and load read both.
+
 Atomicity is directory-level: the checkpoint is written into `.tmp-...` in the same directory
 and renamed into place with os.replace, so a reader (or a resume after `kill -9`) sees either a
 complete checkpoint or none; names starting with '.' are never considered. Retention keeps the
@@ -228,7 +231,13 @@ def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = 
     sha256 equal what was recorded at save time."""
     ckpt = Path(ckpt)
     files = _read_manifest(ckpt)
-    needed = (*TENSOR_FILES, STATE) if for_resume else ("model.safetensors", STATE)
+    sharded = _is_sharded(ckpt, files)
+    if sharded:  # impl/llm/sharded_checkpoint.py; the RNG files of ranks > 0 once W is known
+        from falsify.impl.llm.sharded_checkpoint import SHARDS, rng_file
+        whole = ("model.safetensors", f"{SHARDS}/.metadata", rng_file(0), STATE)
+    else:
+        whole = (*TENSOR_FILES, STATE)
+    needed = whole if for_resume else ("model.safetensors", STATE)
     for name in needed:
         if not (ckpt / name).is_file():
             raise CheckpointDamaged(ckpt, name, "missing")
@@ -247,7 +256,18 @@ def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = 
     missing = [k for k in STATE_KEYS if k not in state] if for_resume else []
     if missing:
         raise CheckpointDamaged(ckpt, STATE, f"not a resumable state (lacks {missing})")
-    for name in [n for n in TENSOR_FILES if n in needed or n in (files or {})]:
+    if sharded and for_resume:
+        ranks = state.get("world_size", 1)
+        if not isinstance(ranks, int) or ranks < 1:
+            raise CheckpointDamaged(ckpt, STATE, f"world_size={ranks!r}: not a process count")
+        for r in range(1, ranks):
+            if not (ckpt / rng_file(r)).is_file():
+                raise CheckpointDamaged(ckpt, rng_file(r), f"missing (written by {ranks} "
+                                                           "processes)")
+        needed = (*needed, *(rng_file(r) for r in range(1, ranks)))
+    tensor_files = [n for n in dict.fromkeys((*needed, *(files or {})))
+                    if n.endswith(".safetensors")]
+    for name in tensor_files:
         try:
             with safe_open(str(ckpt / name), "pt"):
                 pass
@@ -259,6 +279,13 @@ def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = 
                 raise CheckpointDamaged(ckpt, name, "sha256 differs from the manifest's "
                                                     "(contents changed after the save)")
     return state
+
+
+def _is_sharded(ckpt: Path, files: dict | None) -> bool:
+    """A data-parallel run's checkpoint (shards/ written by torch.distributed.checkpoint)."""
+    if files is not None:
+        return any(n.startswith("shards/") for n in files)
+    return (ckpt / "shards").is_dir()
 
 
 def find_checkpoint(target: str | Path, fallback: bool = False,
@@ -366,9 +393,11 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
 
 
 def _write_manifest(tmp: Path) -> None:
-    """Last file of a checkpoint: size + sha256 of every other file, atomically replaced in."""
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(tmp.iterdir()) if f.name != MANIFEST}
+    """Last file of a checkpoint: size + sha256 of every other file (those in subdirectories,
+    the shards of a sharded checkpoint, by their relative path), atomically replaced in."""
+    files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(tmp.rglob("*")) if f.is_file() and f.name != MANIFEST
+             and not f.name.startswith(f".{MANIFEST}")}
     part = tmp / f".{MANIFEST}.part"
     with open(part, "w") as fh:
         json.dump({"format": 1, "files": files}, fh, indent=1)
@@ -487,6 +516,13 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
     states; return state.json (step, data position, config, ...)."""
     ckpt = Path(ckpt)
     state = read_state(ckpt)
+    if _is_sharded(ckpt, None):
+        from falsify.impl.llm import sharded_checkpoint
+
+        sharded_checkpoint.load(ckpt, state, model, optimizer, param_names)
+        if optimizer is not None:
+            _check_hyperparameters(ckpt, optimizer, state)
+        return state
     weights = _load_tensors(ckpt, "model.safetensors")
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
@@ -514,15 +550,19 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
             if entry:
                 sd["state"][i] = entry
         optimizer.load_state_dict(sd)
-        # The scheduler owns lr; every other hyperparameter must be the saved one
-        # (C-HYPERPARAMS-001: nothing may silently replace a configured value on resume).
-        for g, saved in zip(optimizer.param_groups, state["optimizer_groups"]):
-            for k in ("betas", "eps", "weight_decay"):
-                if list(np.atleast_1d(g[k])) != list(np.atleast_1d(saved[k])):
-                    raise CheckpointError(f"{ckpt}: optimizer {k}={g[k]} but the checkpoint was "
-                                          f"written with {k}={saved[k]}")
+        _check_hyperparameters(ckpt, optimizer, state)
     set_rng_state(state["rng"], _load_tensors(ckpt, "rng.safetensors"))
     return state
+
+
+def _check_hyperparameters(ckpt: Path, optimizer, state: dict) -> None:
+    """The scheduler owns lr; every other hyperparameter must be the saved one
+    (C-HYPERPARAMS-001: nothing may silently replace a configured value on resume)."""
+    for g, saved in zip(optimizer.param_groups, state["optimizer_groups"]):
+        for k in ("betas", "eps", "weight_decay"):
+            if list(np.atleast_1d(g[k])) != list(np.atleast_1d(saved[k])):
+                raise CheckpointError(f"{ckpt}: optimizer {k}={g[k]} but the checkpoint was "
+                                      f"written with {k}={saved[k]}")
 
 
 def _placed_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -316,8 +316,8 @@ RESUME_MUTABLE = {"eval_interval", "eval_batches", "log_interval", "save_interva
                   "out_dir", "progress", "sample_tokens", "sample_prompt", "sample_temperature",
                   "sample_top_k", "threads", "cache_dir", "andon_grad_norm", "andon_loss_max",
                   "memory_budget_gb",
-                  # how the ranks hold the state, not what it is: a checkpoint is the whole
-                  # state either way (impl/llm/distributed.py: Consolidated)
+                  # how the ranks hold the state, not what it is: a checkpoint's shards are
+                  # read back however the resuming ranks hold them (sharded_checkpoint.py)
                   "parallel"}
 
 

@@ -15,8 +15,9 @@ checks against a single process:
 - Accumulation. DDP's no_sync on every micro-batch but the last: one all-reduce per step.
 - Replicas. After that all-reduce every rank holds the same gradient, so the clip's norm is the
   global one and the AdamW update keeps the ranks bit-identical.
-- Checkpoints and logs. Rank 0 writes them; the other ranks wait at a barrier, so nobody
-  reads a checkpoint that is half written and nothing is written twice.
+- Checkpoints. Sharded, with torch.distributed.checkpoint: every rank writes its part, and
+  rank 0 commits the directory only after all of them have (impl/llm/sharded_checkpoint.py).
+  Logs and metrics: rank 0 writes them.
 
 Backend: gloo on the CPU, nccl on CUDA, chosen from the run's device and logged.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from falsify.impl.llm import sharded_checkpoint
 from falsify.impl.llm.trainer import IGNORE_INDEX, Trainer
 
 log = logging.getLogger("falsify.distributed")
@@ -67,11 +70,13 @@ def join(device: torch.device) -> World:
     return world
 
 
-def leave(completed: bool = True) -> None:
-    """Leave the process group. After a completed run every rank first meets the others at a
-    barrier: a rank that tears its connections down while a peer still has one in flight
-    aborts in gloo ("terminate called without an active exception", seen at the end of FSDP
-    runs)."""
+def leave(completed: bool = True, trainer=None) -> None:
+    """Leave the process group. `trainer`'s DDP wrapper goes first (DataParallelStep.release
+    says why). After a completed run every rank then meets the others at a barrier: a rank
+    that tears its connections down while a peer still has one in flight aborts in gloo
+    ("terminate called without an active exception", seen at the end of FSDP runs)."""
+    if trainer is not None:
+        trainer.release()
     if dist.is_initialized():
         if completed:
             dist.barrier()
@@ -143,6 +148,8 @@ class DistParts:
     shard: Callable = shard
     global_counts: Callable = global_counts
     grad_scale: Callable = grad_scale
+    checkpoint_state: Callable = sharded_checkpoint.dcp_state
+    wait_for_ranks: Callable = sharded_checkpoint.wait_for_ranks
 
 
 # ------------------------------------------------------------------------------- the step
@@ -165,9 +172,83 @@ class _Root(torch.nn.Module):
         return self.model.loss_sum(x, y, IGNORE_INDEX)[0]
 
 
-class DistributedTrainer(Trainer):
-    """The shared step with DDP or FSDP underneath: global token counts, one gradient
-    reduction per step.
+class _MicroRoot(torch.nn.Module):
+    """The module DDP wraps for a trainer with its own micro-batch objective (fine-tuning:
+    SFT or DPO): forward(micro) is the trainer's micro_loss, which reads `model`'s weights."""
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.model = trainer.model
+        self._micro_loss = trainer.micro_loss  # a bound method, not a submodule
+
+    def forward(self, micro):
+        return self._micro_loss(micro)
+
+
+class DataParallelStep:
+    """The step's data-parallel half, over any Trainer (mixed in before it): global counts,
+    W·s/N per rank, accumulation under no_sync, one gradient reduction per step, and the
+    step's loss and stats summed over the ranks. A subclass sets `world`, `dparts`,
+    `parallel` and `wrapped` (DDP or the FSDP root), and says how `wrapped` takes a
+    micro-batch (`parallel_loss`)."""
+
+    world: World
+    dparts: DistParts
+    parallel: str
+    wrapped: torch.nn.Module
+
+    def parallel_loss(self, micro) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop the DDP (or FSDP root) wrapper while the process group is still registered.
+        DDP's Reducer holds the group; if the Reducer is its last holder, the group is
+        destroyed when the Reducer is deallocated, with the GIL held, and ~ProcessGroupGloo
+        then joins a worker thread that waits for the GIL to free a finished barrier's
+        tensors: a rank hung at exit (seen with py-spy in a 2 → 2 resume)."""
+        self.wrapped = None
+        self.forward_model = self.model
+        gc.collect()
+
+    def no_sync(self):
+        """Accumulate without reducing (every micro-batch but the step's last)."""
+        if self.parallel == "ddp":
+            return self.wrapped.no_sync()
+        return _fsdp_no_sync(self.wrapped)
+
+    def forward_backward(self, micro_batches: list) -> tuple[float, int, dict]:
+        counts = self.dparts.global_counts([self.count(m) for m in micro_batches],
+                                           self.device)
+        n = sum(counts)
+        if n == 0:
+            raise ValueError(f"step {self.step + 1}: no trained target in any micro-batch "
+                             "(every target is ignore_index); nothing to learn from")
+        divisors = self.parts.micro_batch_divisors(counts)
+        scale = self.dparts.grad_scale(self.world.size)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        stats: dict = {}
+        last = len(micro_batches) - 1
+        for i, (m, d) in enumerate(zip(micro_batches, divisors, strict=True)):
+            with self.no_sync() if i < last else contextlib.nullcontext():
+                s, st = self.parallel_loss(m)
+                (s * (scale / d)).backward()
+            total += s.detach().double()
+            for k, v in st.items():
+                stats[k] = stats.get(k, 0) + v
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        if stats:  # the step's stats are the ranks' sums, as one process would count them
+            keys = sorted(stats)
+            t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
+                             device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            stats = dict(zip(keys, t.tolist(), strict=True))
+        return float(total) / n, n, stats
+
+
+class DistributedTrainer(DataParallelStep, Trainer):
+    """The pretraining step with DDP or FSDP underneath.
 
     DDP keeps a full replica per rank and all-reduces the gradient. FSDP (fully_shard per
     decoder layer and on the root) keeps 1/W of every weight, gradient and AdamW moment, as
@@ -188,7 +269,7 @@ class DistributedTrainer(Trainer):
             for layer in model.layers:
                 fully_shard(layer)
             fully_shard(loss_module)
-        super().__init__(model, cfg, device, autocast_dtype, parts)
+        Trainer.__init__(self, model, cfg, device, autocast_dtype, parts)
         if parallel == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             loss_module = DistributedDataParallel(loss_module, device_ids=ids)
@@ -196,6 +277,10 @@ class DistributedTrainer(Trainer):
             raise ValueError(f"parallel={parallel!r}: must be ddp or fsdp")
         self.wrapped = loss_module  # DDP(root) or the FSDP root: what the step calls
         self.forward_model = loss_module  # evaluation and sampling go through it too
+
+    def parallel_loss(self, micro) -> tuple[torch.Tensor, dict]:
+        x, y = micro
+        return self.wrapped(x.to(self.device), y.to(self.device)), {}
 
     @torch.no_grad()
     def evaluate(self, batches) -> tuple[float, float]:
@@ -210,33 +295,14 @@ class DistributedTrainer(Trainer):
         if self.parallel == "fsdp":
             self.wrapped.reshard()
 
-    def no_sync(self):
-        """Accumulate without reducing (every micro-batch but the step's last)."""
-        if self.parallel == "ddp":
-            return self.wrapped.no_sync()
-        return _fsdp_no_sync(self.wrapped)
 
-    def forward_backward(self, micro_batches: list) -> tuple[float, int, dict]:
-        counts = self.dparts.global_counts([self.count(m) for m in micro_batches],
-                                           self.device)
-        n = sum(counts)
-        if n == 0:
-            raise ValueError(f"step {self.step + 1}: no trained target in any micro-batch "
-                             "(every target is ignore_index); nothing to learn from")
-        divisors = self.parts.micro_batch_divisors(counts)
-        scale = self.dparts.grad_scale(self.world.size)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.train()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        last = len(micro_batches) - 1
-        for i, ((x, y), d) in enumerate(zip(micro_batches, divisors, strict=True)):
-            x, y = x.to(self.device), y.to(self.device)
-            with self.no_sync() if i < last else contextlib.nullcontext():
-                s = self.wrapped(x, y)
-                (s * (scale / d)).backward()
-            total += s.detach().double()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return float(total) / n, n, {}
+def ddp_over_objective(trainer) -> DistributedDataParallel:
+    """DDP over a _MicroRoot of `trainer`'s own micro_loss (fine-tuning). Only the trainable
+    parameters (the adapters) are reduced; the frozen base, loaded alike on every rank, is
+    not broadcast at each forward (broadcast_buffers=False: its NF4 codes are buffers)."""
+    ids = [trainer.device.index] if trainer.device.type == "cuda" else None
+    return DistributedDataParallel(_MicroRoot(trainer), device_ids=ids,
+                                   broadcast_buffers=False)
 
 
 @contextlib.contextmanager
@@ -255,24 +321,10 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-class Consolidated:
-    """The model's and AdamW's state as whole tensors, for a checkpoint in the one-process
-    layout (export, eval and a resume on any number of processes read it unchanged). Building it
-    is collective under FSDP: every rank must construct it; rank 0 writes it."""
-
-    def __init__(self, model, optimizer):
-        self.weights = {k: full(v) for k, v in model.state_dict().items()}
-        self.param_groups = optimizer.param_groups
-        self.state = {p: {k: full(v) if torch.is_tensor(v) else v for k, v in st.items()}
-                      for p, st in optimizer.state.items()}
-
-    def state_dict(self) -> dict:
-        return self.weights
-
-
 # -------------------------------------------------------------------------------- the run
 def distributed_run_class():
     """PretrainRun with the data-parallel stages (imported late: run.py imports this module)."""
+    from falsify.impl.llm.config import effective_config
     from falsify.impl.llm.run import PretrainRun, new_run_dir
 
     class DistributedRun(PretrainRun):
@@ -322,10 +374,72 @@ def distributed_run_class():
             self.trainer.settle()
 
         def save(self, metrics: dict | None = None) -> Path:
-            view = Consolidated(self.model, self.trainer.optimizer)  # every rank: collective
-            path = super().save(metrics, view) if self.world.main else None
+            tr = self.trainer
+            return sharded_checkpoint.save(
+                self.out, tr.step, self.model, tr.optimizer, tr.param_names,
+                rank=self.world.rank, world_size=self.world.size,
+                data_state=self.sampler.state_dict(),
+                config=effective_config(self.cfg, self.kernels), metrics=metrics,
+                extra={"best_val_loss": self.best_val}, keep_last=self.cfg.keep_last,
+                state_fn=self.dparts.checkpoint_state, wait=self.dparts.wait_for_ranks)
+
+    return DistributedRun
+
+
+def distributed_finetune_run_class():
+    """FinetuneRun with DDP (imported late: finetune.py is the heavier import). Fine-tuning
+    trains adapters, a small share of the model, over a frozen base that every rank loads
+    whole: DDP, not FSDP. Rank 0 writes the run directory and the checkpoints, which are the
+    one-process layout (the replicas are bit-identical after every step)."""
+    from falsify.impl.llm import finetune as FT
+
+    class DataParallelFinetuneTrainer(DataParallelStep, FT.FinetuneTrainer):
+        def __init__(self, model, cfg, device, autocast_dtype, kind, objectives, *,
+                     world: World, dparts: DistParts):
+            FT.FinetuneTrainer.__init__(self, model, cfg, device, autocast_dtype, kind,
+                                        objectives)
+            self.world, self.dparts, self.parallel = world, dparts, "ddp"
+            self.wrapped = ddp_over_objective(self)
+
+        def parallel_loss(self, micro):
+            return self.wrapped(micro)
+
+    class DistributedFinetuneRun(FT.FinetuneRun):
+        def __init__(self, cfg, obj, dparts: DistParts | None = None):
+            super().__init__(cfg, obj)
+            if self.device.type == "cuda":  # one GPU per local rank
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
+            self.world = join(self.device)
+            self.dparts = dparts or DistParts()
+            self.writes = self.world.main
+            self.world_size = self.world.size
+
+        def load(self, base, dataset, console) -> None:
+            # the sampler and the step count run on the global batch (batch_size × W)
+            local = self.cfg
+            self.cfg = dataclasses.replace(local, batch_size=local.batch_size * self.world.size)
+            try:
+                super().load(base, dataset, console)
+            finally:
+                self.cfg = local
+
+        def next_micro(self) -> list:
+            per = self.cfg.batch_size
+            r = self.world.rank
+            return [FT.make_micro(self.train_ex, idx[r * per:(r + 1) * per], self.dataset.kind,
+                                  self.pad_id, self.weights)
+                    for idx in self.sampler.next_step()]
+
+        def make_trainer(self):
+            return DataParallelFinetuneTrainer(self.model, self.rcfg, self.device,
+                                               self.autocast, self.dataset.kind, self.obj,
+                                               world=self.world, dparts=self.dparts)
+
+        def save(self, metrics=None) -> Path:
+            path = super().save(metrics) if self.world.main else None
             box = [str(path) if path is not None else None]
             dist.broadcast_object_list(box, src=0)  # also the barrier: the save is complete
             return Path(box[0])
 
-    return DistributedRun
+    return DistributedFinetuneRun

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 import typing
 from collections.abc import Iterator
@@ -403,16 +404,30 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
+    from falsify.impl.llm import distributed
+
+    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
     with R.torch_threads(cfg.threads):
-        run = FinetuneRun(cfg, objectives or Objectives())
-        run.open(resume)
-        run.load(base, dataset, console)
-        run.build()
-        return run.loop(stop_after, keep_model)
+        completed, run = False, None
+        try:
+            cls = distributed.distributed_finetune_run_class() if ranked else FinetuneRun
+            run = cls(cfg, objectives or Objectives())
+            run.open(resume)
+            run.load(base, dataset, console)
+            run.build()
+            result = run.loop(stop_after, keep_model)
+            completed = True
+            return result
+        finally:
+            if ranked:  # a process group left to the interpreter's exit can abort it
+                distributed.leave(completed, getattr(run, "trainer", None))
 
 
 class FinetuneRun:
     """One fine-tuning run's state, built in stages (open -> load -> build -> loop)."""
+
+    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
+    world_size = 1  # processes training the adapters (impl/llm/distributed.py)
 
     def __init__(self, cfg: FinetuneConfig, obj: Objectives):
         self.t_start = time.perf_counter()
@@ -429,8 +444,15 @@ class FinetuneRun:
         if resume is not None:
             self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"
                                                       else resume)
-            saved = ckpt_mod.read_state(self.ckpt_path)["config"]["finetune_requested"]
-            check_resume_config(saved, self.cfg, self.ckpt_path, RESUME_MUTABLE)
+            config = ckpt_mod.read_state(self.ckpt_path)["config"]
+            check_resume_config(config["finetune_requested"], self.cfg, self.ckpt_path,
+                                RESUME_MUTABLE)
+            was = int(config.get("world_size", 1))
+            if was != self.world_size:
+                # the data position counts global batches of batch_size × processes
+                raise FinetuneConfigError(
+                    f"checkpoint {self.ckpt_path} was written by {was} process(es); this run "
+                    f"has {self.world_size}: resume a fine-tuning run on as many processes")
         elif ckpt_mod.list_checkpoints(self.out):
             raise FinetuneConfigError(f"out_dir={str(self.out)!r} already holds checkpoints; "
                                       "pass --resume to continue that run or choose another "
@@ -509,8 +531,7 @@ class FinetuneRun:
         model.activation_checkpointing = cfg.activation_checkpointing
         model.to(self.device)
         self.model = model
-        self.trainer = FinetuneTrainer(model, self.rcfg, self.device, self.autocast,
-                                       self.dataset.kind, self.obj)
+        self.trainer = self.make_trainer()
         mem = LM.memory_bytes(model)
         data_info = self.data_info()
         base_info = {"source": base.source, "layout": base.layout,
@@ -520,13 +541,14 @@ class FinetuneRun:
             "lora": {**asdict(spec), "targets": list(spec.targets), "scale": spec.scale},
             "model": model.cfg.to_dict(), "base": base_info, "data": data_info,
             "trainable_params": sum(p.numel() for p in self.trainer.params), "memory": mem,
-            "masks": masks_info,
+            "masks": masks_info, "world_size": self.world_size,
             "device": str(self.device), **R.kernel_record(model)}
         self.out.mkdir(parents=True, exist_ok=True)
-        R.atomic_write_text(self.out / "config.json",
-                            json.dumps(self.effective, indent=1, default=str))
-        R.atomic_write_text(self.out / "config.yaml",
-                            yaml.safe_dump(asdict(cfg), sort_keys=False))
+        if self.writes:
+            R.atomic_write_text(self.out / "config.json",
+                                json.dumps(self.effective, indent=1, default=str))
+            R.atomic_write_text(self.out / "config.yaml",
+                                yaml.safe_dump(asdict(cfg), sort_keys=False))
         self.result = FinetuneResult(out_dir=str(self.out), kind=self.dataset.kind,
                                      max_steps=self.rcfg.max_steps, data_info=data_info,
                                      base_info=base_info, memory=mem)
@@ -534,6 +556,15 @@ class FinetuneRun:
         self.view = AdapterView(model)
         if self.ckpt_path is not None:
             self.restore()
+
+    def make_trainer(self) -> FinetuneTrainer:
+        return FinetuneTrainer(self.model, self.rcfg, self.device, self.autocast,
+                               self.dataset.kind, self.obj)
+
+    def next_micro(self) -> list:
+        """The step's micro-batches (a data-parallel rank builds its shard of them)."""
+        return [make_micro(self.train_ex, idx, self.dataset.kind, self.pad_id, self.weights)
+                for idx in self.sampler.next_step()]
 
     def restore(self) -> None:
         state = ckpt_mod.read_state(self.ckpt_path)
@@ -547,7 +578,8 @@ class FinetuneRun:
         self.sampler.load_state_dict(state["data"])
         self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
         self.result.resumed_from = str(self.ckpt_path)
-        R.truncate_metrics(self.metrics_path, tr.step)
+        if self.writes:
+            R.truncate_metrics(self.metrics_path, tr.step)
 
     def save(self, metrics=None) -> Path:
         tr = self.trainer
@@ -585,18 +617,18 @@ class FinetuneRun:
         kind = self.dataset.kind
         vb = (val_batches(self.val_ex, kind, self.pad_id, cfg.batch_size, len(self.train_ex))
               if self.val_ex else [])
-        mf = self.metrics_path.open("a", buffering=1)
+        mf = self.metrics_path.open("a", buffering=1) if self.writes else open(os.devnull, "w")
         if vb and self.ckpt_path is None:
             # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
             # compared with (and the first "best" for early stopping)
             self.best_val = None
             self.evaluate(0, vb, mf)
-        progress = R.Progress(cfg.progress, rcfg.max_steps, tr.step, cfg.log_interval, log)
+        progress = R.Progress(cfg.progress and self.writes, rcfg.max_steps, tr.step,
+                              cfg.log_interval, log)
         t_loop, tokens = time.perf_counter(), 0
         try:
             while tr.step < rcfg.max_steps:
-                micro = [make_micro(self.train_ex, idx, kind, self.pad_id, self.weights)
-                         for idx in self.sampler.next_step()]
+                micro = self.next_micro()
                 t0 = time.perf_counter()
                 st = R.step_or_andon(tr, micro, self.out)
                 tokens += sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
@@ -659,6 +691,8 @@ class FinetuneRun:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
         cfg, base, result, model = self.cfg, self.base, self.result, self.model
         result.stopped = result.stopped or "max_steps"
+        if not self.writes:
+            return
         meta = {"base_fingerprint": self.fingerprint, "base_layout": base.layout,
                 "base_path": base.path, "step": self.trainer.step,
                 "train_on_prompt": cfg.train_on_prompt}

@@ -251,7 +251,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
 
     ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
     with torch_threads(cfg.threads):
-        completed = False
+        completed, run = False, None
         try:
             if ranked:
                 run = distributed.distributed_run_class()(cfg, parts or LoopParts())
@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
             return result
         finally:
             if ranked:  # a process group left to the interpreter's exit can abort it (SIGABRT)
-                distributed.leave(completed)
+                distributed.leave(completed, getattr(run, "trainer", None))
 
 
 def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:
@@ -376,13 +376,11 @@ class PretrainRun:
         """The step: plain next-token cross-entropy (impl/llm/distill.py overrides it)."""
         return Trainer(self.model, self.cfg, self.device, self.autocast, self.parts)
 
-    def save(self, metrics: dict | None = None, state=None) -> Path:
-        """Checkpoint the step; `state` stands in for the model and optimizer when their
-        tensors are sharded (impl/llm/distributed.py: Consolidated)."""
+    def save(self, metrics: dict | None = None) -> Path:
+        """Checkpoint the step (a data-parallel run writes shards: impl/llm/distributed.py)."""
         tr = self.trainer
-        model, optimizer = (state, state) if state is not None else (self.model, tr.optimizer)
         return ckpt_mod.save_checkpoint(
-            self.out, tr.step, model, optimizer, tr.param_names,
+            self.out, tr.step, self.model, tr.optimizer, tr.param_names,
             data_state=self.sampler.state_dict(),
             config=effective_config(self.cfg, self.kernels), metrics=metrics,
             extra={"best_val_loss": self.best_val}, keep_last=self.cfg.keep_last)

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "582af2de20ac8a4fb18729275b0d5fbfb543bd074bb80dcc5c7e03e07af4b39e"
+SHA256 = "5157983cde777e5fd9b3df40a99f9eab1344dda92f6ce3824cc3760ea78ce3ff"
 CONTRACT = rt.library_contract("distributed-train-v1.yaml", SHA256)
 
 
@@ -32,6 +32,18 @@ def test_falsify_ddp_004__torch__float32():
 def test_falsify_ddp_003__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-DDP-003", "torch", "float32", None)
 
+# FALSIFY-DDP-005 → DDP-CKPT-001 (training): Sharded checkpoints restore bit for bit
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DDP-CKPT-001", check="FALSIFY-DDP-005", backend="torch", variant="float32")
+def test_falsify_ddp_005__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-DDP-005", "torch", "float32", None)
+
+# FALSIFY-DDP-006 → DDP-CKPT-002 (training): No checkpoint is committed before every rank has written its part
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="DDP-CKPT-002", check="FALSIFY-DDP-006", backend="torch", variant="float32")
+def test_falsify_ddp_006__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-DDP-006", "torch", "float32", None)
+
 
 # MUT-DDP-001 → DDP-DATA-001: every rank reads the first rank's rows
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-001", obligation="DDP-DATA-001", backend="torch")
@@ -55,3 +67,15 @@ def test_mut_ddp_003():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-004", obligation="DDP-FSDP-001", backend="torch")
 def test_mut_ddp_004():
     rt.assert_killed(CONTRACT, "MUT-DDP-004")
+
+
+# MUT-DDP-005 → DDP-CKPT-002: rank 0 commits the checkpoint before the other ranks finished writing their parts
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-005", obligation="DDP-CKPT-002", backend="torch")
+def test_mut_ddp_005():
+    rt.assert_killed(CONTRACT, "MUT-DDP-005")
+
+
+# MUT-DDP-006 → DDP-CKPT-001: each rank saves its local shards as whole tensors
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-DDP-006", obligation="DDP-CKPT-001", backend="torch")
+def test_mut_ddp_006():
+    rt.assert_killed(CONTRACT, "MUT-DDP-006")
