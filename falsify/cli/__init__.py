@@ -5,6 +5,7 @@
     falsify mutants [CONTRACT...] [-n WORKERS]
     falsify bench kernels|train|finetune
     falsify train [--config FILE] [--resume [DIR]] [key=value ...]
+    falsify parity [--model tiny] [--backends reference,torch,triton] [--bisect] [--train]
     falsify distill | finetune | merge | export | generate | eval | prune | quantize |
             pipeline   (each: --help)
 
@@ -37,6 +38,7 @@ VERBS = (  # the order of `falsify --help`
     "falsify.cli.generate",  # generate
     "falsify.cli.init",      # init
     "falsify.cli.soak",      # soak
+    "falsify.cli.parity",    # parity
 )
 
 
