@@ -69,8 +69,8 @@ def test_bench_memory_subprocess_finds_every_case():
 
     case = next(c for c in kernels.cases(quick=True)
                 if c.kernel == "fused_linear_cross_entropy")
-    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", case.kernel,
-                        case.label, "ours", "--quick"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "falsify.bench.kernels", "--measure", *case.key,
+                        "ours", "--quick"], capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"peak_extra_bytes"' in r.stdout

@@ -1,161 +1,123 @@
-"""`falsify bench kernels`: our torch kernels vs the plain eager PyTorch formulation, on CPU,
-measured side by side in one run.
+"""`falsify bench kernels`: our kernels vs the plain eager PyTorch formulation of the same thing,
+measured side by side in one run (the cases: falsify/bench/kernel_cases.py).
 
-Time: median of interleaved repeats (ours, baseline, ours, …) after warm-up, so drift in the
-machine's load hits both sides alike. Peak memory: each (case, implementation) runs in a fresh
-subprocess; after the inputs exist we reset the kernel's resident-set high-water mark
-(`echo 5 > /proc/self/clear_refs`) and report VmHWM − VmRSS after one call (forward, plus
-backward where the case trains): the extra bytes the call needed at its peak. This is Linux
-only and counts real resident pages, including allocator caching.
+Time: the fastest of interleaved samples (ours, baseline, ours, …) after warm-up, so drift in
+the machine's load hits both sides alike; every figure that matters is the ratio ours / eager.
+Peak memory: each (case, implementation) runs in a fresh subprocess; after the inputs exist we
+reset the kernel's resident-set high-water mark (`echo 5 > /proc/self/clear_refs`) and report
+VmHWM − VmRSS after one call (forward, plus backward where the case trains): the extra bytes the
+call needed at its peak. This is Linux only and counts real resident pages, including allocator
+caching. On a CUDA device the child reports torch's peak allocated bytes instead.
 
-On a GPU (when present) the same cases report Triton vs PyTorch in TFLOP/s or GB/s; without one
-that part is skipped with a line saying so.
+Without a CUDA device the torch backend is the one timed (Triton runs only under its
+interpreter here, whose timings mean nothing). With one, the same cases also time the Triton
+implementations and report TFLOP/s (GEMM-class cases) or GB/s (memory-bound cases) against the
+device's peak.
+
+Baselines per machine: `--save-baseline FILE` writes the run's rows and the machine's
+description; `--check FILE` compares each (kernel, shape, pass) row's ratio ours / eager with
+the file's: grown by more than 10 % fails (exit 1), 5–10 % warns.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import math
+import os
+import platform
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from falsify.bench.kernel_cases import Case, cases, coverage_lines
 from falsify.cli.common import UsageError
 
+FAIL_GROWTH = 1.10  # ratio ours/eager grown by more than this fails --check
+WARN_GROWTH = 1.05  # ... by more than this warns
+BASELINE_FORMAT = "falsify-bench-kernels-baseline-v1"
+MIN_SAMPLE_S = 0.02  # shortest timed sample (several calls of a fast kernel)
 
-@dataclass
-class Case:
-    kernel: str
-    label: str
-    setup: Callable[[], dict]
-    ours: Callable[[dict], object]
-    baseline: Callable[[dict], object]
-    baseline_name: str
-    flops: float = 0.0  # per call, for GFLOP/s
-    backward: bool = False
-
-
-def _bwd(out, args):
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    y.float().sum().backward() if y.requires_grad else None
-
-
-def _rand(*shape, grad=False, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
-    return t.requires_grad_(grad)
+# Dense peaks per device (TF32 tensor-core FLOP/s, since fp32 tl.dot runs as TF32 in Triton,
+# and HBM bytes/s), from the vendors' data sheets. Matched by substring of the device name, most
+# specific first; a device not listed gets no percentage and a line saying so.
+GPU_PEAKS = (
+    ("H200", 494.7e12, 4.8e12),
+    ("H100 PCIe", 378.0e12, 2.0e12),
+    ("H100", 494.7e12, 3.35e12),
+    ("A100-SXM4-80GB", 156.0e12, 2.039e12),
+    ("A100", 156.0e12, 1.555e12),
+)
 
 
-def cases(quick: bool = False) -> list[Case]:
-    """Every case, defined here so that the list is the same however this module is loaded
-    (imported, or run as __main__ by the peak-memory subprocess). `quick`: small shapes, still
-    one power-of-2 and one odd shape per kernel, for a run of a couple of minutes."""
-    out: list[Case] = []
-
-    def add(kernel, *a, **k):
-        out.append(Case(kernel, *a, **k))
-
-    from falsify.impl.torch import softmax as sm
-
-    for m, n in ((256, 1024), (255, 4099)) if quick else ((4096, 4096), (1023, 32000)):
-        add("softmax", f"{m}x{n}", lambda m=m, n=n: {"x": _rand(m, n)},
-            lambda a: sm.softmax(a["x"]),
-            lambda a: torch.exp(a["x"] - a["x"].amax(-1, keepdim=True)).div_(
-                torch.exp(a["x"] - a["x"].amax(-1, keepdim=True)).sum(-1, keepdim=True)),
-            "eager exp/sum", flops=5.0 * m * n)
-    try:
-        from falsify.impl.torch import rmsnorm as rn
-    except ImportError:
-        rn = None
-    if rn is not None:
-        for m, n in ((512, 1024), (255, 1000)) if quick else ((8192, 1024), (4096, 4096)):
-            def setup(m=m, n=n):
-                return {"x": _rand(m, n, grad=True), "w": _rand(n, grad=True, seed=1)}
-
-            def eager(a):
-                x, w = a["x"], a["w"]
-                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-            add("rmsnorm fwd+bwd", f"{m}x{n}", setup, lambda a: rn.rmsnorm(a["x"], a["w"], 1e-6),
-                eager, "eager x*rsqrt(mean(x²)+eps)*w", flops=4.0 * m * n * 3, backward=True)
-    from falsify.impl.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
-
-    # A language-model head (4k tokens, hidden 1k, 32k vocabulary) in the full run: the naive
-    # side materialises the [T, V] logits and their gradient, which the fused kernel avoids.
-    T, H, V = (512, 256, 8192) if quick else (4096, 1024, 32768)
-
-    def flce_setup(T=T, H=H, V=V):
-        x = (_rand(T, H) / H ** 0.5).requires_grad_(True)
-        w = (_rand(V, H, seed=1) / H ** 0.5).requires_grad_(True)
-        y = torch.randint(0, V, (T,), generator=torch.Generator().manual_seed(2))
-        y[::7] = -100
-        return {"x": x, "w": w, "y": y}
-
-    add("fused_linear_cross_entropy", f"{T}x{H}x{V}", flce_setup,
-        lambda a: fused_linear_cross_entropy(a["x"], a["w"], a["y"]),
-        lambda a: F.cross_entropy(a["x"] @ a["w"].t(), a["y"], ignore_index=-100),
-        "F.cross_entropy(x @ W.T, y)", flops=3 * 2.0 * T * H * V, backward=True)
-
-    from falsify.impl.torch.fused_linear_kd import fused_linear_kd
-
-    # Distillation head (4k tokens, hidden 512, 32k vocabulary) with full teacher logits: the
-    # naive side holds the [N, V] student logits, both tempered log-softmaxes, the KL terms and
-    # their gradients. Every label counted, so kl_div's batchmean is the mean over valid rows.
-    N, D, V = (512, 128, 8192) if quick else (4096, 512, 32000)
-    temp, alpha = 2.0, 0.5
-
-    def kd_setup(N=N, D=D, V=V):
-        x = (_rand(N, D) / D ** 0.5).requires_grad_(True)
-        w = (_rand(V, D, seed=1) / D ** 0.5).requires_grad_(True)
-        zt = _rand(N, V, seed=3) * 3
-        y = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(2))
-        return {"x": x, "w": w, "zt": zt, "y": y}
-
-    def kd_naive(a):
-        z = a["x"] @ a["w"].t()  # once, shared by both terms
-        kl = F.kl_div(F.log_softmax(z / temp, -1), F.log_softmax(a["zt"] / temp, -1),
-                      log_target=True, reduction="batchmean")
-        return kl * temp ** 2 * alpha + (1 - alpha) * F.cross_entropy(z, a["y"])
-
-    add("fused_linear_kd", f"{N}x{D}x{V}", kd_setup,
-        lambda a: fused_linear_kd(a["x"], a["w"], a["zt"], a["y"], temperature=temp,
-                                  alpha=alpha),
-        kd_naive, "F.kl_div(log_softmax(x @ W.T / T), ...) + F.cross_entropy",
-        flops=3 * 2.0 * N * D * V, backward=True)
-    return out
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _call(case: Case, which: str, args: dict):
-    fn = case.ours if which == "ours" else case.baseline
+def _sync(dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def _tensors(args: dict):
+    for v in args.values():
+        for t in (v if isinstance(v, list) else [v]):
+            if isinstance(t, torch.Tensor):
+                yield t
+
+
+def _call(case: Case, fn, args: dict):
     if case.backward:
-        for t in args.values():
-            if isinstance(t, torch.Tensor) and t.grad is not None:
-                t.grad = None
+        for t in _tensors(args):
+            t.grad = None
         out = fn(args)
-        _bwd(out, args)
+        y = out[0] if isinstance(out, (tuple, list)) else out
+        y.float().sum().backward()
         return out
     with torch.no_grad():
         return fn(args)
 
 
-def time_pair(case: Case, repeats: int = 5) -> tuple[float, float]:
-    args = case.setup()
-    for _ in range(2):
-        _call(case, "ours", args)
-        _call(case, "baseline", args)
-    t_ours, t_base = [], []
-    for _ in range(repeats):
-        for which, acc in (("ours", t_ours), ("baseline", t_base)):
+def time_sides(case: Case, sides: dict, repeats: int, dev: str) -> dict[str, float]:
+    """Seconds per call of each side: the fastest of `repeats` samples, samples interleaved so
+    load drift hits all sides alike. A sample is `inner` back-to-back calls lasting at least
+    MIN_SAMPLE_S: a kernel of 0.1 ms timed alone is at the mercy of one scheduler tick. The
+    minimum, not the median: other processes only ever add time (on 2 busy cores one of torch's
+    two threads waits at every barrier for a core, 10-40× slowdowns measured), so the least
+    disturbed sample is the closest to the kernel's own cost, and each side gets the same
+    number of chances at it."""
+    args = case.setup(dev, case.backward)
+    slowest = 0.0
+    for _ in range(2):  # warm-up: allocator, lazy init, (on a GPU) compilation
+        for fn in sides.values():
+            _sync(dev)
             t0 = time.perf_counter()
-            _call(case, which, args)
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(t_ours), statistics.median(t_base)
+            _call(case, fn, args)
+            _sync(dev)
+            slowest = max(slowest, time.perf_counter() - t0)
+    inner = max(1, min(1000, math.ceil(MIN_SAMPLE_S / max(slowest, 1e-9))))
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            _sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                _call(case, fn, args)
+            _sync(dev)
+            times[name].append((time.perf_counter() - t0) / inner)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def find_case(kernel: str, label: str, passes: str, quick: bool) -> Case:
+    case = next((c for c in cases(quick) if c.key == (kernel, label, passes)), None)
+    if case is None:
+        raise UsageError(f"no benchmark case {kernel!r} {label!r} {passes!r}"
+                         + (" in the --quick set" if quick else ""))
+    return case
 
 
 def _status(key: str) -> int:
@@ -165,16 +127,22 @@ def _status(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def measure_peak(kernel: str, label: str, which: str, quick: bool = False) -> int:
-    case = next((c for c in cases(quick) if c.kernel == kernel and c.label == label), None)
-    if case is None:
-        raise UsageError(f"no benchmark case {kernel!r} {label!r}"
-                         + (" in the --quick set" if quick else ""))
-    args = case.setup()
+def measure_peak(kernel: str, label: str, passes: str, which: str, quick: bool = False) -> int:
+    case = find_case(kernel, label, passes, quick)
+    fn = case.ours if which == "ours" else case.baseline
+    dev = _device()
+    args = case.setup(dev, case.backward)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        _call(case, fn, args)
+        torch.cuda.synchronize()
+        return max(0, torch.cuda.max_memory_allocated() - base)
     rss = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    _call(case, which, args)
+    _call(case, fn, args)
     return max(0, _status("VmHWM") - rss)
 
 
@@ -183,69 +151,270 @@ def peak_in_subprocess(case: Case, which: str, quick: bool = False) -> int:
     # measures the very case list the parent timed, never a second copy of the module loaded
     # as __main__ (whose module-level state other modules' imports would not reach).
     r = subprocess.run([sys.executable, "-m", "falsify", "bench", "kernels", "--measure",
-                        case.kernel, case.label, which] + (["--quick"] if quick else []),
+                        *case.key, which] + (["--quick"] if quick else []),
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"peak measurement failed for {case.kernel} {case.label} {which}:\n"
+        raise RuntimeError(f"peak measurement failed for {' '.join(case.key)} {which}:\n"
                            + r.stderr[-2000:])
     return int(json.loads(r.stdout.strip().splitlines()[-1])["peak_extra_bytes"])
 
 
+# ------------------------------------------------------------------------------ baselines
+
+def machine() -> dict:
+    """What makes a baseline belong to one machine: ratios move with the CPU, its core count,
+    torch's build and the threads it uses."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass  # not Linux: platform's answer above stands
+    d = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+         "threads": torch.get_num_threads(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        d["gpu"] = torch.cuda.get_device_name()
+    return d
+
+
+def save_baseline(path: Path, rows: list[dict], quick: bool) -> None:
+    doc = {"format": BASELINE_FORMAT, "machine": machine(), "quick": quick,
+           "rows": [{k: r[k] for k in ("kernel", "shape", "pass", "ours_ms", "base_ms",
+                                       "time_ratio")} for r in rows]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # temp file in the same directory + os.replace: a reader never sees a half-written file
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def load_baseline(path: Path) -> dict:
+    """The baseline file, validated; any problem is a one-line UsageError naming the file."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: baseline file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read the baseline file: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
+        raise UsageError(f"{path}: not a bench-kernels baseline (expected \"format\": "
+                         f"\"{BASELINE_FORMAT}\"; write one with --save-baseline)")
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        raise UsageError(f"{path}: \"rows\" must be a list")
+    seen = set()
+    for i, r in enumerate(rows):
+        ok = (isinstance(r, dict) and all(isinstance(r.get(k), str)
+                                          for k in ("kernel", "shape", "pass"))
+              and isinstance(r.get("time_ratio"), (int, float))
+              and not isinstance(r.get("time_ratio"), bool) and r["time_ratio"] > 0)
+        if not ok:
+            raise UsageError(f"{path}: row {i} needs string kernel/shape/pass and a positive "
+                             "number time_ratio")
+        key = (r["kernel"], r["shape"], r["pass"])
+        if key in seen:
+            raise UsageError(f"{path}: row {i} repeats {' '.join(key)}")
+        seen.add(key)
+    return doc
+
+
+def compare(rows: list[dict], baseline_rows: list[dict]) -> tuple[list[str], list[str]]:
+    """Annotate each measured row with `vs_baseline` (ratio now / ratio then) and `check`
+    ("ok", "warn", "FAIL", "new"); return (keys of baseline rows this run did not measure,
+    keys of rows the baseline lacks), each as "kernel shape pass"."""
+    base = {(r["kernel"], r["shape"], r["pass"]): r["time_ratio"] for r in baseline_rows}
+    new = []
+    for r in rows:
+        key = (r["kernel"], r["shape"], r["pass"])
+        if key not in base:
+            r["vs_baseline"], r["check"] = None, "new"
+            new.append(" ".join(key))
+            continue
+        growth = r["time_ratio"] / base[key]
+        r["vs_baseline"] = growth
+        r["check"] = "FAIL" if growth > FAIL_GROWTH else "warn" if growth > WARN_GROWTH else "ok"
+    measured = {(r["kernel"], r["shape"], r["pass"]) for r in rows}
+    missing = [" ".join(k) for k in base if k not in measured]
+    return missing, new
+
+
+# ------------------------------------------------------------------------------ GPU figures
+
+def gpu_peaks() -> tuple[str, float | None, float | None]:
+    name = torch.cuda.get_device_name()
+    for sub, flops, bw in GPU_PEAKS:
+        if sub in name:
+            return name, flops, bw
+    return name, None, None
+
+
+def _throughput(case: Case, seconds: float, peaks) -> str:
+    _, pf, pb = peaks
+    if case.flops:
+        v, unit, peak = case.flops / seconds, "TFLOP/s", pf
+        shown = v / 1e12
+    elif case.bytes:
+        v, unit, peak = case.bytes / seconds, "GB/s", pb
+        shown = v / 1e9
+    else:
+        return "-"
+    return f"{shown:.1f} {unit}" + (f" ({100 * v / peak:.0f}%)" if peak else "")
+
+
+# ------------------------------------------------------------------------------ the verb
+
 def register(sub) -> None:
-    p = sub.add_parser("kernels", help="our torch kernels vs eager PyTorch: time and peak "
-                                       "memory", description=__doc__.split("\n")[0])
-    p.add_argument("--measure", nargs=3, metavar=("KERNEL", "LABEL", "WHICH"),
+    p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time ratio and peak "
+                                       "memory; baselines per machine",
+                       description=__doc__.split("\n")[0])
+    p.add_argument("--measure", nargs=4, metavar=("KERNEL", "SHAPE", "PASS", "WHICH"),
                    help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
-                   help="small shapes (a couple of minutes), ours vs the baseline as usual")
-    p.add_argument("--only", default=None, help="substring of the kernel names to run")
+                   help="small shapes (about a minute on 2 cores), ours vs the baseline as usual")
+    p.add_argument("--only", default=None,
+                   help="comma-separated substrings of the kernel names to run")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--save-baseline", type=Path, metavar="FILE",
+                   help="write this run's rows and machine description to FILE (JSON)")
+    p.add_argument("--check", type=Path, metavar="FILE",
+                   help="compare each row's ratio ours/eager with FILE's: > 10%% slower fails "
+                        "(exit 1), 5-10%% warns")
     p.set_defaults(func=cmd_kernels)
+
+
+def _selected(args) -> list[Case]:
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be ≥ 1, got {args.repeats}")
+    subs = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    chosen = [c for c in cases(args.quick) if subs is None or any(s in c.kernel for s in subs)]
+    if not chosen:
+        raise UsageError(f"--only {args.only!r} matches no kernel")
+    return chosen
 
 
 def cmd_kernels(args) -> int:
     if args.measure:
         print(json.dumps({"peak_extra_bytes": measure_peak(*args.measure, args.quick)}))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    torch.set_num_threads(torch.get_num_threads())
+    # read the baseline before measuring anything: a bad file costs no benchmark time
+    baseline = load_baseline(args.check) if args.check else None
+    chosen = _selected(args)
+    dev = _device()
+    peaks = gpu_peaks() if dev == "cuda" else None
     rows = []
-    for c in cases(args.quick):
-        if args.only and args.only not in c.kernel:
-            continue
-        t_ours, t_base = time_pair(c, args.repeats)
-        row = dict(kernel=c.kernel, shape=c.label, baseline=c.baseline_name,
-                   ours_ms=t_ours * 1e3, base_ms=t_base * 1e3, time_ratio=t_ours / t_base,
-                   gflops=c.flops / t_ours / 1e9 if c.flops else None)
+    for c in chosen:
+        sides = {"ours": c.ours, "baseline": c.baseline}
+        if dev == "cuda" and c.triton is not None:
+            sides["triton"] = c.triton
+        t = time_sides(c, sides, args.repeats, dev)
+        row = dict(kernel=c.kernel, shape=c.label, size=c.size, **{"pass": c.passes},
+                   baseline=c.baseline_name, ours_ms=t["ours"] * 1e3,
+                   base_ms=t["baseline"] * 1e3, time_ratio=t["ours"] / t["baseline"])
+        if "triton" in t:
+            row.update(triton_ms=t["triton"] * 1e3,
+                       triton_ratio=t["triton"] / t["baseline"],
+                       triton_throughput=_throughput(c, t["triton"], peaks),
+                       ours_throughput=_throughput(c, t["ours"], peaks))
         if not args.no_memory:
             mo = peak_in_subprocess(c, "ours", args.quick)
             mb = peak_in_subprocess(c, "baseline", args.quick)
             row.update(ours_peak_mb=mo / 2**20, base_peak_mb=mb / 2**20,
                        mem_ratio=mo / mb if mb else None)
         rows.append(row)
+    missing, new = compare(rows, baseline["rows"]) if baseline else ([], [])
+    if args.save_baseline:
+        save_baseline(args.save_baseline, rows, args.quick)
+    failed = [r for r in rows if r.get("check") == "FAIL"]
     if args.format == "json":
         print(json.dumps(rows, indent=1))
-        return 0
-    t = Table(title=f"falsify bench kernels — CPU, {torch.get_num_threads()} threads, "
-                    "ours vs eager PyTorch (ratio < 1: ours is faster / smaller)")
-    for col in ("kernel", "shape", "ours ms", "eager ms", "time ratio", "ours peak MiB",
-                "eager peak MiB", "mem ratio"):
-        t.add_column(col, justify="right" if col not in ("kernel", "shape") else "left")
+    else:
+        _print_table(rows, dev, peaks, baseline is not None)
+    if baseline is not None:
+        _print_check(args, baseline, rows, missing, new, failed,
+                     sys.stderr if args.format == "json" else sys.stdout)
+    if args.save_baseline:
+        print(f"baseline written to {args.save_baseline}",
+              file=sys.stderr if args.format == "json" else sys.stdout)
+    return 1 if failed else 0
+
+
+def _print_table(rows, dev, peaks, checked) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    where = (f"CUDA {peaks[0]}" if dev == "cuda"
+             else f"CPU, {torch.get_num_threads()} threads")
+    t = Table(title=f"falsify bench kernels — {where}, ours vs eager PyTorch "
+                    "(ratio < 1: ours is faster / smaller)")
+    cols = ["kernel", "size", "shape", "pass", "ours ms", "eager ms", "time ratio"]
+    if dev == "cuda":
+        cols += ["triton ms", "triton ratio", "triton", "ours (torch)"]
+    cols += ["ours peak MiB", "eager peak MiB", "mem ratio"]
+    if checked:
+        cols += ["vs baseline", "check"]
+    left = {"kernel", "size", "shape", "pass", "check"}
+    for col in cols:
+        t.add_column(col, justify="left" if col in left else "right")
     for r in rows:
-        t.add_row(r["kernel"], r["shape"], f"{r['ours_ms']:.2f}", f"{r['base_ms']:.2f}",
-                  f"{r['time_ratio']:.2f}",
-                  f"{r.get('ours_peak_mb', float('nan')):.1f}",
-                  f"{r.get('base_peak_mb', float('nan')):.1f}",
-                  f"{r['mem_ratio']:.2f}" if r.get("mem_ratio") else "-")
-    Console(width=200).print(t)
-    if not torch.cuda.is_available():
-        print("GPU section: no CUDA device visible — Triton vs PyTorch/cuBLAS TFLOP/s and GB/s "
-              "are measured only on a GPU.")
-    return 0
+        cells = [r["kernel"], r["size"], r["shape"], r["pass"], f"{r['ours_ms']:.2f}",
+                 f"{r['base_ms']:.2f}", f"{r['time_ratio']:.2f}"]
+        if dev == "cuda":
+            cells += ([f"{r['triton_ms']:.3f}", f"{r['triton_ratio']:.2f}",
+                       r["triton_throughput"], r["ours_throughput"]] if "triton_ms" in r
+                      else ["-", "-", "-", "-"])
+        cells += [f"{r['ours_peak_mb']:.1f}" if "ours_peak_mb" in r else "-",
+                  f"{r['base_peak_mb']:.1f}" if "base_peak_mb" in r else "-",
+                  f"{r['mem_ratio']:.2f}" if r.get("mem_ratio") else "-"]
+        if checked:
+            g = r.get("vs_baseline")
+            cells += [f"{100 * (g - 1):+.0f}%" if g else "-", r["check"]]
+        t.add_row(*cells)
+    Console(width=220).print(t)
+    if dev == "cuda":
+        if peaks[1] is None:
+            print(f"{peaks[0]}: no peak figures known (GPU_PEAKS in falsify/bench/kernels.py); "
+                  "throughput shown without a percentage.")
+    else:
+        print("Triton timings need a CUDA GPU (here Triton runs only under its interpreter): "
+              "this CPU run times the torch backend against eager PyTorch.")
+    for line in coverage_lines():
+        print(f"no case: {line}")
+
+
+def _print_check(args, baseline, rows, missing, new, failed, out) -> None:
+    here, there = machine(), baseline.get("machine")
+    if there != here:
+        print(f"note: baseline {args.check} was made on {there}; this run: {here}", file=out)
+    if bool(baseline.get("quick")) != args.quick:
+        made, now = ("with" if baseline.get("quick") else "without",
+                     "with" if args.quick else "without")
+        print(f"note: baseline {args.check} was made {made} --quick, this run {now} it: its "
+              "shapes differ", file=out)
+    for r in rows:
+        if r["check"] in ("FAIL", "warn"):
+            print(f"{r['check']}: {r['kernel']} {r['shape']} {r['pass']}: ratio ours/eager "
+                  f"{r['time_ratio']:.3f} vs baseline {r['time_ratio'] / r['vs_baseline']:.3f}"
+                  f" ({100 * (r['vs_baseline'] - 1):+.0f}%)", file=out)
+    if missing:
+        print(f"{len(missing)} baseline rows not measured in this run"
+              + (f" (--only {args.only})" if args.only else "") + ": " + "; ".join(missing),
+              file=out)
+    if new:
+        print(f"{len(new)} rows not in the baseline: " + "; ".join(new), file=out)
+    print(f"check against {args.check}: "
+          + (f"FAILED, {len(failed)} rows more than {100 * (FAIL_GROWTH - 1):.0f}% slower "
+             "relative to eager" if failed else "passed"), file=out)
 
 
 if __name__ == "__main__":  # `python -m falsify.bench.kernels ...` is `falsify bench kernels ...`
