@@ -192,9 +192,14 @@ def ddp_equivalence_run(backend: str = "torch", dtype: str = "float32", world: i
     checks read one run; the key holds every piece's binding, so a run with a mutant bound is
     never answered from one without it."""
     refs = _refs()
-    key = (world, steps, rows, seed, parallel, tuple(sorted(refs.items())))
+    return _memoised((world, steps, rows, seed, parallel, tuple(sorted(refs.items()))),
+                     lambda: _equivalence(refs, world, steps, rows, seed, parallel))
+
+
+def _memoised(key: tuple, compute):
+    """One run per key (the checks of an obligation share it)."""
     if key not in _MEMO:
-        _MEMO[key] = _equivalence(refs, world, steps, rows, seed, parallel)
+        _MEMO[key] = compute()
     return _MEMO[key]
 
 
@@ -339,10 +344,8 @@ def sharded_checkpoint_run(backend: str = "torch", dtype: str = "float32", world
     write found no directory, whether a restore on `world` ranks takes step 3 bit for bit as
     the uninterrupted run did, and whether one process reads the ranks' whole state exactly."""
     refs = _refs()
-    key = ("ckpt", world, rows, seed, parallel, slow_s, tuple(sorted(refs.items())))
-    if key not in _MEMO:
-        _MEMO[key] = _checkpoint(refs, world, rows, seed, parallel, slow_s)
-    return _MEMO[key]
+    return _memoised(("ckpt", world, rows, seed, parallel, slow_s, tuple(sorted(refs.items()))),
+                     lambda: _checkpoint(refs, world, rows, seed, parallel, slow_s))
 
 
 def _checkpoint(refs: dict, world: int, rows: int, seed: int, parallel: str,

@@ -322,6 +322,18 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 # -------------------------------------------------------------------------------- the run
+def _become_rank(run, dparts: DistParts | None) -> None:
+    """A run (pretraining or fine-tuning) becomes one rank of the job: the local rank's GPU
+    when the run is on CUDA, the process group joined, and only rank 0 writes files."""
+    if run.device.type == "cuda":
+        run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(run.device)
+    run.world = join(run.device)
+    run.dparts = dparts or DistParts()
+    run.writes = run.world.main
+    run.world_size = run.world.size
+
+
 def distributed_run_class():
     """PretrainRun with the data-parallel stages (imported late: run.py imports this module)."""
     from falsify.impl.llm.config import effective_config
@@ -332,13 +344,7 @@ def distributed_run_class():
 
         def __init__(self, cfg, parts, dparts: DistParts | None = None):
             super().__init__(cfg, parts)
-            if self.device.type == "cuda":  # one GPU per local rank
-                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-                torch.cuda.set_device(self.device)
-            self.world = join(self.device)
-            self.dparts = dparts or DistParts()
-            self.writes = self.world.main
-            self.world_size = self.world.size
+            _become_rank(self, dparts)
 
         def open(self, resume) -> None:
             if self.cfg.out_dir is None and resume is None:
@@ -407,13 +413,7 @@ def distributed_finetune_run_class():
     class DistributedFinetuneRun(FT.FinetuneRun):
         def __init__(self, cfg, obj, dparts: DistParts | None = None):
             super().__init__(cfg, obj)
-            if self.device.type == "cuda":  # one GPU per local rank
-                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-                torch.cuda.set_device(self.device)
-            self.world = join(self.device)
-            self.dparts = dparts or DistParts()
-            self.writes = self.world.main
-            self.world_size = self.world.size
+            _become_rank(self, dparts)
 
         def load(self, base, dataset, console) -> None:
             # the sampler and the step count run on the global batch (batch_size × W)
