@@ -273,8 +273,7 @@ def _throughput(case: Case, seconds: float, peaks) -> str:
 # ------------------------------------------------------------------------------ the verb
 
 def register(sub) -> None:
-    p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time ratio and peak "
-                                       "memory; baselines per machine",
+    p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time, memory, baselines",
                        description=__doc__.split("\n")[0])
     p.add_argument("--measure", nargs=4, metavar=("KERNEL", "SHAPE", "PASS", "WHICH"),
                    help=argparse.SUPPRESS)

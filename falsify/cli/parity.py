@@ -24,8 +24,8 @@ G = 4.0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("parity", help="whole-model parity of the backends against the float64 "
-                       "reference, per layer and op", description=__doc__.splitlines()[0])
+    p = sub.add_parser("parity", help="the whole model per backend vs the float64 reference",
+                       description=__doc__.splitlines()[0])
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="model config overrides of the preset, e.g. num_layers=2")
