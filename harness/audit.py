@@ -110,9 +110,12 @@ def _executed(c: Contract) -> dict[str, dict[str, set[str]]]:
     for t in c.checks:
         if not t.spec or t.kind in _NOT_EXECUTING:
             continue
-        eq = equation_of(c, t)
-        for b in backends_of(c, t):
-            out.setdefault(eq, {}).setdefault(b, set()).add(t.kind)
+        for eq in _equations_run(c, t):
+            for b in backends_of(c, t):
+                kinds = out.setdefault(eq, {}).setdefault(b, set())
+                kinds.add(t.kind)
+                if t.kind == "training" and t.spec.get("wrt"):
+                    kinds.add("gradient")  # the probe differentiates and judges the gradient
         if t.kind == "gradient" and t.spec.get("backward"):
             # the reference backward runs on every gradient check (as the oracle)
             out.setdefault(t.spec["backward"], {}).setdefault("reference", set()).add("oracle")
@@ -121,6 +124,16 @@ def _executed(c: Contract) -> dict[str, dict[str, set[str]]]:
             for b in backends_of(c, t):
                 out.setdefault(t.spec["inverse"], {}).setdefault(b, set()).add(t.kind)
     return out
+
+
+def _equations_run(c: Contract, t) -> list[str | None]:
+    """The equations a check executes: a training check (a probe that runs a whole model or
+    loop) every equation its obligation applies to, unless it names one; any other check the
+    one `equation_of` gives."""
+    ob = c.obligation(t.obligation) if t.obligation else None
+    if t.kind == "training" and not t.spec.get("equation") and ob and ob.applies_to:
+        return list(ob.applies_to)
+    return [equation_of(c, t)]
 
 
 def backward_reason(c: Contract, name: str, resolve: bool = True) -> str | None:

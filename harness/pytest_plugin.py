@@ -167,7 +167,8 @@ def pytest_runtest_makereport(item, call):
                 bind=json.dumps(m.binds, sort_keys=True) if m is not None and m.binds else None,
                 # how hard the search looked, and the seed that draws the same examples again:
                 # `--changed --thorough` reuses only results the thorough profile produced
-                profile=runtime.profile_name(), seed=runtime.run_seed())
+                profile=runtime.profile_name(), seed=runtime.run_seed(),
+                gpu=runtime.gpu_name())
     if exc is not None and status != "passed":
         first = str(exc.value).splitlines()[0] if str(exc.value) else ""
         base["message"] = f"{exc.typename}: {first}"[:1000]

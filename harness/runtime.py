@@ -304,6 +304,17 @@ PROFILES = {
 PROFILE_STRENGTH = {"fast": 0, "ci": 0, "thorough": 1}
 
 
+def gpu_name() -> str | None:
+    """The CUDA device this process's checks could use, or None: recorded with every result, so
+    the dispatcher (impl/llm/dispatch.py) can tell GPU evidence (a `device` check that ran) from
+    a ledger carried to another machine. torch is not imported for it: a process that never
+    imported torch ran nothing on a GPU."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name()
+
+
 def profile_name() -> str:
     """The run manifest's profile; without one (plain pytest), `ci` under CI (derandomized:
     the same examples on every run, so a red CI is reproducible with `profile = "ci"`), else

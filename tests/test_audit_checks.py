@@ -201,8 +201,24 @@ def test_cli_exit_status(tmp_path, capsys):
     assert main(["audit", "--checks-only", str(good)]) == 0
 
 
+def test_a_training_probe_executes_every_equation_its_obligation_applies_to(tmp_path):
+    """A training check runs a whole model or loop: it executes each equation of its
+    obligation's applies_to; with `wrt` it also judges their gradient. model-parity-v1 had 20
+    gaps before this rule, though its probe runs all six kernels forward and backward."""
+    c, _ = load_contract(ROOT / "contracts" / "model-parity-v1.yaml")
+    assert audit.check_gaps(c) == []
+    grad = next(t for t in c.checks if t.id == "FALSIFY-PAR-004")
+    grad.spec.pop("wrt")
+    gaps = audit.check_gaps(c)
+    assert gaps and all("forward checked, backward not" in g for g in gaps), gaps
+    assert len(gaps) == 10, gaps  # rmsnorm, rope, attention, swiglu, embedding × torch, triton
+    for t in c.checks:  # and without any training check nothing executes the bindings
+        t.spec["kind"] = "symbolic"
+    assert sum("bound, but no check executes it" in g for g in audit.check_gaps(c)) == 12
+
+
 @pytest.mark.parametrize("name", ["attention-kernel-v1", "swiglu-kernel-v1",
-                                  "rmsnorm-kernel-v1"])
+                                  "rmsnorm-kernel-v1", "model-parity-v1", "train-loop-v1"])
 def test_repository_contracts_have_no_check_gaps(name):
     c, _ = load_contract(ROOT / "contracts" / f"{name}.yaml")
     assert audit.check_gaps(c) == []

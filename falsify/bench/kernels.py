@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
+from falsify.bench.baseline import BASELINE_FORMAT, load_baseline
 from falsify.bench.kernel_cases import Case, cases, coverage_lines
 from falsify.cli.common import UsageError
 
 FAIL_GROWTH = 1.10  # ratio ours/eager grown by more than this fails --check
 WARN_GROWTH = 1.05  # ... by more than this warns
-BASELINE_FORMAT = "falsify-bench-kernels-baseline-v1"
 MIN_SAMPLE_S = 0.02  # shortest timed sample (several calls of a fast kernel)
 
 # Dense peaks per device (TF32 tensor-core FLOP/s, since fp32 tl.dot runs as TF32 in Triton,
@@ -181,8 +181,10 @@ def machine() -> dict:
 
 def save_baseline(path: Path, rows: list[dict], quick: bool) -> None:
     doc = {"format": BASELINE_FORMAT, "machine": machine(), "quick": quick,
-           "rows": [{k: r[k] for k in ("kernel", "shape", "pass", "ours_ms", "base_ms",
-                                       "time_ratio")} for r in rows]}
+           # size and the Triton time (a GPU run only) are what the dispatcher ranks backends
+           # by (impl/llm/dispatch.py: `backend=fastest-verified`)
+           "rows": [{k: r[k] for k in ("kernel", "size", "shape", "pass", "ours_ms", "triton_ms",
+                                       "base_ms", "time_ratio") if k in r} for r in rows]}
     path.parent.mkdir(parents=True, exist_ok=True)
     # temp file in the same directory + os.replace: a reader never sees a half-written file
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -193,38 +195,6 @@ def save_baseline(path: Path, rows: list[dict], quick: bool) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-
-
-def load_baseline(path: Path) -> dict:
-    """The baseline file, validated; any problem is a one-line UsageError naming the file."""
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: baseline file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read the baseline file: {e}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
-        raise UsageError(f"{path}: not a bench-kernels baseline (expected \"format\": "
-                         f"\"{BASELINE_FORMAT}\"; write one with --save-baseline)")
-    rows = doc.get("rows")
-    if not isinstance(rows, list):
-        raise UsageError(f"{path}: \"rows\" must be a list")
-    seen = set()
-    for i, r in enumerate(rows):
-        ok = (isinstance(r, dict) and all(isinstance(r.get(k), str)
-                                          for k in ("kernel", "shape", "pass"))
-              and isinstance(r.get("time_ratio"), (int, float))
-              and not isinstance(r.get("time_ratio"), bool) and r["time_ratio"] > 0)
-        if not ok:
-            raise UsageError(f"{path}: row {i} needs string kernel/shape/pass and a positive "
-                             "number time_ratio")
-        key = (r["kernel"], r["shape"], r["pass"])
-        if key in seen:
-            raise UsageError(f"{path}: row {i} repeats {' '.join(key)}")
-        seen.add(key)
-    return doc
 
 
 def compare(rows: list[dict], baseline_rows: list[dict]) -> tuple[list[str], list[str]]:

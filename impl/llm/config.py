@@ -136,7 +136,10 @@ AT_LEAST_1 = (lambda v: v >= 1, "must be >= 1")
 POSITIVE = (lambda v: v > 0, "must be > 0")
 NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 UNIT_OPEN = (lambda v: 0 <= v < 1, "must be in [0, 1)")
-CHOICES = {"backend": ("torch", "triton", "auto"), "device": ("auto", "cpu", "cuda"),
+# backend: a backend by name, `auto`, or a dispatch policy (impl/llm/dispatch.py)
+BACKEND_CHOICES = ("torch", "triton", "auto", "fastest-verified", "prefer:torch",
+                   "prefer:triton", "reference")
+CHOICES = {"backend": BACKEND_CHOICES, "device": ("auto", "cpu", "cuda"),
            "precision": ("auto", "fp32", "bf16"), "parallel": ("ddp", "fsdp")}
 RULES = {
     **{k: AT_LEAST_1 for k in ("batch_size", "grad_accum", "epochs", "max_steps",
@@ -162,7 +165,11 @@ class LoopConfig:
     rules: ClassVar[dict] = RULES
 
     seq_len: int | None = None
-    backend: str = "auto"  # torch | triton | auto (auto: triton only with a GPU; logged)
+    # torch | triton | auto (triton only with a GPU; logged) | a dispatch policy, per kernel from
+    # the ledger: fastest-verified | prefer:torch | prefer:triton | reference (impl/llm/dispatch)
+    backend: str = "auto"
+    ledger: str | None = None  # the policies' ledger (null: the working directory's project's)
+    bench_baseline: str | None = None  # fastest-verified's timings (falsify bench kernels file)
     cache_dir: str = ".falsify/cache"
     # steps
     batch_size: int = 16
@@ -243,6 +250,10 @@ class LoopConfig:
     def extra_rules(self) -> Iterator[tuple[bool, str, str]]:
         """(holds, field, why) of rules beyond the per-field table (cross-field ones)."""
         yield 0 <= self.lr_min <= self.lr, "lr_min", "must be in [0, lr]"
+        policy = self.backend not in ("torch", "triton", "auto")
+        for name in ("ledger", "bench_baseline"):
+            yield (policy or getattr(self, name) is None, name,
+                   f"only a dispatch policy reads it; backend={self.backend!r} does not")
 
     def validate(self) -> None:
         """Value checks that need no data: each error names its field."""

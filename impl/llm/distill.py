@@ -91,6 +91,10 @@ class DistillConfig(TrainConfig):
         yield from super().extra_rules()
         yield (self.teacher_cache is None or self.teacher_topk is not None, "teacher_cache",
                "a teacher cache stores the top-k; set teacher_topk as well")
+        # the KD loss kernel (fused-linear-kd) is outside the model's dispatcher: its backend
+        # is the model's, named
+        yield (self.backend in ("torch", "triton", "auto"), "backend",
+               "distillation takes torch, triton or auto (its KD kernel has no dispatch policy)")
 
 
 def load_config(path=None, overrides=()) -> DistillConfig:

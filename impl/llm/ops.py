@@ -11,11 +11,15 @@ the adamw, grad-clip and lr-schedule contracts test exactly what a run executes,
 `ops.provenance` names every function that ran.
 
 Rules: a backend that was asked for by name and cannot run is an error, never a
-silent fallback. Only `backend="auto"` chooses, and it logs what it chose and why.
+silent fallback. Only `backend="auto"` and the dispatch policies choose, and they log what they
+chose and why. A policy (`fastest-verified`, `prefer:<backend>`, `reference`;
+impl/llm/dispatch.py) chooses per kernel from the results ledger: the bundle then mixes
+backends, and `dispatch` records each kernel's backend and the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "triton", "auto")
+BACKENDS = ("torch", "triton", "auto")  # and the policies of impl/llm/dispatch.py
 # The kernels the model needs. gemm is deliberately absent: projections go through
 # `Ops.linear` (F.linear, weights stored [out, in] like HF) on every backend; see `linear` below.
 KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding", "fused_linear_cross_entropy")
@@ -65,13 +69,31 @@ def _triton_runnable() -> tuple[bool, str]:
                    "enabled (set TRITON_INTERPRET=1 before importing triton)")
 
 
+def backend_error(requested: str) -> str | None:
+    """Why `requested` is neither a backend nor a dispatch policy, or None."""
+    from falsify.impl.llm import dispatch
+
+    if requested in BACKENDS:
+        return None
+    if dispatch.is_policy(requested):
+        return dispatch.check_policy(requested)
+    return (f"must be one of {', '.join(BACKENDS)}, or a dispatch policy: "
+            f"{dispatch.FASTEST}, {dispatch.PREFER}<backend>, {dispatch.REFERENCE}")
+
+
 def resolve_backend(requested: str) -> str:
     """Map a requested backend to the one that will run; errors name the problem.
 
     `auto` picks triton only when a GPU is present (the interpreter is for tests, far too slow to
-    train with), otherwise torch, and logs the choice at INFO level."""
-    if requested not in BACKENDS:
-        raise ValueError(f"backend={requested!r}: must be one of {', '.join(BACKENDS)}")
+    train with), otherwise torch, and logs the choice at INFO level. A dispatch policy is
+    returned as it is: it chooses per kernel (`configure_dispatch`)."""
+    from falsify.impl.llm import dispatch
+
+    bad = backend_error(requested)
+    if bad:
+        raise ValueError(f"backend={requested!r}: {bad}")
+    if dispatch.is_policy(requested):
+        return requested
     if requested == "auto":
         if gpu_available():
             missing = [k for k in KERNELS if _find_module("triton", k) is None]
@@ -125,32 +147,81 @@ class Ops:
     grad_clip: Callable  # in-place global-norm clip of a list of gradients; returns the norm
     lr_schedule: Callable  # writes the step's learning rate into the optimizer; returns it
     provenance: dict  # kernel -> "falsify.impl.torch.rope:rope", recorded in run configs
+    # a dispatch policy's record (impl/llm/dispatch.record): each kernel's backend and why;
+    # None for a bundle of one backend asked for by name (or by `auto`)
+    dispatch: dict | None = None
+
+    def backend_of(self, kernel: str) -> str:
+        """The backend that runs `kernel` (differs from `backend` under a dispatch policy)."""
+        if self.dispatch is None:
+            return HOST_KERNELS.get(kernel, self.backend)
+        return self.dispatch["kernels"][kernel]["backend"]
 
 
+ALL_KERNELS = KERNELS + tuple(TRAINING_KERNELS)
 _CACHE: dict[str, Ops] = {}
 
 
+def _bundle(name: str, backend_of: dict[str, str], dispatch: dict | None = None) -> Ops:
+    """The Ops of `backend_of` (kernel -> backend), named `name`."""
+    fns: dict[str, Callable] = {}
+    prov: dict[str, str] = {}
+    for k in ALL_KERNELS:
+        b = backend_of[k]
+        module, fname = TRAINING_KERNELS.get(k, (k, k))
+        mod = _find_module(b, module)
+        if mod is None:
+            raise BackendUnavailableError(f"backend={name!r}: kernel module "
+                                          f"falsify.impl.{b}.{module} does not exist")
+        fn = getattr(mod, fname, None)
+        if fn is None:
+            raise BackendUnavailableError(
+                f"backend={name!r}: falsify.impl.{b}.{module} has no function {fname!r}")
+        fns[k] = fn
+        prov[k] = f"falsify.impl.{b}.{module}:{fname}"
+    return Ops(backend=name, linear=linear, provenance=prov, dispatch=dispatch, **fns)
+
+
+def configure_dispatch(policy: str, ctx) -> Ops:
+    """Resolve a dispatch policy against `ctx` (impl/llm/dispatch.Context) and keep the bundle:
+    every later `get_ops(policy)` in this process returns it. Host kernels (the schedule) have
+    one implementation and are verified on it like the others."""
+    from falsify.impl.llm import dispatch
+
+    runnable = {"torch": None,
+                "triton": None if gpu_available() else
+                "no GPU: the Triton interpreter is for checks, far too slow to train with"}
+    if runnable["triton"] is None:
+        ok, why = _triton_runnable()
+        runnable["triton"] = None if ok else why
+    fixed = [k for k in ALL_KERNELS if k in HOST_KERNELS]
+    choices = dispatch.resolve(policy, [k for k in ALL_KERNELS if k not in fixed], runnable, ctx)
+    for k in fixed:  # one implementation: verified on it, or refused like any unverified kernel
+        only = HOST_KERNELS[k]
+        one = {b: (None if b == only else "no implementation") for b in dispatch.CANDIDATES}
+        # a host kernel computes float64 scalars whatever the model's dtype
+        choices.update(dispatch.resolve(
+            dispatch.REFERENCE if policy == dispatch.REFERENCE else dispatch.FASTEST,
+            [k], one, dataclasses.replace(ctx, dtype="float64")))
+    ops = _bundle(policy, {k: c.backend for k, c in choices.items()},
+                  dispatch.record(choices, ctx))
+    _CACHE[policy] = ops
+    return ops
+
+
 def get_ops(backend: str = "auto") -> Ops:
-    """The kernel bundle for `backend` ('torch', 'triton' or 'auto')."""
+    """The kernel bundle for `backend`: 'torch', 'triton', 'auto', or a dispatch policy (as
+    configured by `configure_dispatch`; unconfigured, against the working directory's project
+    ledger, fp32, and this machine's device, without timings)."""
     chosen = resolve_backend(backend)
     if chosen in _CACHE:
         return _CACHE[chosen]
-    fns: dict[str, Callable] = {}
-    prov: dict[str, str] = {}
-    table = {**{k: (chosen, k, k) for k in KERNELS},
-             **{k: (HOST_KERNELS.get(k, chosen), m, f) for k, (m, f) in TRAINING_KERNELS.items()}}
-    for k, (backend_of, module, name) in table.items():
-        mod = _find_module(backend_of, module)
-        if mod is None:
-            raise BackendUnavailableError(f"backend={chosen!r}: kernel module "
-                                          f"falsify.impl.{backend_of}.{module} does not exist")
-        fn = getattr(mod, name, None)
-        if fn is None:
-            raise BackendUnavailableError(
-                f"backend={chosen!r}: falsify.impl.{backend_of}.{module} has no function "
-                f"{name!r}")
-        fns[k] = fn
-        prov[k] = f"falsify.impl.{backend_of}.{module}:{name}"
-    ops = Ops(backend=chosen, linear=linear, provenance=prov, **fns)
+    from falsify.impl.llm import dispatch
+
+    if dispatch.is_policy(chosen):
+        return configure_dispatch(chosen, dispatch.Context(
+            ledger=dispatch.default_ledger(), baseline=None, dtype="float32",
+            gpu=torch.cuda.get_device_name() if gpu_available() else None))
+    ops = _bundle(chosen, {k: HOST_KERNELS.get(k, chosen) for k in ALL_KERNELS})
     _CACHE[chosen] = ops
     return ops

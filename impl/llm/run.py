@@ -90,9 +90,29 @@ def resolve_device(cfg: LoopConfig) -> tuple[torch.device, torch.dtype | None]:
         deterministic_cuda()
     # `auto` is fp32 on every device: bf16 autocast would hand the kernels a dtype that no
     # contract of the torch backend checks, so it runs only when asked for
-    if cfg.precision == "bf16":
-        return dev, torch.bfloat16
-    return dev, None
+    autocast = torch.bfloat16 if cfg.precision == "bf16" else None
+    configure_kernels(cfg, dev, autocast)
+    return dev, autocast
+
+
+def configure_kernels(cfg: LoopConfig, dev: torch.device, autocast) -> None:
+    """Under a dispatch policy, choose each kernel's backend now, before any work, from the
+    ledger for this run's dtype and device (impl/llm/dispatch.py); the model built afterwards
+    runs that bundle. A kernel no backend is verified for stops the run here."""
+    from falsify.impl.llm import dispatch
+    from falsify.impl.llm.ops import configure_dispatch
+
+    if not dispatch.is_policy(cfg.backend):
+        return
+    ctx = dispatch.Context(
+        ledger=Path(cfg.ledger) if cfg.ledger else dispatch.default_ledger(),
+        baseline=Path(cfg.bench_baseline) if cfg.bench_baseline else None,
+        dtype="bfloat16" if autocast == torch.bfloat16 else "float32",
+        gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
+    try:
+        configure_dispatch(cfg.backend, ctx)
+    except dispatch.DispatchError as e:
+        raise ConfigError(f"config field backend={cfg.backend!r}: {e}") from None
 
 
 def deterministic_cuda() -> None:
@@ -174,7 +194,10 @@ class Progress:
 def kernel_record(model: Transformer) -> dict:
     """What the run config and every checkpoint say ran: the backend and each kernel's
     implementation, model and training step alike."""
-    return {"backend": model.ops.backend, "kernels": dict(model.ops.provenance)}
+    rec = {"backend": model.ops.backend, "kernels": dict(model.ops.provenance)}
+    if model.ops.dispatch is not None:
+        rec["dispatch"] = model.ops.dispatch
+    return rec
 
 
 # ----------------------------------------------------------------------------- the result

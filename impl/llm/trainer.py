@@ -74,7 +74,7 @@ def build_optimizer(model: Transformer, cfg: LoopConfig):
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
               {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
     opt = AdamW(groups, lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.adam_eps,
-                weight_decay=cfg.weight_decay, backend=model.ops.backend,
+                weight_decay=cfg.weight_decay, backend=model.ops.backend_of("adamw"),
                 update=model.ops.adamw)
     return opt, dn + nn_
 

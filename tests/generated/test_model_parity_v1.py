@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "bf52a048b3e02f8257f8fea0a894e14594e0438a713d48cd49bd05878023cb8b"
+SHA256 = "256340ce960123968cc06fc3328204986e8a4729ba7d42c2a80f60d115309fd6"
 CONTRACT = rt.library_contract("model-parity-v1.yaml", SHA256)
 
 
