@@ -133,3 +133,31 @@ def test_changed_thorough_reuses_only_thorough_results(tmp_path):
     # and a thorough result stands in for a fast one
     r = sh(proj, "falsify.cli", "run", "--no-mutants", "--changed", *pick, "--format", "json")
     assert json.loads(r.stdout)["entries"] == [], r.stderr
+
+
+def test_reuse_seedless_reruns_every_drawing_check_and_reuses_the_rest(tmp_path):
+    """`--reuse-seedless` (CI's commit-seed run after the test suite): a check that draws no
+    examples (here the contract's z3 and CrossHair proofs) gives the same result under any
+    seed, so its current pass is reused; every check that draws runs again with the new seed."""
+    from falsify.harness.model import load_contract
+    from falsify.harness.runtime import uses_hypothesis
+
+    proj = tmp_path
+    (proj / "contracts").mkdir()
+    (proj / "falsify.toml").write_text('backends = ["reference"]\n')
+    _contract(proj, "a-softmax-v1", "SA", "kern_a")
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "-n", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = ledger.load(proj / ".falsify" / "ledger.json")["runs"]
+    c, _ = load_contract(proj / "contracts" / "a-softmax-v1.yaml")
+    seedless = {k for k, e in first.items() if not uses_hypothesis(c.check(e["check"]).kind)}
+    assert seedless and len(seedless) < len(first)
+
+    r = sh(proj, "falsify.cli", "run", "--no-mutants", "--reuse-seedless", "--seed", "5", "-n",
+           "2", "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = {"|".join((e["contract"], e["check"], e["backend"], e["variant"]))
+           for e in json.loads(r.stdout)["entries"]}
+    assert ran == set(first) - seedless
+    assert f"reused {len(seedless)} passing result(s) of checks that draw no examples" in \
+        " ".join(r.stderr.split())

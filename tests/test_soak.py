@@ -140,3 +140,23 @@ def test_commit_seed_is_stable_per_commit():
     n1, head = commit_seed(ROOT)
     n2, _ = commit_seed(ROOT)
     assert n1 == n2 and 0 <= n1 < 2**32 and len(head) == 40
+
+
+def test_a_soak_leaves_out_the_checks_no_seed_can_change(tmp_path):
+    """Training probes, proofs and compiles compute the same under every seed: a round runs only
+    the checks that draw examples, and a contract with none of those is not soaked."""
+    from falsify.cli.soak import seedless_keys
+    from falsify.harness.model import load_contract
+    from falsify.harness.project import library_dir
+
+    sm, _ = load_contract(library_dir() / "softmax-kernel-v1.yaml")
+    keys = seedless_keys(sm)
+    kinds = {sm.check(k.split("|")[1]).kind for k in keys}
+    assert keys and kinds and not kinds & {"parity", "property", "gradient", "metamorphic"}
+    assert {"symbolic", "static"} <= kinds
+    loop, _ = load_contract(library_dir() / "train-loop-v1.yaml")
+    assert len(seedless_keys(loop)) == sum(len(runtime.runs(loop, t)) for t in loop.checks)
+    (tmp_path / "falsify.toml").write_text('ledger = "l.json"\n')
+    env = dict(os.environ, FALSIFY_QUIET="1")
+    r = _falsify(["soak", "train-loop-v1", "--minutes", "0.2"], env, tmp_path)
+    assert r.returncode == 2 and "nothing to soak" in r.stderr and "Traceback" not in r.stderr

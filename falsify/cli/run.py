@@ -188,36 +188,43 @@ def _seeded(seed: int | None):
             os.environ[SEED_ENV] = old
 
 
-def _reusable(contracts, data: dict, keep: list[str], select: str, profile: str) -> list[str]:
+def _reusable(contracts, data: dict, keep: list[str], select: str, profile: str,
+              seedless_only: bool = False) -> list[str]:
     """`--changed`: the tests whose last result passed (a mutant: was killed) against the
     current contract text and implementation source, under a profile that searched at least as
     hard as `profile` (manifest `reuse` keys): a fast result never stands in for a thorough one,
-    and entries written before profiles were recorded count as fast. A result skipped for want
-    of a GPU is reused while this machine still has none: rerunning it would only skip again."""
+    and entries written before profiles were recorded count as fast. A check that draws no
+    examples (a training probe, a proof, a compile) runs the same under every profile and seed,
+    so any current pass of it counts. A result skipped for want of a GPU is reused while this
+    machine still has none: rerunning it would only skip again. `seedless_only`
+    (`--reuse-seedless`): only those checks, and no mutants."""
     from falsify.harness.coverage import current, skipped_for_gpu
     from falsify.harness.kinds.device import unavailable
     from falsify.harness.ledger import mutant_key, run_key
     from falsify.harness.plan import runs
-    from falsify.harness.runtime import PROFILE_STRENGTH
+    from falsify.harness.runtime import PROFILE_STRENGTH, uses_hypothesis
 
     need = PROFILE_STRENGTH[profile]
 
-    def settled(e, done: str, backend: str) -> bool:
-        if PROFILE_STRENGTH.get(e.get("profile", "fast"), 0) < need:
+    def settled(e, done: str, backend: str, draws: bool = True) -> bool:
+        if draws and PROFILE_STRENGTH.get(e.get("profile", "fast"), 0) < need:
             return False
         return e["outcome"] == done or (skipped_for_gpu(e) and bool(unavailable(backend)))
 
     out = []
     for c in contracts:
         for t in c.checks:
+            draws = uses_hypothesis(t.kind)
+            if seedless_only and draws:
+                continue
             for r in runs(c, t):
                 key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
                                    variant=r.variant))
                 e = data["runs"].get(key)
-                if (r.backend in keep and e and settled(e, "passed", r.backend)
+                if (r.backend in keep and e and settled(e, "passed", r.backend, draws)
                         and current(c, e, t)):
                     out.append("run:" + key)
-        for m in c.mutants if select != "checks" else []:
+        for m in c.mutants if select != "checks" and not seedless_only else []:
             key = mutant_key(dict(contract=c.id, mutant=m.id))
             e = data["mutants"].get(key)
             if e and settled(e, "killed", m.backend) and current(c, e, mutant=m):
@@ -396,6 +403,13 @@ def cmd_run(args) -> int:
         console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
                       f"and implementation are unchanged, searched under the {profile} profile "
                       "or a harder one", markup=False)
+    elif args.reuse_seedless:
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile,
+                          seedless_only=True)
+        console.print(f"falsify: --reuse-seedless: reused {len(reuse)} passing result(s) of "
+                      "checks that draw no examples (training probes, proofs, compiles) and whose "
+                      "contract and implementation are unchanged: no seed can change them",
+                      markup=False)
     manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
     with _seeded(seed):
         rc, session = _pytest(modules, manifest, extra, args.workers, console)
@@ -486,6 +500,9 @@ def register(sub) -> None:
                    help="re-run only the checks (and mutants) whose contract or implementation "
                         "source changed since their last passing result; reuse the rest "
                         "(with --thorough, only results the thorough profile produced)")
+    r.add_argument("--reuse-seedless", action="store_true",
+                   help="reuse current passing results of the checks that draw no examples "
+                        "(training probes, proofs, compiles): a new seed cannot change them")
     r.add_argument("--seed", default=None, metavar="N|commit",
                    help="hypothesis seed for every check (reproducible exploration); 'commit' "
                         "derives it from `git rev-parse HEAD`")

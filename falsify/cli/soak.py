@@ -145,6 +145,18 @@ def _messages(ledger: Path) -> dict[str, str]:
             if e.get("outcome") not in ("passed", "skipped")}
 
 
+def seedless_keys(c) -> list[str]:
+    """The manifest `reuse` keys of a contract's checks that draw no examples: a round leaves
+    them out, since no seed changes what they compute."""
+    from falsify.harness.ledger import run_key
+    from falsify.harness.plan import runs
+    from falsify.harness.runtime import uses_hypothesis
+
+    return ["run:" + run_key(dict(contract=c.id, check=t.id, backend=r.backend,
+                                  variant=r.variant))
+            for t in c.checks if not uses_hypothesis(t.kind) for r in runs(c, t)]
+
+
 def cmd_soak(args) -> int:
     from falsify.cli.run import _ensure_generated, _manifest, _select
     from falsify.harness import handover
@@ -165,9 +177,15 @@ def cmd_soak(args) -> int:
     # (the project's or the library's), else its path
     names = {c.id: c.id if resolve_id(c.id, proj) == Path(c.path) else str(c.path)
              for c in contracts}
-    # z3 and CrossHair draw nothing from the seed: a soak spends its time on the drawn checks
+    # z3 and CrossHair, training probes and compiles draw nothing from the seed: a soak spends
+    # its time on the checks that draw (the others are left out of every round)
     backends = (args.backend or "reference,torch,triton").split(",")
-    order = [c.id for c in contracts]
+    from falsify.harness.runtime import uses_hypothesis
+
+    order = [c.id for c in contracts if any(uses_hypothesis(t.kind) for t in c.checks)]
+    if not order:
+        raise UsageError("no check of these contracts draws examples (training probes, proofs "
+                         "and compiles give the same result under every seed): nothing to soak")
     start = secrets.randbelow(len(order))  # a long soak and a short one cover different ones
     rounds: list[Round] = []
     failures: list[tuple[Round, str]] = []
@@ -180,7 +198,8 @@ def cmd_soak(args) -> int:
             seed = secrets.randbits(32)
             ledger = Path(tmp) / f"round-{k}.json"
             manifest = handover.write(Path(tmp) / f"round-{k}.manifest.json", handover.Manifest(
-                **_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger),
+                **_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger,
+                            reuse=seedless_keys(by_id[cid])),
                 results=str(Path(tmp) / f"round-{k}.results.json"),
                 example_db=str(Path(tmp) / f"round-{k}.examples")))
             r = _run_round(modules[cid], cid, seed, left, manifest)
