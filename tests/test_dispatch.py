@@ -131,7 +131,7 @@ def test_fastest_verified_ranks_by_the_bench_baseline(tmp_path):
             dict(kernel="rmsnorm", size="large", shape="x", **{"pass": "fwd+bwd"},
                  ours_ms=0.1, triton_ms=9.0, base_ms=3.0, time_ratio=0.66),
             dict(kernel="rope", size="normal", shape="s", **{"pass": "fwd+bwd"},
-                 ours_ms=0.3, triton_ms=0.9, base_ms=3.0, time_ratio=0.1)]
+                 ours_ms=1, triton_ms=2, base_ms=3.0, time_ratio=0.1)]  # JSON ints count
     base.write_text(json.dumps({"format": "falsify-bench-kernels-baseline-v1",
                                 "machine": {}, "quick": False, "rows": rows}))
     out = D.resolve(D.FASTEST, ["rmsnorm", "rope"], BOTH, ctx(p, base))
@@ -168,6 +168,8 @@ def test_reference_takes_torch_and_records_its_status(tmp_path):
     assert "NOT verified: rmsnorm-kernel-v1 FALSIFY-RN-" in out["rmsnorm"].reason
     out = D.resolve(D.REFERENCE, ["rmsnorm"], CPU_ONLY, ctx(None))
     assert out["rmsnorm"].reason == "policy reference (no ledger to report its status)"
+    out = D.resolve(D.REFERENCE, ["rmsnorm"], CPU_ONLY, ctx(tmp_path / "none.json"))
+    assert out["rmsnorm"].backend == "torch" and "does not exist" in out["rmsnorm"].reason
 
 
 def test_on_a_gpu_the_device_checks_must_have_passed_on_that_gpu(tmp_path):

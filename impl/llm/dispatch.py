@@ -210,7 +210,10 @@ def load_timings(path: Path | None, gpu: str | None) -> dict | None:
         rank = (r.get("size") != "normal", r["pass"] != "fwd+bwd")
         if r["kernel"] not in best or rank < best[r["kernel"]][0]:
             best[r["kernel"]] = (rank, r)
-    return {k: {b: r[col] for b, col in TIME_COLUMN.items() if isinstance(r.get(col), float)}
+    def ms(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    return {k: {b: float(r[col]) for b, col in TIME_COLUMN.items() if ms(r.get(col))}
             | {"_row": f"{r['shape']} {r['pass']}"} for k, (_, r) in best.items()}
 
 
@@ -237,12 +240,14 @@ def _fastest(kernel: str, verified: dict[str, str], timings: dict | None,
 
 
 def choose(kernel: str, policy: str, runnable: dict[str, str | None], ev: Evidence | None,
-           timings: dict | None, ctx: Context) -> Choice:
+           timings: dict | None, ctx: Context,
+           missing: str = "no ledger to report its status") -> Choice:
     """One kernel's backend under `policy`. `runnable`: backend -> why it cannot run here (None
-    when it can); `ev` is None only under `reference` without a ledger."""
+    when it can); `ev` is None only under `reference` without a usable ledger (`missing`
+    says why)."""
     if policy == REFERENCE:
         if ev is None:
-            return Choice("torch", "policy reference (no ledger to report its status)")
+            return Choice("torch", f"policy reference ({missing})")
         ok, why = ev.verified(kernel, "torch")
         return Choice("torch", f"policy reference; {'verified' if ok else 'NOT verified'}: {why}")
     verified, refused = {}, []
@@ -280,13 +285,18 @@ def resolve(policy: str, kernels: list[str], runnable: dict[str, str | None],
     bad = check_policy(policy)
     if bad:
         raise DispatchError(f"backend={policy!r}: {bad}")
-    ev = None
-    if policy != REFERENCE or ctx.ledger is not None:
+    ev, missing = None, "no ledger to report its status"
+    if policy != REFERENCE:
         ev = Evidence(ctx)
+    elif ctx.ledger is not None:
+        try:  # `reference` needs no ledger: without one it says so beside each kernel
+            ev = Evidence(ctx)
+        except DispatchError as e:
+            missing = str(e)
     timings = load_timings(ctx.baseline, ctx.gpu) if policy != REFERENCE else None
     out = {}
     for k in kernels:
-        out[k] = choose(k, policy, runnable, ev, timings, ctx)
+        out[k] = choose(k, policy, runnable, ev, timings, ctx, missing)
         log.info("dispatch %s: %s -> %s (%s)", policy, k, out[k].backend, out[k].reason)
     return out
 
