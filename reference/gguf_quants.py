@@ -53,6 +53,8 @@ the same on every backend; NaN payloads are not specified.
 q8_0 quantization (`quantize_row_q8_0_ref`), per block of 32 float32 values x, all in fp32:
     amax = max |x_i|;  d = amax / 127;  id = 1/d if d ≠ 0 else 0
     q_i = roundf(x_i · id)   (round half away from zero)
+    (0 < d < 2^-128, only for a block of fp32 subnormals: id = inf and C leaves the int8
+    conversion of ±inf / NaN undefined; the quants are 0 here, what x86 yields)
     stored scale: fp16(d) (round to nearest even); the quants use the unrounded fp32 d.
 """
 
@@ -95,10 +97,11 @@ def _int8(b: np.ndarray) -> np.ndarray:
     return np.where(b >= 128, b - 256, b)
 
 
-def _finish(exact: np.ndarray, m: int) -> np.ndarray:
-    """Round the exact float64 results once to float32 (what ggml's fp32 arithmetic yields)."""
+def _finish(exact: np.ndarray, m: int, values: int) -> np.ndarray:
+    """Round the exact float64 results [m, nb, ·] once to float32 (what ggml's fp32 arithmetic
+    yields), as [m, nb·values]."""
     with np.errstate(invalid="ignore", over="ignore"):
-        return exact.astype(np.float32).reshape(m, -1)
+        return exact.astype(np.float32).reshape(m, exact.shape[1] * values)
 
 
 def q8_0_dequantize(blocks, out=None):
@@ -106,11 +109,11 @@ def q8_0_dequantize(blocks, out=None):
     backends' signature and ignored (the reference allocates)."""
     b = _rows_of_blocks(blocks, Q8_0_BYTES, "q8_0_dequantize")
     m = b.shape[0]
-    blk = b.reshape(m, -1, Q8_0_BYTES)
+    blk = b.reshape(m, b.shape[1] // Q8_0_BYTES, Q8_0_BYTES)
     d = _fp16(blk[..., 0], blk[..., 1])  # [m, nb]
     q = _int8(blk[..., 2:])  # [m, nb, 32]
     with np.errstate(invalid="ignore"):
-        return _finish(d[..., None] * q, m)
+        return _finish(d[..., None] * q, m, QK8_0)
 
 
 def q4_k_scale_min(s: np.ndarray):
@@ -133,7 +136,7 @@ def q4_k_dequantize(blocks, out=None):
     """uint8 [m, 144·nb] → float32 [m, 256·nb]: y_e = (d·sc_j)·q_e − dmin·m_j, j = ⌊e/32⌋."""
     b = _rows_of_blocks(blocks, Q4_K_BYTES, "q4_k_dequantize")
     m = b.shape[0]
-    blk = b.reshape(m, -1, Q4_K_BYTES)
+    blk = b.reshape(m, b.shape[1] // Q4_K_BYTES, Q4_K_BYTES)
     d = _fp16(blk[..., 0], blk[..., 1])
     dmin = _fp16(blk[..., 2], blk[..., 3])
     sc, mn = q4_k_scale_min(blk[..., 4:16])  # [m, nb, 8]
@@ -145,14 +148,14 @@ def q4_k_dequantize(blocks, out=None):
     with np.errstate(invalid="ignore"):
         a = d[..., None] * sc[..., j] * q  # exact
         c = dmin[..., None] * mn[..., j]  # exact
-        return _finish(a - c, m)  # exact in float64, rounded once
+        return _finish(a - c, m, QK_K)  # exact in float64, rounded once
 
 
 def q6_k_dequantize(blocks, out=None):
     """uint8 [m, 210·nb] → float32 [m, 256·nb]: y_e = (d·sc_{⌊e/16⌋})·q_e."""
     b = _rows_of_blocks(blocks, Q6_K_BYTES, "q6_k_dequantize")
     m = b.shape[0]
-    blk = b.reshape(m, -1, Q6_K_BYTES)
+    blk = b.reshape(m, b.shape[1] // Q6_K_BYTES, Q6_K_BYTES)
     d = _fp16(blk[..., 208], blk[..., 209])
     sc = _int8(blk[..., 192:208])  # [m, nb, 16]
     e = np.arange(QK_K)
@@ -161,7 +164,7 @@ def q6_k_dequantize(blocks, out=None):
     high = (blk[..., 128 + 32 * n + lane].astype(np.int64) >> (2 * g)) & 3
     q = (low | (high << 4)) - 32
     with np.errstate(invalid="ignore"):
-        return _finish(d[..., None] * sc[..., e // 16] * q, m)
+        return _finish(d[..., None] * sc[..., e // 16] * q, m, QK_K)
 
 
 def roundf(v: np.ndarray) -> np.ndarray:
@@ -185,17 +188,23 @@ def q8_0_quantize(x, out=None):
     if not np.all(np.isfinite(x32)):
         raise ValueError("q8_0_quantize: input has non-finite values")
     m = x32.shape[0]
-    blk = x32.reshape(m, -1, QK8_0)
+    blk = x32.reshape(m, x32.shape[1] // QK8_0, QK8_0)
     amax = np.abs(blk).max(axis=-1, initial=np.float32(0))  # [m, nb], exact
     if np.any(amax / np.float32(127) >= np.float32(FP16_OVERFLOW)):
         raise ValueError("q8_0_quantize: a block's scale max|x|/127 overflows fp16")
     d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = roundf((blk * inv[..., None]).astype(np.float32)).astype(np.int8)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (blk * inv[..., None]).astype(np.float32)
+    # 0 < d < 2^-128 (a block of fp32 subnormals): 1/d overflows and v is ±inf or NaN, whose
+    # conversion to int8 is undefined in C (x86 yields 0). Defined here as 0, which the block's
+    # fp16 scale (0: d is far below fp16's range) decodes to anyway.
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.where(np.isfinite(v), roundf(v), 0).astype(np.int8)
     d16 = d.astype(np.float16).view(np.uint16)
     res = np.empty((m, blk.shape[1], Q8_0_BYTES), np.uint8)
     res[..., 0] = d16 & 255
     res[..., 1] = d16 >> 8
     res[..., 2:] = q.view(np.uint8)
-    return res.reshape(m, -1)
+    return res.reshape(m, blk.shape[1] * Q8_0_BYTES)

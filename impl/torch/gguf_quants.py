@@ -66,7 +66,7 @@ def int8_field(b: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(values: torch.Tensor, m: int, out):
-    values = values.reshape(m, -1)
+    values = values.flatten(1)  # [m, nb·values]; reshape(m, -1) is ambiguous when m = 0
     return values if out is None else out.copy_(values)
 
 
@@ -158,8 +158,10 @@ def q8_0_quantize(x, out=None):
     if bool((d >= FP16_OVERFLOW).any()):
         raise ValueError("q8_0_quantize: a block's scale max|x|/127 overflows fp16")
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / torch.where(d == 0, 1, d))
-    q = roundf(blk * inv[..., None]).to(torch.int8).view(torch.uint8)
+    v = blk * inv[..., None]
+    # a block of fp32 subnormals can have 1/d = inf: quants 0 there (see the reference)
+    q = torch.where(torch.isfinite(v), roundf(v), 0).to(torch.int8).view(torch.uint8)
     bits = d.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
     res = torch.cat([(bits & 255).to(torch.uint8)[..., None],
-                     (bits >> 8).to(torch.uint8)[..., None], q], dim=-1).reshape(m, -1)
+                     (bits >> 8).to(torch.uint8)[..., None], q], dim=-1).flatten(1)
     return res if out is None else out.copy_(res)
