@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3c1d69e91db8c2fe4b30589cb426e6345558f5b22d1e402f6904c3581d0e287b"
+SHA256 = "88eafc8717cf301588af1aa84d7272377c3e6796318856e0abee12a2e96f784f"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 
@@ -429,6 +429,35 @@ def test_falsify_gq_020__torch__float32(case):
 def test_falsify_gq_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-020", "triton", "float32", case)
 
+# FALSIFY-GQ-021 → GQ-RND-001 (metamorphic): Ties away from zero (q8_0 quantize)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[2])
+def test_falsify_gq_021__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-021", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[2])
+def test_falsify_gq_021__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-021", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[2])
+def test_falsify_gq_021__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-021", "triton", "float32", case)
+
 
 # MUT-GQ-001 → GQ-EQV-002: 6-bit scale/min unpacking off by one bit: sub-blocks 4..7 put their top two bits at bits 3..4 instead of 4..5
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-001", obligation="GQ-EQV-002", backend="torch")
@@ -460,8 +489,8 @@ def test_mut_gq_005():
     rt.assert_killed(CONTRACT, "MUT-GQ-005")
 
 
-# MUT-GQ-006 → GQ-EQV-004: quants rounded half to even (torch.round) instead of C's roundf
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-006", obligation="GQ-EQV-004", backend="torch")
+# MUT-GQ-006 → GQ-RND-001: quants rounded half to even (torch.round) instead of C's roundf
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-006", obligation="GQ-RND-001", backend="torch")
 def test_mut_gq_006():
     rt.assert_killed(CONTRACT, "MUT-GQ-006")
 
