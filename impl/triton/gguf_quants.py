@@ -55,8 +55,16 @@ def _block_rows(nblocks, nb, stride0, stride1, BYTES: tl.constexpr, G: tl.conste
     live = blk < nblocks
     row = blk // nb
     k = blk % nb
-    base = row.to(tl.int64) * stride0 + (k * BYTES).to(tl.int64) * stride1
+    base = row.to(tl.int64) * stride0 + k.to(tl.int64) * BYTES * stride1
     return live, row, k, base
+
+
+@triton.jit
+def _value_offsets(row, k, lane, VALUES: tl.constexpr, stride0, stride1):
+    """[G, VALUES] memory offsets of the values of blocks (row, k) in a [m, nb·VALUES] tensor,
+    in int64 (k·VALUES + lane overflows int32 past 2^31 values in a row)."""
+    col = k[:, None].to(tl.int64) * VALUES + lane[None, :]
+    return row[:, None].to(tl.int64) * stride0 + col * stride1
 
 
 @triton.jit
@@ -71,8 +79,7 @@ def _q8_0_dequantize_kernel(b_ptr, out_ptr, nblocks, nb, stride_b0, stride_b1, s
     qb = tl.load(b_ptr + base[:, None] + (2 + i)[None, :].to(tl.int64) * stride_b1, mask=m2,
                  other=0).to(tl.int32)
     q = tl.where(qb >= 128, qb - 256, qb).to(tl.float32)  # int8, two's complement
-    o = row[:, None].to(tl.int64) * stride_o0 + (k[:, None] * 32 + i[None, :]).to(
-        tl.int64) * stride_o1
+    o = _value_offsets(row, k, i, 32, stride_o0, stride_o1)
     tl.store(out_ptr + o, d[:, None] * q, mask=m2)
 
 
@@ -105,8 +112,7 @@ def _q4_k_dequantize_kernel(b_ptr, out_ptr, nblocks, nb, stride_b0, stride_b1, s
     d1 = d[:, None] * sc.to(tl.float32)  # exact
     m1 = dmin[:, None] * mn.to(tl.float32)  # exact
     y = d1 * q.to(tl.float32) - m1  # the one rounding
-    o = row[:, None].to(tl.int64) * stride_o0 + (k[:, None] * 256 + e[None, :]).to(
-        tl.int64) * stride_o1
+    o = _value_offsets(row, k, e, 256, stride_o0, stride_o1)
     tl.store(out_ptr + o, y, mask=m2)
 
 
@@ -133,8 +139,7 @@ def _q6_k_dequantize_kernel(b_ptr, out_ptr, nblocks, nb, stride_b0, stride_b1, s
     q = (low | (high << 4)) - 32
     sc = tl.where(scb >= 128, scb - 256, scb)  # int8
     y = (d[:, None] * sc.to(tl.float32)) * q.to(tl.float32)  # exact
-    o = row[:, None].to(tl.int64) * stride_o0 + (k[:, None] * 256 + e[None, :]).to(
-        tl.int64) * stride_o1
+    o = _value_offsets(row, k, e, 256, stride_o0, stride_o1)
     tl.store(out_ptr + o, y, mask=m2)
 
 
@@ -144,8 +149,7 @@ def _q8_0_quantize_kernel(x_ptr, out_ptr, nblocks, nb, stride_x0, stride_x1, str
     live, row, k, base = _block_rows(nblocks, nb, stride_o0, stride_o1, 34, G)
     i = tl.arange(0, 32)
     m2 = live[:, None]
-    xo = row[:, None].to(tl.int64) * stride_x0 + (k[:, None] * 32 + i[None, :]).to(
-        tl.int64) * stride_x1
+    xo = _value_offsets(row, k, i, 32, stride_x0, stride_x1)
     x = tl.load(x_ptr + xo, mask=m2, other=0.0)
     amax = tl.max(tl.abs(x), axis=1)
     # correctly rounded divisions (div_rn): Triton's default fp32 division is approximate on GPU
