@@ -53,7 +53,7 @@ the same on every backend; NaN payloads are not specified.
 q8_0 quantization (`quantize_row_q8_0_ref`), per block of 32 float32 values x, all in fp32:
     amax = max |x_i|;  d = amax / 127;  id = 1/d if d ≠ 0 else 0
     q_i = roundf(x_i · id)   (round half away from zero)
-    (0 < d < 2^-128, only for a block of fp32 subnormals: id = inf and C leaves the int8
+    (0 < d below about 2^-128, max|x| below about 3.7e-37: id = inf and C leaves the int8
     conversion of ±inf / NaN undefined; the quants are 0 here, what x86 yields)
     stored scale: fp16(d) (round to nearest even); the quants use the unrounded fp32 d.
 """
@@ -197,7 +197,7 @@ def q8_0_quantize(x, out=None):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         v = (blk * inv[..., None]).astype(np.float32)
-    # 0 < d < 2^-128 (a block of fp32 subnormals): 1/d overflows and v is ±inf or NaN, whose
+    # 0 < d below about 2^-128 (max|x| < 3.7e-37): 1/d overflows and v is ±inf or NaN, whose
     # conversion to int8 is undefined in C (x86 yields 0). Defined here as 0, which the block's
     # fp16 scale (0: d is far below fp16's range) decodes to anyway.
     with np.errstate(invalid="ignore", over="ignore"):

@@ -159,7 +159,7 @@ def q8_0_quantize(x, out=None):
         raise ValueError("q8_0_quantize: a block's scale max|x|/127 overflows fp16")
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / torch.where(d == 0, 1, d))
     v = blk * inv[..., None]
-    # a block of fp32 subnormals can have 1/d = inf: quants 0 there (see the reference)
+    # a block with max|x| below about 3.7e-37 has 1/d = inf: quants 0 there (see the reference)
     q = torch.where(torch.isfinite(v), roundf(v), 0).to(torch.int8).view(torch.uint8)
     bits = d.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
     res = torch.cat([(bits & 255).to(torch.uint8)[..., None],

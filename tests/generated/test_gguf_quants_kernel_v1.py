@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "88eafc8717cf301588af1aa84d7272377c3e6796318856e0abee12a2e96f784f"
+SHA256 = "58dbb73c892f1c2c2d3ae127a6d6bc5e8dccd0aa480be9c65b289854ce7ffe38"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 
