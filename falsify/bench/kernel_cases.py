@@ -445,6 +445,46 @@ def cases(quick: bool = False) -> list[Case]:
             passes=(FWD,),
             triton=lambda a: _triton("nf4", "nf4_quantize")(a["w"], 64))
 
+    # ------------------------------------------------------------------ GGUF q4_k dequantize
+    from falsify.impl.torch.gguf_quants import q4_k_dequantize
+
+    def q4_k_setup(o, i):
+        def setup(dev, g):
+            gen = torch.Generator().manual_seed(3)
+            blk = torch.randint(0, 256, (o, i // 256, 144), dtype=torch.uint8, generator=gen)
+            # finite fp16 d and dmin (random bytes would put inf/NaN in 1 block of 32)
+            scales = (torch.rand(o, i // 256, 2, generator=gen) * 1e-2).half()
+            blk[..., 0:4] = scales.view(torch.uint8).view(o, i // 256, 4)
+            return {"blocks": blk.reshape(o, -1).to(dev)}
+        return setup
+
+    e = torch.arange(256)
+    q4_byte, q4_shift, q4_sub = 16 + 32 * (e // 64) + e % 32, 4 * ((e // 32) % 2), e // 32
+
+    def eager_q4_k_dequantize(blocks):
+        # gather each value's byte by index (the layout's formulas), the 6-bit fields by hand
+        b = blocks.view(blocks.shape[0], -1, 144).int()
+        d = b[..., 0:4].to(torch.uint8).contiguous().view(torch.float16).float()  # d, dmin
+        s = b[..., 4:16]
+        j = torch.arange(8, device=b.device) % 4
+        hi = torch.arange(8, device=b.device) >= 4
+        sc = torch.where(hi, (s[..., j + 8] & 15) | ((s[..., j] >> 6) << 4), s[..., j] & 63)
+        mn = torch.where(hi, (s[..., j + 8] >> 4) | ((s[..., j + 4] >> 6) << 4),
+                         s[..., j + 4] & 63)
+        dev = blocks.device
+        q = (b[..., q4_byte.to(dev)] >> q4_shift.to(dev)) & 15
+        sub = q4_sub.to(dev)
+        y = d[..., 0:1] * sc[..., sub].float() * q.float() - d[..., 1:2] * mn[..., sub].float()
+        return y.reshape(blocks.shape[0], -1)
+
+    for size, (o, i) in pick((256, 512), (512, 1024), (4096, 4096), (8192, 4096)):
+        add("gguf_quants", "gguf q4_k dequantize", size, f"{o}x{i}", q4_k_setup(o, i),
+            lambda a: q4_k_dequantize(a["blocks"]),
+            lambda a: eager_q4_k_dequantize(a["blocks"]),
+            "eager per-value byte gather by index, 6-bit fields unpacked per sub-block",
+            nbytes=(144 / 256 + 4.0) * o * i, passes=(FWD,),
+            triton=lambda a: _triton("gguf_quants", "q4_k_dequantize")(a["blocks"]))
+
     # ------------------------------------------------------------------ post-training quantize
     from falsify.impl.torch.quantize import int4_groupwise, int8_per_channel
 
