@@ -154,6 +154,7 @@ def builtin_base_config(cfg: FinetuneConfig, out_dir: Path) -> TrainConfig:
         "eval_interval": cfg.base_steps, "eval_batches": 4, "save_interval": cfg.base_steps,
         "keep_last": 1, "sample_tokens": 0, "seed": cfg.seed, "cache_dir": cfg.cache_dir,
         "out_dir": str(out_dir), "progress": cfg.progress, "backend": cfg.backend,
+        "ledger": cfg.ledger, "bench_baseline": cfg.bench_baseline,  # a policy's evidence
         "device": cfg.device, "threads": cfg.threads}, source="built-in base")
 
 
@@ -164,7 +165,8 @@ def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
 
     probe = builtin_base_config(cfg, Path("."))
     key_src = {k: v for k, v in asdict(probe).items()
-               if k not in ("out_dir", "progress", "cache_dir", "threads")}
+               if k not in ("out_dir", "progress", "cache_dir", "threads", "ledger",
+                            "bench_baseline")}
     key_src["python"] = sys.version.split()[0]
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(cfg.cache_dir) / "finetune-base" / key
