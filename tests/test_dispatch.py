@@ -242,9 +242,25 @@ def test_the_optimizer_runs_the_dispatched_adamw(tmp_path, fresh_ops):
     from falsify.impl.llm.model import build_model
 
     p = write_ledger(tmp_path / "l.json")
-    ops_mod.configure_dispatch("fastest-verified", ctx(p))
+    D.configure("fastest-verified", ctx(p))
     cfg = RUN.tiny_config(tmp_path)
     model = build_model(model_config(cfg), "fastest-verified", seed=0)
     assert model.ops.backend == "fastest-verified" and model.ops.backend_of("adamw") == "torch"
     tr = TR.Trainer(model, cfg, torch.device("cpu"))
     assert tr.optimizer.update_fn() is model.ops.adamw
+
+
+def test_an_unresolved_policy_is_an_error_and_the_model_does_not_depend_on_the_dispatcher(
+        fresh_ops):
+    """Which kernels are verified depends on a run's ledger, dtype and device, so get_ops does
+    not resolve a policy on its own. And the model's modules do not import the dispatcher: the
+    fingerprint of what the kernel contracts and the parity gate ran leaves it out, so an edit
+    to the dispatcher does not make their results stale."""
+    from falsify.harness.fingerprint import sources
+
+    with pytest.raises(ops_mod.BackendUnavailableError, match="no run has resolved"):
+        ops_mod.get_ops("fastest-verified")
+    deps = sources({"falsify.impl.llm.model", "falsify.probes.parity"})
+    assert "falsify.impl.llm.ops" in deps and "falsify.impl.llm.dispatch" not in deps
+    model = sources({"falsify.impl.llm.model"})
+    assert not [m for m in model if m.startswith("falsify.harness")]

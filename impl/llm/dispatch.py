@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from falsify.impl.llm.ops import FASTEST, PREFER, REFERENCE, is_policy  # noqa: F401 (re-exported)
+from falsify.impl.llm.ops import POLICY_BACKENDS as CANDIDATES  # in the order ties are broken
+
 log = logging.getLogger(__name__)
 
-FASTEST, REFERENCE, PREFER = "fastest-verified", "reference", "prefer:"
-CANDIDATES = ("torch", "triton")  # the model's backends, in the order ties are broken
 DTYPE_VARIANTS = ("float16", "bfloat16", "float32", "float64")
 PARITY_CONTRACT = "model-parity-v1"
 # the bench row's column holding each backend's time (falsify/bench/kernels.py save_baseline)
@@ -52,15 +53,11 @@ class DispatchError(RuntimeError):
     """No backend can be chosen for a kernel under the policy, or its inputs are unusable."""
 
 
-def is_policy(backend: str) -> bool:
-    return backend in (FASTEST, REFERENCE) or backend.startswith(PREFER)
-
-
 def check_policy(backend: str) -> str | None:
     """Why `backend` is not a valid policy, or None."""
-    if backend.startswith(PREFER) and backend[len(PREFER):] not in CANDIDATES:
-        return f"prefer:<backend> names one of {', '.join(CANDIDATES)}"
-    return None
+    from falsify.impl.llm.ops import backend_error
+
+    return backend_error(backend) if is_policy(backend) else f"{backend!r} is not a policy"
 
 
 @dataclass(frozen=True)
@@ -309,3 +306,23 @@ def record(choices: dict[str, Choice], ctx: Context) -> dict:
             "kernels": {k: {"backend": c.backend, "reason": c.reason}
                         for k, c in choices.items()}}
 
+
+def configure(policy: str, ctx: Context):
+    """Resolve `policy` for every kernel of the model's bundle and install the result
+    (impl/llm/ops.install): the model built afterwards in this process runs it. A host kernel
+    (the schedule: float64 scalars, one implementation) is verified on its one backend at
+    float64 like any other kernel."""
+    import dataclasses
+
+    from falsify.impl.llm import ops
+
+    can = ops.runnable()
+    fixed = [k for k in ops.ALL_KERNELS if k in ops.HOST_KERNELS]
+    choices = resolve(policy, [k for k in ops.ALL_KERNELS if k not in fixed], can, ctx)
+    for k in fixed:
+        only = ops.HOST_KERNELS[k]
+        one = {b: (None if b == only else "no implementation") for b in CANDIDATES}
+        choices.update(resolve(REFERENCE if policy == REFERENCE else FASTEST, [k], one,
+                               dataclasses.replace(ctx, dtype="float64")))
+    return ops.install(policy, {k: c.backend for k, c in choices.items()},
+                       record(choices, ctx))

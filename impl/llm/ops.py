@@ -19,7 +19,6 @@ backends, and `dispatch` records each kernel's backend and the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -31,7 +30,15 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "triton", "auto")  # and the policies of impl/llm/dispatch.py
+BACKENDS = ("torch", "triton", "auto")
+# The dispatch policies' names (their rules: impl/llm/dispatch.py, which this module does not
+# import, so that the fingerprint of everything built on the model leaves the dispatcher out)
+FASTEST, REFERENCE, PREFER = "fastest-verified", "reference", "prefer:"
+POLICY_BACKENDS = ("torch", "triton")  # what prefer:<backend> may name
+
+
+def is_policy(backend: str) -> bool:
+    return backend in (FASTEST, REFERENCE) or backend.startswith(PREFER)
 # The kernels the model needs. gemm is deliberately absent: projections go through
 # `Ops.linear` (F.linear, weights stored [out, in] like HF) on every backend; see `linear` below.
 KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "embedding", "fused_linear_cross_entropy")
@@ -71,14 +78,14 @@ def _triton_runnable() -> tuple[bool, str]:
 
 def backend_error(requested: str) -> str | None:
     """Why `requested` is neither a backend nor a dispatch policy, or None."""
-    from falsify.impl.llm import dispatch
-
     if requested in BACKENDS:
         return None
-    if dispatch.is_policy(requested):
-        return dispatch.check_policy(requested)
+    if is_policy(requested):
+        if requested.startswith(PREFER) and requested[len(PREFER):] not in POLICY_BACKENDS:
+            return f"prefer:<backend> names one of {', '.join(POLICY_BACKENDS)}"
+        return None
     return (f"must be one of {', '.join(BACKENDS)}, or a dispatch policy: "
-            f"{dispatch.FASTEST}, {dispatch.PREFER}<backend>, {dispatch.REFERENCE}")
+            f"{FASTEST}, {PREFER}<backend>, {REFERENCE}")
 
 
 def resolve_backend(requested: str) -> str:
@@ -86,13 +93,11 @@ def resolve_backend(requested: str) -> str:
 
     `auto` picks triton only when a GPU is present (the interpreter is for tests, far too slow to
     train with), otherwise torch, and logs the choice at INFO level. A dispatch policy is
-    returned as it is: it chooses per kernel (`configure_dispatch`)."""
-    from falsify.impl.llm import dispatch
-
+    returned as it is: it chooses per kernel (impl/llm/dispatch.configure)."""
     bad = backend_error(requested)
     if bad:
         raise ValueError(f"backend={requested!r}: {bad}")
-    if dispatch.is_policy(requested):
+    if is_policy(requested):
         return requested
     if requested == "auto":
         if gpu_available():
@@ -182,46 +187,37 @@ def _bundle(name: str, backend_of: dict[str, str], dispatch: dict | None = None)
     return Ops(backend=name, linear=linear, provenance=prov, dispatch=dispatch, **fns)
 
 
-def configure_dispatch(policy: str, ctx) -> Ops:
-    """Resolve a dispatch policy against `ctx` (impl/llm/dispatch.Context) and keep the bundle:
-    every later `get_ops(policy)` in this process returns it. Host kernels (the schedule) have
-    one implementation and are verified on it like the others."""
-    from falsify.impl.llm import dispatch
-
-    runnable = {"torch": None,
-                "triton": None if gpu_available() else
-                "no GPU: the Triton interpreter is for checks, far too slow to train with"}
-    if runnable["triton"] is None:
-        ok, why = _triton_runnable()
-        runnable["triton"] = None if ok else why
-    fixed = [k for k in ALL_KERNELS if k in HOST_KERNELS]
-    choices = dispatch.resolve(policy, [k for k in ALL_KERNELS if k not in fixed], runnable, ctx)
-    for k in fixed:  # one implementation: verified on it, or refused like any unverified kernel
-        only = HOST_KERNELS[k]
-        one = {b: (None if b == only else "no implementation") for b in dispatch.CANDIDATES}
-        # a host kernel computes float64 scalars whatever the model's dtype
-        choices.update(dispatch.resolve(
-            dispatch.REFERENCE if policy == dispatch.REFERENCE else dispatch.FASTEST,
-            [k], one, dataclasses.replace(ctx, dtype="float64")))
-    ops = _bundle(policy, {k: c.backend for k, c in choices.items()},
-                  dispatch.record(choices, ctx))
+def install(policy: str, backend_of: dict[str, str], record: dict) -> Ops:
+    """Keep the bundle a dispatch policy chose (impl/llm/dispatch.configure): every later
+    `get_ops(policy)` in this process returns it."""
+    ops = _bundle(policy, backend_of, record)
     _CACHE[policy] = ops
     return ops
 
 
+def runnable() -> dict[str, str | None]:
+    """backend -> why the model cannot train on it here (None: it can). The Triton interpreter
+    runs checks, but is far too slow to train with, as `auto` also holds."""
+    why = None if gpu_available() else \
+        "no GPU: the Triton interpreter is for checks, far too slow to train with"
+    if why is None:
+        ok, reason = _triton_runnable()
+        why = None if ok else reason
+    return {"torch": None, "triton": why}
+
+
 def get_ops(backend: str = "auto") -> Ops:
-    """The kernel bundle for `backend`: 'torch', 'triton', 'auto', or a dispatch policy (as
-    configured by `configure_dispatch`; unconfigured, against the working directory's project
-    ledger, fp32, and this machine's device, without timings)."""
+    """The kernel bundle for `backend`: 'torch', 'triton', 'auto', or a dispatch policy that a
+    run has resolved (impl/llm/dispatch.configure; an unresolved one is an error: which kernels
+    are verified depends on the run's ledger, dtype and device)."""
     chosen = resolve_backend(backend)
     if chosen in _CACHE:
         return _CACHE[chosen]
-    from falsify.impl.llm import dispatch
-
-    if dispatch.is_policy(chosen):
-        return configure_dispatch(chosen, dispatch.Context(
-            ledger=dispatch.default_ledger(), baseline=None, dtype="float32",
-            gpu=torch.cuda.get_device_name() if gpu_available() else None))
+    if is_policy(chosen):
+        raise BackendUnavailableError(
+            f"backend={chosen!r} is a dispatch policy that no run has resolved in this process: "
+            "it chooses from a ledger for a dtype and device (a training config resolves it "
+            "before building the model; in code, falsify.impl.llm.dispatch.configure)")
     ops = _bundle(chosen, {k: HOST_KERNELS.get(k, chosen) for k in ALL_KERNELS})
     _CACHE[chosen] = ops
     return ops

@@ -100,7 +100,6 @@ def configure_kernels(cfg: LoopConfig, dev: torch.device, autocast) -> None:
     ledger for this run's dtype and device (impl/llm/dispatch.py); the model built afterwards
     runs that bundle. A kernel no backend is verified for stops the run here."""
     from falsify.impl.llm import dispatch
-    from falsify.impl.llm.ops import configure_dispatch
 
     if not dispatch.is_policy(cfg.backend):
         return
@@ -110,7 +109,7 @@ def configure_kernels(cfg: LoopConfig, dev: torch.device, autocast) -> None:
         dtype="bfloat16" if autocast == torch.bfloat16 else "float32",
         gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
     try:
-        configure_dispatch(cfg.backend, ctx)
+        dispatch.configure(cfg.backend, ctx)
     except dispatch.DispatchError as e:
         raise ConfigError(f"config field backend={cfg.backend!r}: {e}") from None
 
