@@ -203,10 +203,12 @@ def load_timings(path: Path | None, gpu: str | None) -> dict | None:
                             "(falsify bench kernels --save-baseline FILE)")
     best: dict[str, tuple] = {}
     for r in doc["rows"]:
-        # the model-scale shape first, the training pass (fwd+bwd) before the forward alone
+        # the "normal" shape before the large one, the training pass (fwd+bwd) before the
+        # forward alone
         rank = (r.get("size") != "normal", r["pass"] != "fwd+bwd")
         if r["kernel"] not in best or rank < best[r["kernel"]][0]:
             best[r["kernel"]] = (rank, r)
+
     def ms(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
