@@ -32,7 +32,8 @@ def check_advantage_args(rewards, group_size, eps):
         raise ValueError(f"group_advantages: rewards must be 1-D [N], got shape {r.shape}")
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or \
             group_size < 2:
-        raise ValueError(f"group_advantages: group_size={group_size!r} must be an int >= 2")
+        raise ValueError(f"group_advantages: group size G = {group_size!r}: must be an int "
+                         ">= 2")
     if r.shape[0] % group_size:
         raise ValueError(f"group_advantages: N={r.shape[0]} rewards are not a whole number of "
                          f"groups of {group_size}")

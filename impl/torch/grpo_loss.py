@@ -26,7 +26,8 @@ def check_advantage_args(rewards, group_size, eps, allowed=CHECKED):
     require("group_advantages", allowed, rewards=rewards)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         # the sample std of one reward is 0/0
-        raise ValueError(f"group_advantages: group_size={group_size!r} must be an int >= 2")
+        raise ValueError(f"group_advantages: group size G = {group_size!r}: must be an int "
+                         ">= 2")
     if rewards.shape[0] % group_size:
         raise ValueError(f"group_advantages: N={rewards.shape[0]} rewards are not a whole "
                          f"number of groups of {group_size}")
