@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "88b4384bc20f5886b6cf17782dfa06fc5b6c666e5770b6bdd9e4ad2a1172b134"
+SHA256 = "8364465ca22ac5bf1af13a66bf537280bd73515c719cedc0ae564a353a83e4da"
 CONTRACT = rt.library_contract("grpo-loss-kernel-v1.yaml", SHA256)
 
 
