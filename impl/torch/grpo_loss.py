@@ -4,9 +4,10 @@ group_advantages: A_i = (r_i − mean_g r) / (std_g r + eps) per contiguous grou
 std the sample (Bessel, G − 1) standard deviation, as TRL's GRPOTrainer computes it.
 grpo_loss: clipped-surrogate policy term minus beta times the k3 KL estimate to the reference,
 summed over counted tokens and divided by their number (token-level normalisation, TRL's
-"dapo"/"bnpo" on one process). fp32 throughout; old and reference log-probs, advantages and the
-mask are detached, so the loss is differentiable w.r.t. logp only. Returns the loss in logp's
-dtype.
+"dapo"/"bnpo" on one process). The KL term is the plain k3 estimate: TRL 1.16's default
+use_bias_correction_kl=True multiplies it by the ratio, which this loss does not. fp32
+throughout; old and reference log-probs, advantages and the mask are detached, so the loss is
+differentiable w.r.t. logp only. Returns the loss in logp's dtype.
 """
 
 from __future__ import annotations
