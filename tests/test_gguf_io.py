@@ -346,3 +346,106 @@ def test_committed_fixture_is_what_the_recipe_writes(tmp_path):
     g = G.read_gguf(tiny.FIXTURE)
     assert g.config == tiny.config(tiny.VOCAB) and g.tokenizer.get_vocab_size() == tiny.VOCAB
     assert tiny.FIXTURE.stat().st_size < 300_000
+
+
+# --------------------------------------------------------------------------- LoRA adapter
+def _adapted(rslora=False, seed=3):
+    from falsify.impl.llm import lora_model as LM
+
+    m = LM.apply_lora(tiny.model(), LM.LoraSpec(method="lora", r=4, alpha=8.0, rslora=rslora,
+                                                targets=("q", "k", "v", "o", "gate", "up",
+                                                         "down")))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in LM.adapter_parameters(m).items():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return m.eval()
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_lora_adapter_gguf_is_what_llama_cpp_applies(model, tmp_path, rslora):
+    """The adapter file's keys and names (convert_lora_to_gguf.py's), and its meaning: llama.cpp
+    adds (alpha / r)·lora_b·lora_a to each base tensor; on the base's GGUF tensors that graph
+    must give our adapted model's logits. Without the q/k row permutation of lora_b it does
+    not."""
+    m = _adapted(rslora)
+    base = G.write_gguf(model, tmp_path / "base.gguf", None, "f32")
+    path = G.write_lora_gguf(m, tmp_path / "adapter.gguf")
+    r = gguf.GGUFReader(path)
+    meta = {f.name: f.contents() for f in r.fields.values()}
+    assert (meta["general.architecture"], meta["general.type"], meta["adapter.type"]) == \
+        ("llama", "adapter", "lora")
+    alpha = meta["adapter.lora.alpha"]
+    assert alpha == pytest.approx(8.0 * (2.0 if rslora else 1.0))  # α·√r for rsLoRA, r = 4
+    cfg = model.cfg
+    names = {t.name: t for t in r.tensors}
+    assert set(names) == {f"blk.{i}.{n}.weight.lora_{ab}" for i in range(cfg.num_layers)
+                          for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                    "ffn_up", "ffn_down") for ab in "ab"}
+    # ggml dims: lora_a [in, r], lora_b [r, out]
+    assert names["blk.0.ffn_down.weight.lora_a"].shape.tolist() == [cfg.intermediate_size, 4]
+    assert names["blk.0.ffn_down.weight.lora_b"].shape.tolist() == [4, cfg.hidden_size]
+    assert all(t.tensor_type.name == "F32" for t in r.tensors)
+
+    w = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(base).tensors}
+    lora, alpha = G.read_lora_gguf(path)
+    rank = lora["blk.0.attn_q.weight.lora_a"].shape[0]
+
+    def merged(unpermute_b=False):
+        out = dict(w)
+        for n in {k.rsplit(".", 1)[0] for k in lora}:
+            b = lora[n + ".lora_b"].double().numpy()
+            if unpermute_b and ".attn_q." in n:
+                b = G.unpermute_qk(b, cfg.num_heads)
+            if unpermute_b and ".attn_k." in n:
+                b = G.unpermute_qk(b, cfg.num_kv_heads)
+            out[n] = w[n] + (alpha / rank) * b @ lora[n + ".lora_a"].double().numpy()
+        return out
+
+    ids = _ids(cfg)[0]
+    with torch.no_grad():
+        ours = m(ids[None])[0].double().numpy()
+        plain = model(ids[None])[0].double().numpy()
+    tol = _tolerance(ours)
+    assert float(np.abs(ours - ggml_llama_logits(merged(), cfg, ids.numpy())).max()) <= tol
+    assert float(np.abs(ours - plain).max()) > 100 * tol  # the adapter matters
+    wrong = ggml_llama_logits(merged(unpermute_b=True), cfg, ids.numpy())
+    assert float(np.abs(ours - wrong).max()) > 100 * tol
+
+
+def test_lora_adapter_gguf_errors(model, tmp_path):
+    with pytest.raises(G.GGUFError, match="carries no LoRA adapter"):
+        G.write_lora_gguf(model, tmp_path / "a.gguf")
+    with pytest.raises(G.GGUFError, match=r"general\.type='model', expected 'adapter'"):
+        G.read_lora_gguf(G.write_gguf(model, tmp_path / "m.gguf", None, "f32"))
+
+
+def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path):
+    from falsify.impl.llm import data as data_mod
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm import sft_data as SD
+
+    tok = data_mod.load_tokenizer(tok_path)
+    rows = [SD.RawRecord("prompt_response", {"prompt": f"def f{i}(x):", "response":
+                                             f" return x + {i}\n"}, None, f"mem:{i}")
+            for i in range(12)]
+    ds = SD.Dataset("sft", SD.tokenize(rows, tok), ["mem"], {"mem": "prompt_response"},
+                    False, {"truncated": 0, "dropped": 0})
+    base = FT.Base(tiny.model(), tok, str(tok_path), "tiny", "memory")
+    cfg = FT.config_from_dict(dict(method="lora", lora_r=4, batch_size=2, grad_accum=1,
+                                   max_steps=10, warmup_steps=1, epochs=2, val_split=0.2,
+                                   progress=False, sample_count=0, backend="torch",
+                                   out_dir=str(tmp_path / "run")))
+    res = FT.finetune(cfg, base=base, dataset=ds, keep_model=True)
+    assert res.adapter_gguf == str(tmp_path / "run" / "adapter.gguf")
+    assert (tmp_path / "run" / "adapter" / LM.ADAPTER_CONFIG).is_file()
+    lora, alpha = G.read_lora_gguf(res.adapter_gguf)
+    assert alpha == cfg.lora_alpha
+    ours = LM.adapter_parameters(res.model)
+    a = ours["layers.1.mlp.up_proj.lora_A.weight"]
+    b = ours["layers.0.self_attn.q_proj.lora_B.weight"].detach()
+    assert torch.equal(lora["blk.1.ffn_up.weight.lora_a"], a.detach())
+    assert torch.equal(lora["blk.0.attn_q.weight.lora_b"],
+                       G.permute_qk(b, res.model.cfg.num_heads))
+    assert float(b.abs().max()) > 0  # trained: B left its zero init
