@@ -449,3 +449,66 @@ def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path
     assert torch.equal(lora["blk.0.attn_q.weight.lora_b"],
                        G.permute_qk(b, res.model.cfg.num_heads))
     assert float(b.abs().max()) > 0  # trained: B left its zero init
+
+
+# ------------------------------------------------------------------- fine-tuning on a GGUF
+def _records(n=12):
+    return [{"prompt": f"def f{i}(x):", "response": f" return x + {i}\n"} for i in range(n)]
+
+
+def test_finetune_on_a_q8_0_gguf_keeps_its_projections_quantized_and_frozen(tmp_path):
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm import sft_data as SD
+
+    base = FT.load_base(tiny.FIXTURE, "torch")
+    assert base.layout == "gguf" and set(base.info["gguf_quantized"].values()) == {"q8_0"}
+    assert len(base.info["gguf_quantized"]) == 7 * base.model.cfg.num_layers
+    g = G.read_gguf(tiny.FIXTURE)
+    rows = [SD.RawRecord("prompt_response", r, None, f"mem:{i}")
+            for i, r in enumerate(_records())]
+    ds = SD.Dataset("sft", SD.tokenize(rows, base.tokenizer), ["mem"],
+                    {"mem": "prompt_response"}, False, {"truncated": 0, "dropped": 0})
+    cfg = FT.config_from_dict(dict(method="lora", lora_r=4, batch_size=2, grad_accum=1,
+                                   max_steps=10, warmup_steps=1, epochs=2, val_split=0.2,
+                                   progress=False, sample_count=0, backend="torch",
+                                   lr=1e-2, out_dir=str(tmp_path / "run")))
+    res = FT.finetune(cfg, base=base, dataset=ds, keep_model=True)
+    layers = dict(LM.adapted_layers(res.model))
+    q = layers["layers.0.self_attn.q_proj"]
+    assert q.gguf_qtype == "q8_0" and not hasattr(q, "weight")  # no float copy of W kept
+    for name, mod in layers.items():  # frozen: the file's blocks, unchanged by 10 steps
+        assert torch.equal(mod.weight_gguf, g.tensors[name + ".weight"].blocks), name
+    assert {n for n, p in res.model.named_parameters() if p.requires_grad} == \
+        set(LM.adapter_parameters(res.model))
+    assert float(q.lora_B.weight.detach().abs().max()) > 0  # the adapter trained
+    # the layer computes x·dequant(W)ᵀ (+ the adapter): with adapters off, exactly F.linear
+    x = torch.randn(3, q.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), LM.adapters_disabled(res.model):
+        assert torch.equal(q(x), torch.nn.functional.linear(
+            x, GQ.q8_0_dequantize(g.tensors["layers.0.self_attn.q_proj.weight"].blocks)))
+    assert LM.memory_bytes(res.model)["projections_ratio"] == pytest.approx(34 / 128)
+    assert (tmp_path / "run" / "adapter.gguf").is_file()
+
+
+def test_cli_finetune_model_gguf(tmp_path, capsys):
+    import json
+
+    from falsify.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    out = tmp_path / "run"
+    rc = main(["finetune", "--method", "qlora", "--model", str(tiny.FIXTURE), "--data",
+               str(data), "--out", str(out), "max_steps=3", "batch_size=2", "grad_accum=1",
+               "lora_r=4", "val_split=0.2", "sample_count=0", "progress=false",
+               "backend=torch"])
+    assert rc == 0, capsys.readouterr()
+    assert (out / "adapter.gguf").is_file()
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    # a GGUF we cannot use is a usage error naming the file and the key
+    bad = _write_raw(tmp_path / "gpt2.gguf", tiny.model(), arch="gpt2")
+    rc = main(["finetune", "--model", str(bad), "--data", str(data), "--out",
+               str(tmp_path / "run2"), "max_steps=3", "progress=false", "backend=torch"])
+    said = capsys.readouterr().out
+    assert rc == 2 and "gpt2.gguf: general.architecture='gpt2'" in said

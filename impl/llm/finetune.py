@@ -691,8 +691,9 @@ class FinetuneRun:
                                 base.tokenizer_path).resolve())
 
     def gguf_adapter(self) -> str | None:
-        """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the GGUF export
-        of the base (`falsify export BASE --gguf`, or the GGUF base itself). Needs the `gguf`
+        """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
+        trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
+        the NF4 dequantization). Needs the `gguf`
         package (the interop extra); without it the run says so and writes the PEFT adapter
         only."""
         from falsify.impl.llm import gguf_io

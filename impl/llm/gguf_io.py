@@ -129,6 +129,16 @@ def dequantize(t) -> torch.Tensor:
     return t.float()
 
 
+def quant_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: str,
+                 shape: tuple[int, int]) -> torch.Tensor:
+    """y = x·dequant(W)ᵀ for a frozen GGUF-quantized weight: the contracted dequantizer, then
+    F.linear. The one place a quantized GGUF projection is applied, so a fused
+    dequantize-matmul kernel can replace this function alone. No gradient reaches W (uint8
+    blocks); x's gradient flows through F.linear."""
+    w = dequantize(QuantTensor(blocks, qtype, shape))
+    return torch.nn.functional.linear(x, w.to(x.dtype))
+
+
 def encode(w: torch.Tensor, gtype: str, name: str = "tensor"):
     """A float32 tensor as stored for `gtype` (1-D tensors always f32): (numpy array,
     GGMLQuantizationType or None for plain float arrays)."""
@@ -583,3 +593,32 @@ def read_lora_gguf(path: str | Path) -> tuple[dict[str, torch.Tensor], float]:
         if twin not in tensors:
             raise GGUFError(f"{p}: tensor {twin} is missing (its pair {n} is present)")
     return {k: dequantize(v) for k, v in tensors.items()}, alpha
+
+
+# ------------------------------------------------------------------------ a fine-tuning base
+def tokenizer_file(tok) -> Path:
+    """The rebuilt tokenizer as a tokenizer.json the rest of falsify reads (the HF/PEFT exports
+    copy it): content-addressed under the temporary directory, written atomically, so the same
+    GGUF always yields the same path."""
+    import hashlib
+
+    text = tok.to_str()
+    d = Path(tempfile.gettempdir()) / "falsify-gguf-tokenizers"
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if not f.is_file():
+        _atomic_write(f, lambda tmp: tmp.write_text(text))
+    return f
+
+
+def base_model(path: str | Path, backend: str = "auto") -> tuple[Transformer, object | None]:
+    """(model, tokenizer) for fine-tuning on a GGUF: our Transformer with every tensor as float32
+    values (embedding and norms stay so, frozen), and `model.gguf_quant` naming the projection
+    weights stored quantized in the file (their raw blocks), which lora_model.apply_lora keeps
+    quantized instead of the float32 copy."""
+    g = read_gguf(path)
+    model = build_model(g.config, backend)
+    model.load_state_dict({k: dequantize(v) for k, v in g.tensors.items()}, strict=True)
+    model.gguf_quant = {k: v for k, v in g.tensors.items()
+                        if isinstance(v, QuantTensor) and k.endswith("_proj.weight")}
+    return model, g.tokenizer
