@@ -512,3 +512,41 @@ def test_cli_finetune_model_gguf(tmp_path, capsys):
                str(tmp_path / "run2"), "max_steps=3", "progress=false", "backend=torch"])
     said = capsys.readouterr().out
     assert rc == 2 and "gpt2.gguf: general.architecture='gpt2'" in said
+
+
+@pytest.mark.parametrize("kind,msg", [
+    ("arch", "general.architecture='gpt2'"),
+    ("missing", "tensor blk.1.ffn_down.weight is missing"),
+    ("q4_0", "tensor blk.0.attn_v.weight has type Q4_0"),
+])
+def test_cli_export_from_a_bad_gguf_is_exit_2_naming_file_and_key(tmp_path, capsys, kind, msg):
+    from falsify.cli import main
+
+    kw = {"arch": {"arch": "gpt2"}, "missing": {"drop": ("blk.1.ffn_down.weight",)},
+          "q4_0": {"retype": "blk.0.attn_v.weight"}}[kind]
+    bad = _write_raw(tmp_path / "bad.gguf", tiny.model(), **kw)
+    assert main(["export", str(bad), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert f"bad.gguf: {msg}" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_cli_export_gguf_to_hf(tmp_path, capsys):
+    """A GGUF is a source like any other: to the HF layout, every tensor its dequantization."""
+    from falsify.cli import main
+    from falsify.impl.llm import hf
+
+    assert main(["export", str(tiny.FIXTURE), "--out", str(tmp_path / "hf")]) == 0
+    assert "bit-identical" in capsys.readouterr().out
+    back = hf.import_hf(tmp_path / "hf", "torch").state_dict()
+    g = G.read_gguf(tiny.FIXTURE)
+    assert set(back) == set(g.tensors)
+    assert all(torch.equal(back[k], G.dequantize(v)) for k, v in g.tensors.items())
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+
+
+def test_encode_refuses_values_the_type_cannot_hold():
+    with pytest.raises(G.GGUFError, match=r"tensor w: .*beyond fp16"):
+        G.encode(torch.full((2, 32), 7e4), "f16", "w")
+    with pytest.raises(G.GGUFError, match=r"tensor w: non-finite"):
+        G.encode(torch.tensor([[float("nan")] * 32]), "q8_0", "w")
