@@ -234,7 +234,7 @@ def test_tokenizer_rebuilt_from_metadata_encodes_and_decodes_like_ours(model, to
 
 
 # ------------------------------------------------------------------------------- errors
-def _write_raw(path, model, arch="llama", drop=(), retype=None, extra=None):
+def _write_raw(path, model, arch="llama", drop=(), retype=None, extra=None, blocks=None):
     """A GGUF written directly with the gguf package (not through write_gguf), to make the
     files our reader must refuse."""
     cfg = model.cfg
@@ -251,7 +251,9 @@ def _write_raw(path, model, arch="llama", drop=(), retype=None, extra=None):
     for name, (arr, raw) in G.gguf_tensors(model, "f32").items():
         if name in drop:
             continue
-        if retype is not None and name == retype:
+        if blocks and name in blocks:  # (uint8 block bytes, GGMLQuantizationType)
+            w.add_tensor(name, blocks[name][0], raw_dtype=blocks[name][1])
+        elif retype is not None and name == retype:
             w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q4_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         else:
@@ -550,3 +552,50 @@ def test_encode_refuses_values_the_type_cannot_hold():
         G.encode(torch.full((2, 32), 7e4), "f16", "w")
     with pytest.raises(G.GGUFError, match=r"tensor w: non-finite"):
         G.encode(torch.tensor([[float("nan")] * 32]), "q8_0", "w")
+
+
+def _k_blocks(rows: int, cols: int, qtype, seed: int) -> np.ndarray:
+    """Random q4_k / q6_k super-blocks with finite fp16 scales: every bit pattern of the
+    quants and sub-scales is a valid block, only d / dmin must be finite."""
+    size = {"Q4_K": 144, "Q6_K": 210}[qtype.name]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    d = (rng.standard_normal((rows, cols // 256, 2)) * 1e-3).astype(np.float16).view(np.uint8)
+    if qtype.name == "Q4_K":
+        b[..., 0:4] = d.reshape(rows, cols // 256, 4)  # d, dmin
+    else:
+        b[..., 208:210] = d.reshape(rows, cols // 256, 4)[..., :2]  # d
+    return b.reshape(rows, -1)
+
+
+def test_k_quant_tensors_read_as_blocks_and_dequantize_like_gguf(tmp_path):
+    """q4_k / q6_k projections (super-blocks of 256 values, so a 256-wide model): kept as
+    blocks, un-permuted row-wise for q/k, and dequantized by our contracted kernels exactly as
+    the gguf package's own numpy dequantizer reads the file."""
+    from falsify.impl.llm.model import ModelConfig, build_model
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=256, num_layers=1, num_heads=4,
+                      num_kv_heads=2, intermediate_size=256, max_seq_len=16)
+    m = build_model(cfg, "torch", seed=0)
+    T = gguf.GGMLQuantizationType
+    raw = {"blk.0.attn_q.weight": (_k_blocks(256, 256, T.Q4_K, 1), T.Q4_K),
+           "blk.0.attn_k.weight": (_k_blocks(128, 256, T.Q6_K, 2), T.Q6_K),
+           "blk.0.ffn_down.weight": (_k_blocks(256, 256, T.Q6_K, 3), T.Q6_K)}
+    path = _write_raw(tmp_path / "k.gguf", m, blocks=raw)
+    g = G.read_gguf(path)
+    heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}
+    for gname, ours in (("blk.0.attn_q.weight", "layers.0.self_attn.q_proj.weight"),
+                        ("blk.0.attn_k.weight", "layers.0.self_attn.k_proj.weight"),
+                        ("blk.0.ffn_down.weight", "layers.0.mlp.down_proj.weight")):
+        t = g.tensors[ours]
+        assert isinstance(t, G.QuantTensor) and t.qtype == raw[gname][1].name.lower()
+        theirs = gguf.quants.dequantize(raw[gname][0], raw[gname][1])
+        n = gname.split(".")[2]
+        if n in heads:
+            theirs = G.unpermute_qk(theirs, heads[n])
+        ours_w = G.dequantize(t)
+        assert ours_w.shape == tuple(theirs.shape) and torch.isfinite(ours_w).all()
+        assert torch.equal(ours_w, torch.from_numpy(np.ascontiguousarray(theirs)))
+    model, _ = G.load_model(path, "torch")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.arange(16)[None] % cfg.vocab_size)).all()

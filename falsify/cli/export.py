@@ -38,10 +38,12 @@ GGUF_TYPES = ("f32", "f16", "q8_0")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load (HF)",
-                       description="export a checkpoint or adapter in the Hugging Face layout")
+    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load "
+                       "(HF, GGUF)", description="export a checkpoint or adapter in the Hugging "
+                       "Face layout, or a model as a llama.cpp GGUF file")
     p.add_argument("src", metavar="SRC",
-                   help="a run dir, a checkpoint dir, `falsify merge` output, or an adapter dir")
+                   help="a run dir, a checkpoint dir, `falsify merge` output, an HF or GGUF "
+                   "model, or an adapter dir")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory (a .gguf file for --format gguf)")
     p.add_argument("--format", default=None, choices=FORMATS, help="output layout (default hf)")
