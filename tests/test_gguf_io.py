@@ -580,10 +580,15 @@ def test_k_quant_tensors_read_as_blocks_and_dequantize_like_gguf(tmp_path):
     T = gguf.GGMLQuantizationType
     raw = {"blk.0.attn_q.weight": (_k_blocks(256, 256, T.Q4_K, 1), T.Q4_K),
            "blk.0.attn_k.weight": (_k_blocks(128, 256, T.Q6_K, 2), T.Q6_K),
-           "blk.0.ffn_down.weight": (_k_blocks(256, 256, T.Q6_K, 3), T.Q6_K)}
+           "blk.0.ffn_down.weight": (_k_blocks(256, 256, T.Q6_K, 3), T.Q6_K),
+           "blk.0.ffn_up.weight": (gguf.quants.quantize(
+               m.state_dict()["layers.0.mlp.up_proj.weight"].numpy(), T.BF16), T.BF16)}
     path = _write_raw(tmp_path / "k.gguf", m, blocks=raw)
     g = G.read_gguf(path)
     heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}
+    up = g.tensors["layers.0.mlp.up_proj.weight"]  # bf16: a plain tensor, exact in float32
+    assert up.dtype == torch.bfloat16 and torch.equal(up.float(), torch.from_numpy(
+        gguf.quants.dequantize(raw["blk.0.ffn_up.weight"][0], T.BF16)))
     for gname, ours in (("blk.0.attn_q.weight", "layers.0.self_attn.q_proj.weight"),
                         ("blk.0.attn_k.weight", "layers.0.self_attn.k_proj.weight"),
                         ("blk.0.ffn_down.weight", "layers.0.mlp.down_proj.weight")):

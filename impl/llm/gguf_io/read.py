@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,6 @@ class GGUFModel:
     tensors: dict  # our name -> torch tensor (f32/f16/bf16) or QuantTensor; q/k un-permuted
     tokenizer: object | None  # tokenizers.Tokenizer, None for a vocab-less file
     file_type: int | None = None
-    metadata: dict = field(default_factory=dict)
 
 
 def open_reader(path: str | Path):
@@ -221,7 +220,7 @@ def read_gguf(path: str | Path) -> GGUFModel:
 def load_model(path: str | Path, backend: str = "auto") -> tuple[Transformer, object | None]:
     """(our Transformer with every tensor dequantized to float32, tokenizer) from a GGUF."""
     g = read_gguf(path)
-    model = build_model(g.config, backend)
+    model = build_model(g.config, backend, seed=0)  # seeded: leaves the global RNG alone
     model.load_state_dict({k: dequantize(v) for k, v in g.tensors.items()}, strict=True)
     return model, g.tokenizer
 
