@@ -20,7 +20,9 @@ projection modules when they are not plain nn.Linear.
 
 QLoRA quantizes every projection of every layer (not only the targets): the whole base is
 frozen, and NF4 is where QLoRA's memory saving comes from. Embedding and norms stay fp32, as in
-bitsandbytes/PEFT QLoRA.
+bitsandbytes/PEFT QLoRA. A GGUF base (impl/llm/gguf_io) brings its own quantization: its
+quantized projections stay in their GGUF blocks under either method, applied through
+gguf_io.quant_linear.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ class Adapter(nn.Module):
 
 
 class AdaptedLinear(nn.Module):
-    """A frozen projection (fp32 or NF4) with an optional LoRA adapter."""
+    """A frozen projection (fp32, NF4, or a GGUF base's quantized blocks) with an optional LoRA
+    adapter."""
 
     def __init__(self, weight: torch.Tensor, quantize: bool, blocksize: int, double_quant: bool,
                  gguf=None):
