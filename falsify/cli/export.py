@@ -1,4 +1,4 @@
-"""`falsify export SRC --out DIR [--format hf] [--tokenizer FILE]`
+"""`falsify export SRC --out DIR [--format hf|gguf] [--gguf-type f32|f16|q8_0] [--tokenizer FILE]`
 
 Writes a model others load, from anything falsify produced:
 
@@ -11,8 +11,13 @@ Writes a model others load, from anything falsify produced:
   adapter whose base_model_name_or_path names DIR/base, so
   `AutoPeftModelForCausalLM.from_pretrained(DIR/adapter)` works unchanged.
 
-DIR appears whole or not at all (written beside it, then renamed into place). The command then
-reads its own output back and checks every tensor is bit-identical to the source's. A pretraining
+- a pretraining run, checkpoint or merge output with `--format gguf` (or `--gguf`) → one
+  llama.cpp GGUF LLaMA file (impl/llm/gguf_io.py): weights as f32, f16 or q8_0 (`--gguf-type`;
+  norms stay f32), config and tokenizer in the metadata, so `llama-cli -m FILE` loads it.
+
+DIR (or FILE) appears whole or not at all (written beside it, then renamed into place). The
+command then reads its own output back and checks every tensor is bit-identical to the source's
+(for GGUF: to the source stored the same way — its fp16 rounding, its q8_0 blocks). A pretraining
 checkpoint does not store its tokenizer: it is found again from the run's data spec, as
 `falsify finetune --model` does; a run on the synthetic corpus has none, and the export says so
 (--tokenizer supplies one). Exit codes: 0 done, 2 bad input, 4 self-check failed.
@@ -28,16 +33,23 @@ from rich.console import Console
 
 from falsify.cli.common import UsageError
 
-FORMATS = ("hf",)  # the GGUF export extends this list
+FORMATS = ("hf", "gguf")
+GGUF_TYPES = ("f32", "f16", "q8_0")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load (HF)",
-                       description="export a checkpoint or adapter in the Hugging Face layout")
+    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load "
+                       "(HF, GGUF)", description="export a checkpoint or adapter in the Hugging "
+                       "Face layout, or a model as a llama.cpp GGUF file")
     p.add_argument("src", metavar="SRC",
-                   help="a run dir, a checkpoint dir, `falsify merge` output, or an adapter dir")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--format", default="hf", choices=FORMATS, help="output layout (default hf)")
+                   help="a run dir, a checkpoint dir, `falsify merge` output, an HF or GGUF "
+                   "model, or an adapter dir")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory (a .gguf file for --format gguf)")
+    p.add_argument("--format", default=None, choices=FORMATS, help="output layout (default hf)")
+    p.add_argument("--gguf", action="store_true", help="shorthand for --format gguf")
+    p.add_argument("--gguf-type", default=None, choices=GGUF_TYPES,
+                   help="GGUF tensor type of the 2-D weights (default f32; norms stay f32)")
     p.add_argument("--tokenizer", metavar="FILE",
                    help="tokenizer.json to ship when SRC has none of its own")
     p.set_defaults(func=cmd_export)
@@ -65,6 +77,20 @@ def _export_model(src: Path, out: Path, tokenizer: str | None, console) -> int:
     back = hf.import_hf(out, "torch").state_dict()
     bad = _tensors_equal(back, base.model.state_dict())
     return _verdict(bad, console)
+
+
+def _export_gguf(src: Path, out: Path, tokenizer: str | None, gtype: str, console) -> int:
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import gguf_io
+
+    base = FT.load_base(src, "torch", need_tokenizer=False)
+    tok = tokenizer or base.tokenizer_path
+    gguf_io.write_gguf(base.model, out, tok, gtype, name=src.resolve().name)
+    console.print(f"wrote {out} (GGUF, llama, {gtype}) from {base.source}")
+    if tok is None:
+        console.print("note: no tokenizer found for this checkpoint (a synthetic-corpus run has "
+                      "none): tokenizer.ggml.model = none; pass --tokenizer FILE to include one")
+    return _verdict(gguf_io.stored_mismatches(base.model, out, gtype), console)
 
 
 def _export_adapter(src: Path, out: Path, tokenizer: str | None, console) -> int:
@@ -114,13 +140,27 @@ def cmd_export(args) -> int:
 
     console = Console()
     src, out = Path(args.src), Path(args.out)
+    if args.gguf and args.format not in (None, "gguf"):
+        raise UsageError(f"falsify export: --gguf contradicts --format {args.format}")
+    fmt = "gguf" if args.gguf else (args.format or "hf")
+    if args.gguf_type is not None and fmt != "gguf":
+        raise UsageError("falsify export: --gguf-type applies to --format gguf only")
     if not src.exists():
         raise UsageError(f"falsify export: {src}: no such file or directory")
     if args.tokenizer and not Path(args.tokenizer).is_file():
         raise UsageError(f"falsify export: --tokenizer {args.tokenizer}: no such file")
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise UsageError(f"falsify export: --out {out} lies inside SRC {src}")
+    from falsify.impl.llm.gguf_io import GGUFError
+
     try:
+        if fmt == "gguf":
+            if (src / LM.ADAPTER_CONFIG).is_file():
+                raise UsageError(f"falsify export: {src} is an adapter: `falsify finetune` "
+                                 "writes its GGUF form (adapter.gguf) beside it")
+            if out.is_dir():
+                raise UsageError(f"falsify export: --out {out} is a directory; GGUF is one file")
+            return _export_gguf(src, out, args.tokenizer, args.gguf_type or "f32", console)
         if (src / LM.FALSIFY_META).is_file():
             return _export_adapter(src, out, args.tokenizer, console)
         if (src / LM.ADAPTER_CONFIG).is_file():
@@ -128,5 +168,5 @@ def cmd_export(args) -> int:
                              f"{LM.FALSIFY_META}: not one `falsify finetune` wrote")
         return _export_model(src, out, args.tokenizer, console)
     except (ConfigError, DataError, LM.LoraConfigError, CheckpointError, ModelConfigError,
-            json.JSONDecodeError) as e:
+            GGUFError, json.JSONDecodeError) as e:
         raise UsageError(f"falsify export: {e}") from None

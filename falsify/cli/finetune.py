@@ -1,5 +1,5 @@
-"""`falsify finetune [--method lora|qlora] [--model DIR] [--data FILE.jsonl ...] [--config FILE]
-[--resume [DIR]] [flags] [key=value ...]`
+"""`falsify finetune [--method lora|qlora] [--model DIR|FILE.gguf] [--data FILE.jsonl ...]
+[--config FILE] [--resume [DIR]] [flags] [key=value ...]`
 
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
 the pretraining loop on the standard library, then QLoRA-fine-tunes it on the shipped
@@ -7,7 +7,10 @@ docstring -> body dataset (impl/llm/sft/stdlib-docstrings.jsonl) for 60 steps, p
 loss and the held-out loss before and after, and samples from the base and the adapted model
 (the demo's settings, `DEMO`, are printed and each can be overridden).
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
-last and win. Exit codes: 0 done, 2 config/data/preflight error, 3 Andon stop.
+last and win. `--model` takes our checkpoints, an HF LLaMA directory or a llama.cpp GGUF LLaMA
+file (its quantized projections stay quantized and frozen, its tokenizer comes from its
+metadata). A finished run also writes OUT/adapter.gguf, the adapter for llama.cpp's `--lora`.
+Exit codes: 0 done, 2 config/data/preflight error, 3 Andon stop.
 """
 
 from __future__ import annotations

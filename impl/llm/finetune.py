@@ -375,6 +375,7 @@ class FinetuneResult:
     tokens: int = 0
     tokens_per_s: float = 0.0
     adapter_dir: str | None = None
+    adapter_gguf: str | None = None  # the same adapter for llama.cpp (None: masked, no gguf)
     checkpoint: str | None = None
     resumed_from: str | None = None
     data_info: dict = field(default_factory=dict)
@@ -439,6 +440,7 @@ class FinetuneRun:
         self.out = Path(cfg.out_dir)
         self.ckpt_path: Path | None = None
         self.best_val, self.bad_evals = None, 0
+        self.console = None
 
     def open(self, resume) -> None:
         if resume is not None:
@@ -462,6 +464,7 @@ class FinetuneRun:
     def load(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
         """The base model and the examples: split, reward weights, steps, sampler."""
         cfg = self.cfg
+        self.console = console
         if base is None and cfg.keep_masks and not cfg.model:
             # before the built-in base is trained: it is never pruned
             raise FinetuneConfigError("config field keep_masks=true needs a pruned base: set "
@@ -687,6 +690,21 @@ class FinetuneRun:
         return str(hf.export_hf(LM.base_as_trained(self.model), self.out / "base-hf",
                                 base.tokenizer_path).resolve())
 
+    def gguf_adapter(self) -> str | None:
+        """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
+        trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
+        the NF4 dequantization). Needs the `gguf`
+        package (the interop extra); without it the run says so and writes the PEFT adapter
+        only."""
+        from falsify.impl.llm import gguf_io
+
+        try:
+            return str(gguf_io.write_lora_gguf(self.model, self.out / gguf_io.ADAPTER_FILE))
+        except gguf_io.GGUFError as e:
+            if self.console is not None:
+                self.console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
+            return None
+
     def finish(self) -> None:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
         cfg, base, result, model = self.cfg, self.base, self.result, self.model
@@ -704,6 +722,7 @@ class FinetuneRun:
         else:
             result.adapter_dir = str(LM.export_peft(model, self.out / "adapter", self.hf_base(),
                                                     base.tokenizer_path, meta=meta))
+            result.adapter_gguf = self.gguf_adapter()
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
             result.samples = compare_samples(model, base.tokenizer, (self.val_ex or self.train_ex)
                                              [: cfg.sample_count], cfg.sample_tokens,

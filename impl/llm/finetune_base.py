@@ -33,7 +33,7 @@ class Base:
     tokenizer: object | None
     tokenizer_path: str | None
     source: str  # what was loaded: path, or "built-in ..."
-    layout: str  # "ours" | "hf" | "memory"
+    layout: str  # "ours" | "hf" | "gguf" | "memory"
     info: dict = field(default_factory=dict)
     path: str | None = None  # a directory load_base() reloads it from (None: in memory)
     # pruning masks (masks.safetensors next to the weights, `falsify prune`): projection name
@@ -51,7 +51,8 @@ def _find_tokenizer(paths: list[Path]) -> Path | None:
 
 def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True) -> Base:
     """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
-    output) or an HF LLaMA directory (config.json + model.safetensors, impl/hf.py)."""
+    output), an HF LLaMA directory (config.json + model.safetensors, impl/hf.py) or a llama.cpp
+    GGUF LLaMA file (impl/llm/gguf_io.py: quantized projections stay quantized)."""
     from safetensors.torch import load_file
 
     from falsify.impl.llm import hf
@@ -59,6 +60,8 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
     p = Path(path)
     if not p.exists():
         raise FinetuneConfigError(f"config field model={str(path)!r}: no such file or directory")
+    if p.is_file():
+        return _gguf_base(p, backend, need_tokenizer)
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file() and \
             json.loads((p / "config.json").read_text()).get("model_type") == "llama":
         model = hf.import_hf(p, backend)
@@ -88,6 +91,24 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
         return _with_masks(_base(model, tok_path, str(p), layout, need_tokenizer), ck)
     return _with_masks(_base(model, _find_tokenizer(where), str(p), layout, need_tokenizer),
                        masks_dir)
+
+
+def _gguf_base(p: Path, backend: str, need_tokenizer: bool) -> Base:
+    from falsify.impl.llm import gguf_io
+
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise FinetuneConfigError(f"config field model={str(p)!r}: a file that is not GGUF "
+                                  "(a base is a GGUF file or a model directory)")
+    try:
+        model, tok = gguf_io.base_model(p, backend)
+    except gguf_io.GGUFError as e:
+        raise FinetuneConfigError(f"config field model: {e}") from None
+    tok_path = gguf_io.tokenizer_file(tok) if tok is not None else None
+    base = _base(model, tok_path, str(p), "gguf", need_tokenizer)
+    base.info["gguf_quantized"] = {k: v.qtype for k, v in model.gguf_quant.items()}
+    return base
 
 
 def _with_masks(base: Base, weights_dir: Path) -> Base:

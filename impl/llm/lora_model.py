@@ -20,7 +20,9 @@ projection modules when they are not plain nn.Linear.
 
 QLoRA quantizes every projection of every layer (not only the targets): the whole base is
 frozen, and NF4 is where QLoRA's memory saving comes from. Embedding and norms stay fp32, as in
-bitsandbytes/PEFT QLoRA.
+bitsandbytes/PEFT QLoRA. A GGUF base (impl/llm/gguf_io) brings its own quantization: its
+quantized projections stay in their GGUF blocks under either method, applied through
+gguf_io.quant_linear.
 """
 
 from __future__ import annotations
@@ -139,15 +141,25 @@ class Adapter(nn.Module):
 
 
 class AdaptedLinear(nn.Module):
-    """A frozen projection (fp32 or NF4) with an optional LoRA adapter."""
+    """A frozen projection (fp32, NF4, or a GGUF base's quantized blocks) with an optional LoRA
+    adapter."""
 
-    def __init__(self, weight: torch.Tensor, quantize: bool, blocksize: int, double_quant: bool):
+    def __init__(self, weight: torch.Tensor, quantize: bool, blocksize: int, double_quant: bool,
+                 gguf=None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.quantized = quantize
+        self.quantized = quantize and gguf is None
         self.blocksize = blocksize
         self.double_quant = double_quant
-        if quantize:
+        # a GGUF base's quantized projection (gguf_io.QuantTensor): kept in its own blocks,
+        # whatever the method (re-quantizing it to NF4 would stack two quantizations)
+        self.gguf_qtype = None if gguf is None else gguf.qtype
+        if gguf is not None:
+            if tuple(gguf.shape) != (self.out_features, self.in_features):
+                raise LoraConfigError(f"GGUF weight {gguf.shape} does not fit a "
+                                      f"[{self.out_features}, {self.in_features}] projection")
+            self.register_buffer("weight_gguf", gguf.blocks.contiguous())
+        elif quantize:
             state = nf4_kernel.nf4_quantize(weight.detach().float(), blocksize, double_quant)
             self.register_buffer("weight_nf4", state[0])
             self.register_buffer("weight_absmax", state[1])
@@ -212,7 +224,13 @@ class AdaptedLinear(nn.Module):
                 **extra}
 
     def base_weight(self) -> torch.Tensor:
-        """The frozen base weight in fp32 (dequantized for NF4; never part of the graph)."""
+        """The frozen base weight in fp32 (dequantized for NF4 / GGUF; never part of the
+        graph)."""
+        if self.gguf_qtype is not None:
+            from falsify.impl.llm import gguf_io
+
+            return gguf_io.dequantize(gguf_io.QuantTensor(self.weight_gguf, self.gguf_qtype,
+                                                          (self.out_features, self.in_features)))
         if not self.quantized:
             return self.weight.detach()
         s = self.nf4_state()
@@ -223,6 +241,18 @@ class AdaptedLinear(nn.Module):
         return lora_scale(self.alpha, self.r, self.rslora)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gguf_qtype is not None and self.weight_mask is None:
+            from falsify.impl.llm import gguf_io
+
+            y = gguf_io.quant_linear(x, self.weight_gguf, self.gguf_qtype,
+                                     (self.out_features, self.in_features))
+            if not (self.has_adapter and self.adapters_enabled):
+                return y
+            # PEFT's composition: base(x) + s·B(A(drop(x))), dropout on the adapter input only
+            xd = F.dropout(x, self.dropout, training=True) if self.training and \
+                self.dropout > 0 else x
+            return y + self.scale() * F.linear(F.linear(xd, self.lora_A.weight),
+                                               self.lora_B.weight)
         if not (self.has_adapter and self.adapters_enabled):
             return F.linear(x, self.base_weight())
         a, b = self.lora_A.weight, self.lora_B.weight
@@ -315,11 +345,13 @@ def apply_lora(model: Transformer, spec: LoraSpec, *, init=None, freeze=None) ->
     init = init or lora_kernel.lora_init
     freeze = freeze or freeze_base
     quantize = spec.method == "qlora"
+    gguf_quant = getattr(model, "gguf_quant", None) or {}  # a GGUF base (impl/llm/gguf_io.py)
     for li, block in enumerate(model.layers):
         groups: dict[str, dict[str, AdaptedLinear]] = {"self_attn": {}, "mlp": {}}
         for short, (part, proj) in TARGETS.items():
             lin = getattr(getattr(block, part), proj)
-            mod = AdaptedLinear(lin.weight.data, quantize, spec.blocksize, spec.double_quant)
+            mod = AdaptedLinear(lin.weight.data, quantize, spec.blocksize, spec.double_quant,
+                                gguf=gguf_quant.get(f"layers.{li}.{part}.{proj}.weight"))
             if short in spec.targets and li >= spec.freeze_layers:
                 a, b = init(mod.in_features, mod.out_features, spec.r,
                             adapter_seed(spec.seed, li, proj))
@@ -328,8 +360,9 @@ def apply_lora(model: Transformer, spec: LoraSpec, *, init=None, freeze=None) ->
         block.self_attn = LoraAttention(block.self_attn, groups["self_attn"])
         block.mlp = LoraMLP(block.mlp, groups["mlp"])
     model.lora_spec = spec
+    model.gguf_quant = None  # the blocks now live in the AdaptedLinears
     freeze(model)
-    if quantize:
+    if quantize or gguf_quant:
         _return_freed_memory()
     return model
 
@@ -391,7 +424,9 @@ def memory_bytes(model: nn.Module) -> dict:
     stored = fp32 = 0
     for _, m in adapted_layers(model):
         fp32 += 4 * m.in_features * m.out_features
-        if m.quantized:
+        if m.gguf_qtype is not None:
+            stored += m.weight_gguf.numel() * m.weight_gguf.element_size()
+        elif m.quantized:
             stored += sum(t.numel() * t.element_size() for t in m.nf4_state().values()
                           if torch.is_tensor(t))
         else:
