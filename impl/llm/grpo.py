@@ -384,6 +384,7 @@ class GrpoRun(FT.FinetuneRun):
                     ro = self.rollout
                     self.history.append({"batch": ro.batch, "rewards": ro.rewards.tolist(),
                                          "tokens": ro.tokens, "task_ids": ro.task_ids,
+                                         "completions": ro.completions,
                                          "errors": ro.errors, "first_error": ro.first_error})
                     if ro.errors:
                         what = ("stopping after this step" if self.on_error is None else
