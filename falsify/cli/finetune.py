@@ -39,9 +39,11 @@ from falsify.impl.llm.trainer import AndonStop
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
 DEMO = {"max_steps": 60, "val_split": 0.02}
-# GRPO on the toy problems: one-line bodies (the completion ends at its newline), 2 tokens
-DEMO_GRPO = {"max_steps": 40, "group_size": 16, "prompts_per_step": 4, "max_new_tokens": 2,
-             "stop_at_newline": True, "warmup_steps": 0, "sample_count": 0}
+# GRPO on the toy problems (each prompt ends at `return`): the completion is one token, the
+# expression; 8 prompts x 8 samples a step, a sharpened sampler (the tiny base is flat)
+DEMO_GRPO = {"max_steps": 40, "group_size": 8, "prompts_per_step": 8, "max_new_tokens": 1,
+             "rollout_temperature": 0.8, "rollout_top_p": 0.95, "lr": 3e-2, "lr_min": 3e-3,
+             "kl_beta": 0.01, "warmup_steps": 0, "sample_count": 0}
 
 # flag -> config field (store-value flags)
 VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--rank": "lora_r",
