@@ -64,6 +64,7 @@ NOT_BENCHMARKED_ENTRY_POINTS = {
     "lora": "lora_merge and lora_init run once per adapter; lora_linear is measured",
     "gelu": "gelu_gap is a contract diagnostic (tanh vs exact), not a kernel a model calls",
     "rope": "rope_grouped_and_per_head is a bit-exactness check, not a kernel a model calls",
+    "grpo_loss": "group_advantages normalises P·G scalar rewards once per generation batch",
 }
 
 
@@ -301,6 +302,35 @@ def cases(quick: bool = False) -> list[Case]:
                                                                               seed=3)},
             lambda a: dpo_loss(a["pc"], a["pr"], a["rc"], a["rr"], 0.1), eager_dpo,
             "-F.logsigmoid(β·((πc − rc) − (πr − rr))).mean()", nbytes=16.0 * b)
+
+    # ------------------------------------------------------------------ GRPO
+    from falsify.impl.torch.grpo_loss import grpo_loss
+
+    def grpo_setup(dev, g, b, t):
+        lp = -_rand(b, t, dev=dev, seed=5).abs()
+        lengths = t // 2 + torch.arange(b) % (t // 2)  # ragged completions
+        mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+        return {"lp": lp.detach().requires_grad_(g),
+                "old": lp.detach() - 0.1 * _rand(b, t, dev=dev, seed=6),
+                "ref": lp.detach() - 0.1 * _rand(b, t, dev=dev, seed=7),
+                "a": _rand(b, dev=dev, seed=8), "m": mask.to(dev)}
+
+    def eager_grpo(a):
+        r = torch.exp(a["lp"] - a["old"])
+        adv = a["a"][:, None]
+        d = a["ref"] - a["lp"]
+        per = -(torch.min(r * adv, torch.clamp(r, 0.8, 1.2) * adv) - 0.04 * (torch.exp(d) - d - 1))
+        m = a["m"].float()
+        return (per * m).sum() / m.sum()
+
+    for size, (b, t) in pick((16, 256), (64, 1024), (64, 1024), (256, 4096)):
+        add("grpo_loss", "grpo_loss", size, f"{b}x{t}",
+            lambda dev, g, b=b, t=t: grpo_setup(dev, g, b, t),
+            lambda a: grpo_loss(a["lp"], a["old"], a["ref"], a["a"], a["m"], 0.2, 0.04),
+            eager_grpo, "(−(min(ρA, clip(ρ)A) − β·k3)·mask).sum() / mask.sum()",
+            nbytes=28.0 * b * t,
+            triton=lambda a: _triton("grpo_loss", "grpo_loss")(a["lp"], a["old"], a["ref"],
+                                                               a["a"], a["m"], 0.2, 0.04))
 
     # ------------------------------------------------------------------ embedding
     from falsify.impl.torch.embedding import embedding
