@@ -4,78 +4,78 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3b3173c2c40c0d69aa7b2435dedfe35825aa38cb2d098b300cd41fd83b884fab"
+SHA256 = "d694f81e5a4da0aae31bb21da37d30e032a99481c70f051820101d862c38e749"
 CONTRACT = rt.library_contract("grpo-finetune-v1.yaml", SHA256)
 
 
-# FALSIFY-GRPO-001 → GRPO-REF-001 (training): Frozen reference (QLoRA policy)
+# FALSIFY-GFT-001 → GFT-REF-001 (training): Frozen reference (QLoRA policy)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-REF-001", check="FALSIFY-GRPO-001", backend="torch", variant="float32")
-def test_falsify_grpo_001__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-001", "torch", "float32", None)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-REF-001", check="FALSIFY-GFT-001", backend="torch", variant="float32")
+def test_falsify_gft_001__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-001", "torch", "float32", None)
 
-# FALSIFY-GRPO-002 → GRPO-REF-001 (training): Frozen reference (LoRA policy, fp32 base)
+# FALSIFY-GFT-002 → GFT-REF-001 (training): Frozen reference (LoRA policy, fp32 base)
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-REF-001", check="FALSIFY-GRPO-002", backend="torch", variant="float32")
-def test_falsify_grpo_002__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-002", "torch", "float32", None)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-REF-001", check="FALSIFY-GFT-002", backend="torch", variant="float32")
+def test_falsify_gft_002__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-002", "torch", "float32", None)
 
-# FALSIFY-GRPO-003 → GRPO-OLD-001 (training): Old log-probs once per batch
+# FALSIFY-GFT-003 → GFT-OLD-001 (training): Old log-probs once per batch
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-OLD-001", check="FALSIFY-GRPO-003", backend="torch", variant="float32")
-def test_falsify_grpo_003__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-003", "torch", "float32", None)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-OLD-001", check="FALSIFY-GFT-003", backend="torch", variant="float32")
+def test_falsify_gft_003__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-003", "torch", "float32", None)
 
-# FALSIFY-GRPO-004 → GRPO-DET-001 (training): Seeded, bit-identical runs
+# FALSIFY-GFT-004 → GFT-DET-001 (training): Seeded, bit-identical runs
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-004", backend="torch", variant="float32")
-def test_falsify_grpo_004__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-004", "torch", "float32", None)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-DET-001", check="FALSIFY-GFT-004", backend="torch", variant="float32")
+def test_falsify_gft_004__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-004", "torch", "float32", None)
 
-# FALSIFY-GRPO-005 → GRPO-RWE-001 (training): Reward failures counted, never silently scored
+# FALSIFY-GFT-005 → GFT-RWE-001 (training): Reward failures counted, never silently scored
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-RWE-001", check="FALSIFY-GRPO-005", backend="torch", variant="float32")
-def test_falsify_grpo_005__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-005", "torch", "float32", None)
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-RWE-001", check="FALSIFY-GFT-005", backend="torch", variant="float32")
+def test_falsify_gft_005__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-005", "torch", "float32", None)
 
-# FALSIFY-GRPO-006 → GRPO-LRN-001 (training): Updates follow the advantage
+# FALSIFY-GFT-006 → GFT-LRN-001 (training): Updates follow the advantage
 
-@pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LRN-001", check="FALSIFY-GRPO-006", backend="torch", variant="float32")
-def test_falsify_grpo_006__torch__float32():
-    rt.execute(CONTRACT, "FALSIFY-GRPO-006", "torch", "float32", None)
-
-
-# MUT-GRPO-001 → GRPO-REF-001: reference = the current policy (adapters left on): the KL term pulls toward itself and is always 0
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-001", obligation="GRPO-REF-001", backend="torch")
-def test_mut_grpo_001():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-001")
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-LRN-001", check="FALSIFY-GFT-006", backend="torch", variant="float32")
+def test_falsify_gft_006__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-006", "torch", "float32", None)
 
 
-# MUT-GRPO-002 → GRPO-OLD-001: π_old recomputed from the current (updated) policy at every update: ratio ≡ 1, the clip never acts
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-002", obligation="GRPO-OLD-001", backend="torch")
-def test_mut_grpo_002():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-002")
+# MUT-GFT-001 → GFT-REF-001: reference = the current policy (adapters left on): the KL term pulls toward itself and is always 0
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-001", obligation="GFT-REF-001", backend="torch")
+def test_mut_gft_001():
+    rt.assert_killed(CONTRACT, "MUT-GFT-001")
 
 
-# MUT-GRPO-003 → GRPO-OLD-001: π_old taken from the reference model: ratio ≠ 1 at the first update once the policy has moved
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-003", obligation="GRPO-OLD-001", backend="torch")
-def test_mut_grpo_003():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-003")
+# MUT-GFT-002 → GFT-OLD-001: π_old recomputed from the current (updated) policy at every update: ratio ≡ 1, the clip never acts
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-002", obligation="GFT-OLD-001", backend="torch")
+def test_mut_gft_002():
+    rt.assert_killed(CONTRACT, "MUT-GFT-002")
 
 
-# MUT-GRPO-004 → GRPO-DET-001: the sampler draws from an entropy-seeded generator: a run cannot be reproduced
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-004", obligation="GRPO-DET-001", backend="torch")
-def test_mut_grpo_004():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-004")
+# MUT-GFT-003 → GFT-OLD-001: π_old taken from the reference model: ratio ≠ 1 at the first update once the policy has moved
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-003", obligation="GFT-OLD-001", backend="torch")
+def test_mut_gft_003():
+    rt.assert_killed(CONTRACT, "MUT-GFT-003")
 
 
-# MUT-GRPO-005 → GRPO-RWE-001: a raising reward function scores 0, silently: nothing counted, nothing reported, the run goes on
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-005", obligation="GRPO-RWE-001", backend="torch")
-def test_mut_grpo_005():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-005")
+# MUT-GFT-004 → GFT-DET-001: the sampler draws from an entropy-seeded generator: a run cannot be reproduced
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-004", obligation="GFT-DET-001", backend="torch")
+def test_mut_gft_004():
+    rt.assert_killed(CONTRACT, "MUT-GFT-004")
 
 
-# MUT-GRPO-006 → GRPO-LRN-001: rewards with the wrong sign: the policy learns to avoid what is rewarded
-@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GRPO-006", obligation="GRPO-LRN-001", backend="torch")
-def test_mut_grpo_006():
-    rt.assert_killed(CONTRACT, "MUT-GRPO-006")
+# MUT-GFT-005 → GFT-RWE-001: a raising reward function scores 0, silently: nothing counted, nothing reported, the run goes on
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-005", obligation="GFT-RWE-001", backend="torch")
+def test_mut_gft_005():
+    rt.assert_killed(CONTRACT, "MUT-GFT-005")
+
+
+# MUT-GFT-006 → GFT-LRN-001: rewards with the wrong sign: the policy learns to avoid what is rewarded
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-006", obligation="GFT-LRN-001", backend="torch")
+def test_mut_gft_006():
+    rt.assert_killed(CONTRACT, "MUT-GFT-006")
