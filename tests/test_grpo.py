@@ -239,3 +239,22 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     b = load_file(str(tmp_path / "cut" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert full.rewards[2:] == resumed.rewards
+
+
+def test_bench_grpo_times_both_sides(tmp_path):
+    """`falsify bench grpo` at its smallest: our GRPO step and TRL's GRPOTrainer on the same
+    tiny model, prompts and group, as a user runs it (another directory)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "falsify", "bench", "grpo", "--steps", "1",
+                        "--prompts", "2", "--group", "2", "--tokens", "4", "--format", "json"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    for side in ("ours", "theirs"):
+        s = out[side]
+        assert "error" not in s, s
+        assert s["steps"] == 1 and s["step_s"] > 0 and s["peak"] > 0
+        assert 0 < s["completion_tokens"] <= 2 * 2 * 4 and s["tok_s"] > 0
+    assert out["theirs"]["name"].startswith("TRL")
