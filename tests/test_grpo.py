@@ -258,3 +258,16 @@ def test_bench_grpo_times_both_sides(tmp_path):
         assert s["steps"] == 1 and s["step_s"] > 0 and s["peak"] > 0
         assert 0 < s["completion_tokens"] <= 2 * 2 * 4 and s["tok_s"] > 0
     assert out["theirs"]["name"].startswith("TRL")
+
+
+def test_completions_end_at_their_first_stop_token_which_they_keep():
+    from falsify.probes.grpo_finetune import _base
+
+    m = _base(0, scale=0.3).model
+    stops = torch.arange(4, 512, 2)  # every even id (from 4) ends a completion
+    outs = sample_group(m, [0, 5, 9, 11], 16, 6, 1.0, 1.0, torch.Generator().manual_seed(0),
+                        stop_id=0, stop_ids=stops)
+    for row in outs:
+        ends = [i for i, t in enumerate(row) if t == 0 or (t >= 4 and t % 2 == 0)]
+        assert ends == [] and len(row) == 6 or ends == [len(row) - 1]
+    assert any(len(row) < 6 for row in outs)

@@ -178,6 +178,7 @@ def _summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> 
 
 def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
     """GRPO: the mean reward of the first and last batches, and the curve as a PNG."""
+    import math
     from pathlib import Path
 
     from falsify.cli import png_plot
@@ -189,7 +190,9 @@ def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResu
     if s["last"] <= s["first"]:
         console.print("[bold yellow]the mean reward did not rise over this run[/]")
     png = Path(r.out_dir) / "reward.png"
-    lo, hi = min(0.0, min(r.rewards)), max(1.0, max(r.rewards))
+    # the axis spans the data, rounded out to tenths (a curve near 0 is not flattened by 0..1)
+    lo = min(0.0, math.floor(min(r.rewards) * 10) / 10)
+    hi = max(lo + 0.1, math.ceil(max(r.rewards) * 10) / 10)
     png_plot.write_linear(png, {"mean reward": r.rewards}, lo, hi)
     console.print(f"reward curve: {png} (y from {lo:g} to {hi:g}, one point per batch)")
 

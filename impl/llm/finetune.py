@@ -24,7 +24,8 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
             With B = 0 the policy is the reference, so the first loss is exactly ln 2.
 
 `FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
-the rest of the step is impl/llm/trainer.Trainer's.
+the rest of the step is impl/llm/trainer.Trainer's. GRPO (`method: grpo`, on code problems
+with a reward) is impl/llm/grpo.py: its run and trainer extend the ones here.
 """
 
 from __future__ import annotations
