@@ -190,7 +190,8 @@ def test_sampling_is_seeded_and_stays_in_the_nucleus():
 
 
 # --------------------------------------------------------------------- the command
-def test_grpo_cli_smallest_run_writes_metrics_curve_and_adapter(tmp_path, capsys):
+def test_grpo_cli_smallest_run_writes_metrics_curve_and_adapter(tmp_path, capsys,
+                                                                monkeypatch):
     from falsify.cli import main
 
     out = tmp_path / "run"
@@ -210,6 +211,19 @@ def test_grpo_cli_smallest_run_writes_metrics_curve_and_adapter(tmp_path, capsys
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["lora"]["method"] == "qlora" and cfg["finetune"]["method"] == "grpo"
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    # a raising reward stops the run after the first batch: exit 2, the failure named
+    (tmp_path / "bad_reward_mod.py").write_text(
+        "def score(prompt, completion, problem):\n    raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bad = tmp_path / "bad"
+    assert main(["finetune", "--method", "grpo", f"cache_dir={tmp_path / 'cache'}",
+                 f"out_dir={bad}", "progress=false", "base_steps=20", "max_steps=2",
+                 "prompts_per_step=2", "group_size=2", "threads=1",
+                 "reward=bad_reward_mod:score"]) == 2
+    text = capsys.readouterr().out
+    assert "failed on 4 of 4 completions" in text and "RuntimeError: boom" in text
+    last = json.loads((bad / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["reward_errors"] == 4 and last["update"] is False
 
 
 def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
