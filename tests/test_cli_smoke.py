@@ -36,6 +36,7 @@ SMOKE = {
     "falsify bench train": "tests/test_train_bench.py::test_bench_train_runs_all_sides",
     "falsify bench finetune":
         "tests/test_finetune_bench.py::test_bench_finetune_table_with_memory_children",
+    "falsify bench grpo": "tests/test_grpo.py::test_bench_grpo_times_both_sides",
     "falsify bench distributed":
         "tests/test_distributed.py::test_bench_distributed_counts_the_whole_gradient_once",
     "falsify train": f"{HERE}::test_train_config_file_then_resume_auto",

@@ -7,11 +7,11 @@
 from __future__ import annotations
 
 BENCHES = ("falsify.bench.kernels", "falsify.bench.train", "falsify.bench.finetune",
-           "falsify.bench.distributed")
+           "falsify.bench.distributed", "falsify.bench.grpo")
 
 
 def register(sub) -> None:
     from falsify.cli.common import group
 
-    group(sub, "bench", "kernels|train|finetune|distributed: ours vs the baseline",
+    group(sub, "bench", "kernels|train|finetune|distributed|grpo: ours vs the baseline",
           BENCHES)

@@ -1,4 +1,4 @@
-"""`falsify finetune [--method lora|qlora] [--model DIR|FILE.gguf] [--data FILE.jsonl ...]
+"""`falsify finetune [--method lora|qlora|grpo] [--model DIR|FILE.gguf] [--data FILE.jsonl ...]
 [--config FILE] [--resume [DIR]] [flags] [key=value ...]`
 
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
@@ -6,6 +6,9 @@ the pretraining loop on the standard library, then QLoRA-fine-tunes it on the sh
 docstring -> body dataset (impl/llm/sft/stdlib-docstrings.jsonl) for 60 steps, printing the
 loss and the held-out loss before and after, and samples from the base and the adapted model
 (the demo's settings, `DEMO`, are printed and each can be overridden).
+`--method grpo` with no data: GRPO on the shipped toy code problems
+(impl/llm/evalset/toy-code-problems.jsonl) with unit-test rewards (`DEMO_GRPO`), printing the
+mean reward per step, its first and last steps' means, and the curve as OUT/reward.png.
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
 last and win. `--model` takes our checkpoints, an HF LLaMA directory or a llama.cpp GGUF LLaMA
 file (its quantized projections stay quantized and frozen, its tokenizer comes from its
@@ -33,11 +36,17 @@ from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.impl.llm.data import DataError
 from falsify.impl.llm.lora_model import LoraConfigError
 from falsify.impl.llm.preflight import PreflightError
+from falsify.impl.llm.rewards import RewardConfigError, RewardFailed
 from falsify.impl.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
 DEMO = {"max_steps": 60, "val_split": 0.02}
+# GRPO on the toy problems (each prompt ends at `return`): the completion is one token, the
+# expression; 8 prompts x 8 samples a step, a sharpened sampler (the tiny base is flat)
+DEMO_GRPO = {"max_steps": 40, "group_size": 8, "prompts_per_step": 8, "max_new_tokens": 1,
+             "rollout_temperature": 0.8, "rollout_top_p": 0.95, "lr": 3e-2, "lr_min": 3e-3,
+             "kl_beta": 0.01, "warmup_steps": 0, "sample_count": 0}
 
 # flag -> config field (store-value flags)
 VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--rank": "lora_r",
@@ -46,7 +55,8 @@ VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--
                "--save-every": "save_every", "--epochs": "epochs", "--max-steps": "max_steps",
                "--batch-size": "batch_size", "--grad-accum": "grad_accum", "--lr": "lr",
                "--seq-len": "seq_len", "--early-stopping": "early_stopping_patience",
-               "--dpo-beta": "dpo_beta", "--seed": "seed"}
+               "--dpo-beta": "dpo_beta", "--seed": "seed", "--group-size": "group_size",
+               "--reward": "reward"}
 BOOL_FLAGS = {"--train-on-prompt": "train_on_prompt", "--shuffle": "shuffle",
               "--grad-checkpoint": "activation_checkpointing",
               "--double-quant": "double_quant", "--progress": "progress",
@@ -55,9 +65,10 @@ BOOL_FLAGS = {"--train-on-prompt": "train_on_prompt", "--shuffle": "shuffle",
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO)",
-        description="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO) of our checkpoints "
-                    "or an HF LLaMA directory; the adapter is written in the PEFT format.")
+        "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO, GRPO)",
+        description="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO; GRPO with "
+                    "--method grpo on code problems) of our checkpoints or an HF LLaMA "
+                    "directory; the adapter is written in the PEFT format.")
     for flag, key in VALUE_FLAGS.items():
         p.add_argument(flag, dest=key, metavar=key.upper(), default=None,
                        help=f"config field {key}")
@@ -109,10 +120,12 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
     if args.config:
         given |= set(read_yaml_config(args.config))
     if not cfg.data and cfg.model is None:
-        demo = {k: v for k, v in DEMO.items() if k not in given}
+        grpo = cfg.method == "grpo"
+        demo = {k: v for k, v in (DEMO_GRPO if grpo else DEMO).items() if k not in given}
         if demo:
             cfg = FT.config_from_dict(demo, source="built-in demo", base=cfg)
-            console.print("built-in demo (shipped dataset, built-in base): "
+            console.print(f"built-in demo (shipped {'toy problems' if grpo else 'dataset'}, "
+                          "built-in base): "
                           + " ".join(f"{k}={v}" for k, v in demo.items())
                           + " (set them to change)")
     return cfg
@@ -124,7 +137,9 @@ def _summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> 
                   f"{r.elapsed_s:.1f} s, {r.tokens_per_s:,.0f} tok/s; "
                   f"{d['train']} train / {d['val']} val examples "
                   f"({d['truncated']} truncated, {d['dropped']} dropped)")
-    if r.losses:
+    if r.rewards:
+        _reward_summary(console, cfg, r)
+    elif r.losses:
         k = max(1, min(10, len(r.losses) // 5))
         first = sum(r.losses[:k]) / k
         last = sum(r.losses[-k:]) / k
@@ -162,6 +177,27 @@ def _summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> 
         t = ("greedy" if cfg.sample_temperature == 0 else
              f"T={cfg.sample_temperature}, top-k {cfg.sample_top_k}, same seed for both")
         console.print(Panel(body, title=f"sample of a held-out prompt ({t})", expand=False))
+
+
+def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
+    """GRPO: the mean reward of the first and last batches, and the curve as a PNG."""
+    import math
+    from pathlib import Path
+
+    from falsify.cli import png_plot
+    from falsify.impl.llm.grpo import reward_summary
+
+    s = reward_summary(r.rewards)
+    console.print(f"[bold]mean reward {s['first']:.4f} -> {s['last']:.4f}[/] (mean of the "
+                  f"first / last {s['k']} of {len(r.rewards)} batches; reward {cfg.reward})")
+    if s["last"] <= s["first"]:
+        console.print("[bold yellow]the mean reward did not rise over this run[/]")
+    png = Path(r.out_dir) / "reward.png"
+    # the axis spans the data, rounded out to tenths (a curve near 0 is not flattened by 0..1)
+    lo = min(0.0, math.floor(min(r.rewards) * 10) / 10)
+    hi = max(lo + 0.1, math.ceil(max(r.rewards) * 10) / 10)
+    png_plot.write_linear(png, {"mean reward": r.rewards}, lo, hi)
+    console.print(f"reward curve: {png} (y from {lo:g} to {hi:g}, one point per batch)")
 
 
 def _clip(text: str, lines: int = 12) -> str:
@@ -213,13 +249,18 @@ def _finetune(args, console: Console) -> int:
     cfg = None
     try:
         cfg = resolve_config(args, console)
+        shipped = FT.SHIPPED
+        if cfg.method == "grpo":
+            from falsify.impl.llm.grpo import shipped_toy_problems
+
+            shipped = shipped_toy_problems()
         console.print(f"[bold]falsify finetune[/]: method={cfg.method} base="
-                      f"{cfg.model or 'built-in'} data={','.join(cfg.data) or FT.SHIPPED} "
+                      f"{cfg.model or 'built-in'} data={','.join(cfg.data) or shipped} "
                       f"r={cfg.lora_r} alpha={cfg.lora_alpha} targets={','.join(cfg.targets)} "
                       f"out_dir={cfg.out_dir}")
         result = FT.finetune(cfg, resume=args.resume, console=console)
     except (ConfigError, PreflightError, DataError, LoraConfigError,
-            ckpt_mod.CheckpointError) as e:
+            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
     except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved

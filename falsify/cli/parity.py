@@ -183,10 +183,10 @@ def cmd_parity(args) -> int:
         out["bisect"] = {b: B.bisect(setup, ops[b], b) for b, r in out["backends"].items()
                          if not r["passed"]}
     if args.plot:
-        from falsify.cli import parity_plot
+        from falsify.cli import png_plot
 
-        parity_plot.write(args.plot, {b: [*(v["rel"] for v in r["points"].values()),
-                                          r["logits"]["rel"]] for b, r in res.items()})
+        png_plot.write_log10(args.plot, {b: [*(v["rel"] for v in r["points"].values()),
+                                             r["logits"]["rel"]] for b, r in res.items()})
     if args.format == "json":
         print(json.dumps(out, indent=2, default=_jsonable))
     else:

@@ -24,7 +24,8 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
             With B = 0 the policy is the reference, so the first loss is exactly ln 2.
 
 `FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
-the rest of the step is impl/llm/trainer.Trainer's.
+the rest of the step is impl/llm/trainer.Trainer's. GRPO (`method: grpo`, on code problems
+with a reward) is impl/llm/grpo.py: its run and trainer extend the ones here.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ log = logging.getLogger("falsify.finetune")
 class FinetuneConfig(LoopConfig):
     error: ClassVar[type[ConfigError]] = FinetuneConfigError
 
-    method: str = "qlora"  # lora | qlora
+    method: str = "qlora"  # lora | qlora | grpo (the objective; its adapter: `policy`)
     model: str | None = None  # our checkpoint / run dir, or an HF LLaMA dir; null: built-in
     data: list[str] = field(default_factory=list)  # JSONL files; []: the shipped dataset
     # adapters
@@ -125,6 +126,19 @@ class FinetuneConfig(LoopConfig):
     sample_tokens: int = 64
     sample_count: int = 2
     sample_temperature: float = 0.7  # 0: greedy
+    # GRPO (method grpo; impl/llm/grpo.py): data = code problems in the evaluation format
+    policy: str = "qlora"  # lora | qlora: the adapter GRPO trains
+    group_size: int = 8  # G completions sampled per prompt
+    prompts_per_step: int = 4  # P prompts per batch (a batch is P·G sequences)
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    max_new_tokens: int = 24
+    stop_at_newline: bool = False  # a completion also ends at its first newline (one-line bodies)
+    clip_eps: float = 0.2  # the ratio is clipped to [1 − ε, 1 + ε]
+    kl_beta: float = 0.04  # weight of the k3 KL to the reference (the frozen base)
+    grpo_iterations: int = 1  # optimizer steps per sampled batch (π_old fixed across them)
+    reward: str = "builtin:unit_tests"  # or a user's module:function(prompt, completion, problem)
+    reward_error: str = "error"  # a raising reward: error (stop after the step) | score:<number>
 
     rules: ClassVar[dict] = {
         **RULES,
@@ -134,6 +148,18 @@ class FinetuneConfig(LoopConfig):
         "val_split": UNIT_OPEN,
         "overlong": (lambda v: v in ("truncate", "drop", "error"),
                      "must be truncate, drop or error"),
+        "method": (lambda v: v in ("lora", "qlora", "grpo"), "must be lora, qlora or grpo"),
+        "policy": (lambda v: v in ("lora", "qlora"), "must be lora or qlora"),
+        "group_size": (lambda v: v >= 2, "must be >= 2 (an advantage compares a group's "
+                       "completions)"),
+        **{k: AT_LEAST_1 for k in ("prompts_per_step", "max_new_tokens", "grpo_iterations")},
+        "rollout_temperature": POSITIVE,
+        "rollout_top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+        "kl_beta": NON_NEGATIVE,
+        "reward": (lambda v: ":" in v, "must be builtin:unit_tests or module:function"),
+        "reward_error": (lambda v: _reward_error_ok(v), "must be error or score:<number>, "
+                         "e.g. score:0"),
     }
 
     def extra_rules(self) -> Iterator[tuple[bool, str, str]]:
@@ -141,10 +167,29 @@ class FinetuneConfig(LoopConfig):
         yield (self.early_stopping_patience is None or self.val_split > 0,
                "early_stopping_patience",
                "needs val_split > 0 (early stopping watches the validation loss)")
+        if self.method != "grpo":  # a GRPO field set on another method would go unused
+            for name in GRPO_FIELDS:
+                yield (getattr(self, name) == getattr(FinetuneConfig, name), name,
+                       f"only method=grpo reads it (method={self.method!r})")
 
     def validate(self) -> None:
         super().validate()
         lora_spec(self)
+
+
+GRPO_FIELDS = ("policy", "group_size", "prompts_per_step", "rollout_temperature",
+               "rollout_top_p", "max_new_tokens", "stop_at_newline", "clip_eps", "kl_beta",
+               "grpo_iterations", "reward", "reward_error")
+
+
+def _reward_error_ok(v: str) -> bool:
+    from falsify.impl.llm.rewards import parse_reward_error
+
+    try:
+        parse_reward_error(v)
+    except ValueError:
+        return False
+    return True
 
 
 RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "save_every",
@@ -171,7 +216,8 @@ def validate_config(cfg: FinetuneConfig) -> None:
 
 def lora_spec(cfg: FinetuneConfig) -> LM.LoraSpec:
     try:
-        return LM.LoraSpec(method=cfg.method, r=cfg.lora_r, alpha=cfg.lora_alpha,
+        method = cfg.policy if cfg.method == "grpo" else cfg.method
+        return LM.LoraSpec(method=method, r=cfg.lora_r, alpha=cfg.lora_alpha,
                            dropout=cfg.lora_dropout, targets=LM.normalize_targets(cfg.targets),
                            freeze_layers=cfg.freeze_layers, double_quant=cfg.double_quant,
                            blocksize=cfg.nf4_blocksize, rslora=cfg.rslora,
@@ -382,6 +428,7 @@ class FinetuneResult:
     base_info: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # GRPO: mean reward per batch
     model: Transformer | None = field(default=None, repr=False)
 
 
@@ -401,7 +448,8 @@ def resolve_steps(cfg: FinetuneConfig, n_train: int) -> FinetuneConfig:
 def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Base | None = None,
              dataset: SD.Dataset | None = None, objectives: Objectives | None = None,
              stop_after: int | None = None, keep_model: bool = False,
-             console=None) -> FinetuneResult:
+             console=None, problems: list | None = None,
+             grpo_parts=None) -> FinetuneResult:
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
@@ -411,10 +459,18 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     with R.torch_threads(cfg.threads):
         completed, run = False, None
         try:
-            cls = distributed.distributed_finetune_run_class() if ranked else FinetuneRun
-            run = cls(cfg, objectives or Objectives())
+            if cfg.method == "grpo":
+                from falsify.impl.llm.grpo import GrpoRun
+
+                if ranked:
+                    raise FinetuneConfigError("config field method='grpo' runs in one process "
+                                              "(no --nproc)")
+                run = GrpoRun(cfg, objectives or Objectives(), grpo_parts)
+            else:
+                cls = distributed.distributed_finetune_run_class() if ranked else FinetuneRun
+                run = cls(cfg, objectives or Objectives())
             run.open(resume)
-            run.load(base, dataset, console)
+            run.load(base, problems if cfg.method == "grpo" else dataset, console)
             run.build()
             result = run.loop(stop_after, keep_model)
             completed = True

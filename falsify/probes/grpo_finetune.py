@@ -1,0 +1,256 @@
+"""Run functions for contracts/grpo-finetune-v1.yaml (`training`-kind checks).
+
+Each builds the GRPO loop of impl/llm/grpo.py on a tiny Transformer (2 layers, hidden 64,
+vocab 512, context 64) with a byte-level BPE trained on the shipped toy problems' text, and a
+cheap deterministic reward written here (no sandbox: seconds per check). The loop's swappable
+pieces (sampler, reference and old log-probs, reward scoring) are looked up through the
+harness at call time (`_bound`), so `falsify mutants` runs the loop with a mutant in place.
+What each check compares against is computed outside the loop: a snapshot of the base, the
+reference log-probs of fixed tokens before training, a second run, the reward rule re-applied
+by the probe to the completions the loop recorded.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+
+CONTRACT = "grpo-finetune-v1"
+TINY = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            intermediate_size=192, max_seq_len=64)
+
+
+def _bound(equation: str, backend: str):
+    from falsify.harness import backends, runtime
+
+    return backends.function(runtime.contract(CONTRACT), equation, backend)
+
+
+def _parts(backend: str):
+    from falsify.impl.llm.grpo import GrpoParts
+
+    return GrpoParts(sample_group=_bound("sample_group", backend),
+                     reference_logps=_bound("reference_logps", backend),
+                     old_logps=_bound("old_logps", backend),
+                     score_rewards=_bound("score_rewards", backend))
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    from falsify.impl.llm import data as data_mod
+    from falsify.impl.llm.evaluate import load_problems
+    from falsify.impl.llm.grpo import shipped_toy_problems
+
+    ps = load_problems(shipped_toy_problems())
+    return data_mod.train_tokenizer([p.prompt + p.canonical_solution for p in ps] * 4, 512)
+
+
+def _problems(n: int = 8):
+    from falsify.impl.llm.evaluate import load_problems
+    from falsify.impl.llm.grpo import shipped_toy_problems
+
+    return load_problems(shipped_toy_problems())[:n]
+
+
+def _base(seed: int, scale: float = 0.08):
+    """The tiny Transformer with weights N(0, scale), norm gains in [0.5, 1.5] (far from the
+    near-zero init, so the policy's choices differ from token to token)."""
+    import torch
+
+    from falsify.impl.llm.finetune_base import Base
+    from falsify.impl.llm.model import ModelConfig, build_model
+
+    m = build_model(ModelConfig(**TINY), "torch", seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+    return Base(m, _tokenizer(), None, "probe tiny base", "memory")
+
+
+# ---------------------------------------------------------------------------- rewards
+def space_reward(prompt, completion, problem) -> float:
+    """Fraction of the completion's characters that are spaces: learnable from token choice
+    alone (the tokenizer, trained on code, has tokens of pure indentation), and cheap."""
+    return completion.count(" ") / max(1, len(completion))
+
+
+def fails(completion: str) -> bool:
+    """Which completions `flaky_reward` raises on (the probe re-applies this rule)."""
+    return len(completion) % 3 == 0
+
+
+def flaky_reward(prompt, completion, problem) -> float:
+    if fails(completion):
+        raise ValueError(f"cannot score a completion of {len(completion)} characters")
+    return space_reward(prompt, completion, problem)
+
+
+def _config(out: str, seed: int, **kw):
+    from falsify.impl.llm import finetune as FT
+
+    d = dict(method="grpo", policy="qlora", lora_r=4, lora_alpha=8.0, group_size=4,
+             prompts_per_step=2, max_new_tokens=6, max_steps=3, warmup_steps=0, lr=2e-2,
+             lr_min=2e-3, kl_beta=0.04, reward="falsify.probes.grpo_finetune:space_reward",
+             progress=False, sample_count=0, backend="torch", device="cpu", out_dir=out,
+             threads=1, seed=seed)
+    d.update(kw)
+    return FT.config_from_dict(d, source="contract check")
+
+
+def _run(backend: str, seed: int = 0, before=None, **kw):
+    """(run, result, error) of a GRPO run in a temporary directory; `before(run)` is called
+    after the run is built and before its first step."""
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import run as R
+    from falsify.impl.llm.grpo import GrpoRun
+    from falsify.impl.llm.rewards import RewardFailed
+
+    # one thread: tiny matrices, and a loaded machine makes more threads much slower
+    with R.torch_threads(1), tempfile.TemporaryDirectory(prefix="falsify-grpo-") as d:
+        cfg = _config(str(Path(d) / "run"), seed, **kw)
+        run = GrpoRun(cfg, FT.Objectives(), _parts(backend))
+        run.open(None)
+        run.load(_base(seed), _problems(), None)
+        run.build()
+        if before is not None:
+            before(run)
+        err, result = None, None
+        try:
+            result = run.loop(None, keep_model=True)
+        except RewardFailed as e:
+            err = str(e)
+        metrics = [json.loads(x) for x in (run.out / "metrics.jsonl").read_text().splitlines()]
+        return run, result, err, metrics
+
+
+def _fixed_tokens(seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 99)
+    return torch.randint(4, 512, (3, 24), generator=g)
+
+
+# ------------------------------------------------------------------------- run functions
+def frozen_reference_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
+    """The reference policy is the frozen base: after `steps` updates every base tensor is
+    bit-identical, the reference log-probs of fixed tokens equal those taken before training
+    bit for bit, and the policy's own log-probs moved (so the comparison has power)."""
+    import torch
+
+    from falsify.impl.llm import lora_model as LM
+    from falsify.impl.llm.grpo import policy_logps
+
+    x = _fixed_tokens(seed)
+    seen = {}
+
+    def before(run):
+        seen["base"] = {k: v.detach().clone() for k, v in LM.base_tensors(run.model).items()}
+        seen["ref0"] = run.parts.reference_logps(run.model, x)
+        seen["pol0"] = policy_logps(run.model, x)
+
+    run, _, _, _ = _run(backend, seed, before, policy=method, max_steps=steps)
+    after = LM.base_tensors(run.model)
+    ref1 = run.parts.reference_logps(run.model, x)
+    pol1 = policy_logps(run.model, x)
+    return {"changed": sorted(k for k, v in seen["base"].items()
+                              if not torch.equal(v, after[k])),
+            "ref_diff": float((ref1 - seen["ref0"]).abs().max()),
+            "policy_moved": float((pol1 - seen["pol0"]).abs().max()),
+            "ref0_is_policy0": bool(torch.equal(seen["ref0"], seen["pol0"]))}
+
+
+def old_logps_run(backend, dtype="float32", batches=2, iterations=2, seed=0):
+    """π_old is taken once per batch, before its first update: the first update of every batch
+    sees ratio exactly 1 (max |log π − log π_old| = 0 over the completion tokens), a later
+    update on the same batch sees the moved policy against the unchanged π_old (> 0)."""
+    _, _, _, metrics = _run(backend, seed, grpo_iterations=iterations,
+                            max_steps=batches * iterations)
+    steps = [m for m in metrics if "iteration" in m]
+    first = [m["ratio_dev"] for m in steps if m["iteration"] == 0]
+    later = [m["ratio_dev"] for m in steps if m["iteration"] > 0]
+    return {"first_ratio_dev": max(first), "later_ratio_dev_min": min(later),
+            "batches": len(first), "updates": len(steps)}
+
+
+def determinism_run(backend, dtype="float32", steps=3, seed=0):
+    """The same seed twice: the same samples, rewards and final adapter bit for bit; another
+    seed: other samples (so identity is not vacuous)."""
+    import torch
+
+    from falsify.impl.llm import lora_model as LM
+
+    def once(s):
+        run, _, _, _ = _run(backend, s, max_steps=steps)
+        return ([h["tokens"] for h in run.history], [h["rewards"] for h in run.history],
+                {k: v.detach().clone() for k, v in LM.adapter_parameters(run.model).items()})
+
+    t1, r1, a1 = once(seed)
+    t2, r2, a2 = once(seed)
+    t3, _, _ = once(seed + 1)
+    return {"samples_equal": t1 == t2, "rewards_equal": r1 == r2,
+            "adapter_equal": all(torch.equal(a1[k], a2[k]) for k in a1),
+            "other_seed_differs": t1 != t3, "completions": sum(len(b) for b in t1)}
+
+
+def reward_error_run(backend, dtype="float32", steps=3, seed=0):
+    """A raising reward: by default the failures of the batch are counted, the run stops with
+    an error naming the first and applies no update; with reward_error=score:0 every failure
+    is counted and scored exactly 0, and the run completes. The expected failures are the
+    probe's own rule applied to the recorded completions."""
+    from falsify.probes.grpo_finetune import fails
+
+    flaky = "falsify.probes.grpo_finetune:flaky_reward"
+    run, _, err, metrics = _run(backend, seed, reward=flaky, max_steps=steps)
+    h = run.history[-1]
+    expected = sum(fails(c) for c in h["completions"])
+    stop = {"stopped": err is not None, "error_names_first": bool(err and "ValueError" in err),
+            "updates_applied": run.trainer.step, "expected_first": expected,
+            "counted_first": metrics[-1].get("reward_errors") if metrics else None}
+    run2, _, err2, metrics2 = _run(backend, seed, reward=flaky, reward_error="score:0",
+                                   max_steps=steps)
+    exp2 = [sum(fails(c) for c in h["completions"]) for h in run2.history]
+    got2 = [m["reward_errors"] for m in metrics2 if "iteration" in m]
+    zero_scored = all(h["rewards"][i] == 0.0 for h in run2.history
+                      for i, c in enumerate(h["completions"]) if fails(c))
+    return {**stop, "score_completed": err2 is None and run2.trainer.step == steps,
+            "expected_per_batch": exp2, "counted_per_batch": got2,
+            "failed_scored_zero": zero_scored, "total_expected": sum(exp2)}
+
+
+def update_direction_run(backend, dtype="float32", steps=4, seed=0):
+    """Each update raises the log-likelihood of the completions with positive advantage
+    relative to those with negative: per batch, the correlation between a completion's
+    Δ Σ_t log π (after − before the update) and its advantage. The reward is 1 for a
+    completion that starts with a space (about a quarter do at first)."""
+    import torch
+
+    from falsify.impl.llm import finetune as FT
+    from falsify.impl.llm import run as R
+    from falsify.impl.llm.grpo import GrpoRun, policy_logps
+
+    corr = []
+    with R.torch_threads(1), tempfile.TemporaryDirectory(prefix="falsify-grpo-") as d:
+        cfg = _config(str(Path(d) / "run"), seed, reward=f"{__name__}:lead_space_reward",
+                      max_new_tokens=2, group_size=8, prompts_per_step=4, lr=5e-2,
+                      kl_beta=0.0, max_steps=steps)
+        run = GrpoRun(cfg, FT.Objectives(), _parts(backend))
+        run.open(None)
+        run.load(_base(seed), _problems(), None)
+        run.build()
+        for _ in range(steps):
+            ro = run.make_rollout()
+            run.trainer.train_step([ro])
+            gain = ((policy_logps(run.model, ro.x) - ro.old_logp) * ro.mask).sum(1)
+            # the probe's own scores of what was sampled, not the loop's
+            r = torch.tensor([lead_space_reward(None, c, None) for c in ro.completions])
+            corr.append(float(torch.corrcoef(torch.stack([gain, r]))[0, 1]))
+    return {"corr": corr, "corr_mean": sum(corr) / len(corr)}
+
+
+def lead_space_reward(prompt, completion, problem) -> float:
+    return float(completion[:1] == " ")
