@@ -361,6 +361,11 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                 warn_rule="W106")
     _input_names(ctx, c)
     _input_texts(ctx, c)
+    for iname, spec in c.inputs.items():  # `build:` functions import like bindings (V012)
+        for n, a in ((spec.get("args") or {}) if isinstance(spec, dict) else {}).items():
+            if isinstance(a, dict) and isinstance(a.get("build"), str):
+                _check_binding(ctx, a["build"], ("inputs", iname, "args", n, "build"),
+                               f"inputs.{iname}.args.{n}.build", allow_import, import_bindings)
     obligation_ids = {o.id for o in c.obligations}
     # Checks
     for t in c.checks:
@@ -441,7 +446,7 @@ def _input_names(ctx, c: Contract) -> None:
 # the fields of the array and scalar argument forms; a `text:` argument is a str, so any of
 # them beside it would be silently ignored
 _NOT_WITH_TEXT = ("shape", "dtype", "values", "special", "const", "choices", "dense", "poison",
-                  "init", "scale")
+                  "init", "scale", "build")
 
 
 def _input_texts(ctx, c: Contract) -> None:
