@@ -3,9 +3,11 @@ weight-then-F.linear, on one GGUF-quantized weight [n, k] and activations x [m, 
 
     python scripts/bench_dequant_matmul.py [--qtype q4_k] [--n 4096] [--k 4096] [--m 512]
 
-Each variant runs in a fresh subprocess, so its peak resident memory (ru_maxrss) above the
-inputs' is its own; the time is the median of --repeat runs after a warm-up, forward only and
-forward + backward (dx; the weight is frozen). Blocks are random bytes with bounded scales.
+Time: the two variants run alternately in one process, --repeat times each after a warm-up,
+forward only (no_grad) and forward + backward (dx; the weight is frozen); the minimum of each
+is reported, the estimate least disturbed by other work on a shared machine. Memory: each
+variant runs again in a fresh subprocess, and its peak resident memory (ru_maxrss) above the
+inputs' is its own. Blocks are random bytes with bounded scales.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
 import time
 
 
-def _run_variant(a) -> dict:
+def _setup(a):
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -27,40 +28,43 @@ def _run_variant(a) -> dict:
     from falsify.impl.torch import gguf_quants as T
     from falsify.reference import gguf_quants as R
 
+    if a.chunk_mib:
+        T.CHUNK_BYTES = int(a.chunk_mib * 2**20)
     torch.manual_seed(0)
     qk, nbytes = R.QTYPES[a.qtype]
-    raw = np.random.default_rng(0).integers(0, 256, (a.n, a.k // qk * nbytes), dtype=np.uint8)
-    blocks = torch.from_numpy(getattr(R, f"bounded_{a.qtype}")(raw))
+    rng = np.random.default_rng(0)
+    bounded = getattr(R, f"bounded_{a.qtype}")
+    blocks = torch.empty(a.n, a.k // qk * nbytes, dtype=torch.uint8)
+    for r0 in range(0, a.n, 256):  # in slices: the builder's int64 temporaries stay small
+        raw = rng.integers(0, 256, (min(256, a.n - r0), blocks.shape[1]), dtype=np.uint8)
+        blocks[r0:r0 + 256] = torch.from_numpy(bounded(raw))
     x = torch.rand(a.m, a.k) * 2 - 1
     dy = torch.randn(a.m, a.n)
     dequant = getattr(T, f"{a.qtype}_dequantize")
+    variants = {
+        "naive": lambda xx: F.linear(xx, dequant(blocks)),
+        "fused": lambda xx: T.dequant_matmul(xx, blocks, a.qtype, a.n, a.k),
+    }
+    return torch, T, qk, x, dy, variants
 
-    def naive(xx):
-        return F.linear(xx, dequant(blocks))
 
-    def fused(xx):
-        return T.dequant_matmul(xx, blocks, a.qtype, a.n, a.k)
+def _once(torch, f, x, dy):
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        f(x)
+        t1 = time.perf_counter()
+    xg = x.clone().requires_grad_()
+    t2 = time.perf_counter()
+    f(xg).backward(dy)
+    return t1 - t0, time.perf_counter() - t2
 
-    f = fused if a.variant == "fused" else naive
+
+def _memory(a) -> dict:
+    torch, T, qk, x, dy, variants = _setup(a)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    fwd, both = [], []
-    for i in range(a.repeat + 1):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            f(x)
-            t1 = time.perf_counter()
-        xg = x.clone().requires_grad_()
-        t2 = time.perf_counter()
-        f(xg).backward(dy)
-        t3 = time.perf_counter()
-        if i:  # the first run is a warm-up
-            fwd.append(t1 - t0)
-            both.append(t3 - t2)
+    _once(torch, variants[a.variant], x, dy)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"variant": a.variant, "forward_s": statistics.median(fwd),
-            "forward_backward_s": statistics.median(both),
-            "peak_extra_MiB": (peak - base) / 1024, "threads": torch.get_num_threads(),
-            "chunk_rows": T.chunk_rows(a.n, a.k)}
+    return {"peak_extra_MiB": (peak - base) / 1024}
 
 
 def main(argv=None) -> int:
@@ -69,28 +73,37 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--m", type=int, default=512)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--chunk-mib", type=float, default=0.0,
+                   help="override CHUNK_BYTES (MiB) for the fused path, to explore the choice")
     p.add_argument("--variant", choices=["fused", "naive"], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.variant:
-        print(json.dumps(_run_variant(a)))
+        print(json.dumps(_memory(a)))
         return 0
-    res = {}
+    mem = {}
     for v in ("naive", "fused"):
         cmd = [sys.executable, __file__, "--variant", v, "--qtype", a.qtype, "--n", str(a.n),
-               "--k", str(a.k), "--m", str(a.m), "--repeat", str(a.repeat)]
+               "--k", str(a.k), "--m", str(a.m), "--chunk-mib", str(a.chunk_mib)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        res[v] = json.loads(out.strip().splitlines()[-1])
-    for v in ("naive", "fused"):
-        r = res[v]
-        print(f"{v:6s} forward {r['forward_s'] * 1e3:8.1f} ms  forward+backward "
-              f"{r['forward_backward_s'] * 1e3:8.1f} ms  peak extra {r['peak_extra_MiB']:7.1f} MiB")
-    n, f = res["naive"], res["fused"]
-    print(f"{a.qtype} W [{a.n}, {a.k}], x [{a.m}, {a.k}], {f['threads']} threads, chunk "
-          f"{f['chunk_rows']} rows: speed ratio naive/fused forward "
-          f"{n['forward_s'] / f['forward_s']:.2f}, forward+backward "
-          f"{n['forward_backward_s'] / f['forward_backward_s']:.2f}; fp32 W whole = "
-          f"{a.n * a.k * 4 / 2**20:.0f} MiB")
+        mem[v] = json.loads(out.strip().splitlines()[-1])["peak_extra_MiB"]
+    torch, T, qk, x, dy, variants = _setup(a)
+    times = {v: ([], []) for v in variants}
+    for i in range(a.repeat + 1):
+        for v, f in variants.items():
+            fwd, both = _once(torch, f, x, dy)
+            if i:  # the first round is a warm-up
+                times[v][0].append(fwd)
+                times[v][1].append(both)
+    best = {v: (min(t[0]), min(t[1])) for v, t in times.items()}
+    for v in variants:
+        print(f"{v:6s} forward {best[v][0] * 1e3:8.1f} ms  forward+backward "
+              f"{best[v][1] * 1e3:8.1f} ms  peak extra {mem[v]:7.1f} MiB")
+    print(f"{a.qtype} W [{a.n}, {a.k}], x [{a.m}, {a.k}], {torch.get_num_threads()} threads, "
+          f"chunks of {T.chunk_rows(a.n, a.k)} rows / {T.chunk_cols(a.n, a.k, qk)} columns: "
+          f"time ratio naive/fused forward {best['naive'][0] / best['fused'][0]:.2f}, "
+          f"forward+backward {best['naive'][1] / best['fused'][1]:.2f}; the whole W in fp32 "
+          f"is {a.n * a.k * 4 / 2**20:.0f} MiB")
     return 0
 
 

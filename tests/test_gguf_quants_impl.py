@@ -234,34 +234,40 @@ def test_dequant_matmul_reference_matches_gguf_oracle(name):
 
 
 def test_torch_dequant_matmul_decodes_at_most_one_chunk(monkeypatch):
-    """Forward and backward decode W chunk_rows(n, k) rows at a time, never all n rows: the
-    decoder is wrapped to record how many rows each call decodes."""
-    n, k = 300, 4096  # chunk_rows = 64: five chunks, the last one partial
-    rows = T.chunk_rows(n, k)
-    assert rows == 64 and rows < n
+    """Forward (row chunks) and backward (block-column chunks) decode at most CHUNK_BYTES of W
+    at a time and together cover W exactly once each: the decoder is wrapped to record the
+    [rows, columns] of every call. A 1 MiB budget makes a small weight take several chunks."""
+    monkeypatch.setattr(T, "CHUNK_BYTES", 1 << 20)
+    n, k = 300, 4096
+    assert T.chunk_rows(n, k) == 64 and T.chunk_cols(n, k, 256) == 768
     seen = []
     real = T._DECODE["q4_k"]
 
     def counting(b, w):
-        seen.append(b.shape[0])
+        seen.append((b.shape[0], b.shape[1] // 144 * 256))
         return real(b, w)
 
     monkeypatch.setitem(T._DECODE, "q4_k", counting)
     blocks = torch.from_numpy(R.bounded_q4_k(_random_blocks("q4_k", n, k // 256, seed=5)))
     x = torch.randn(3, k, requires_grad=True)
     y = T.dequant_matmul(x, blocks, "q4_k", n, k)
-    assert seen == [64, 64, 64, 64, 44]
-    y.sum().backward()
-    assert seen[5:] == [64, 64, 64, 64, 44]
+    assert seen == [(64, k)] * 4 + [(44, k)]
+    del seen[:]
+    dy = torch.randn(3, n)
+    y.backward(dy)
+    assert seen == [(n, 768)] * 5 + [(n, 256)]
     w = R.weight(blocks.numpy(), "q4_k", n, k)
-    np.testing.assert_allclose(x.grad.numpy(), np.ones((3, n)) @ w, rtol=0, atol=1e-3)
+    np.testing.assert_allclose(y.detach().numpy(), x.detach().double().numpy() @ w.T, atol=1e-3)
+    np.testing.assert_allclose(x.grad.numpy(), dy.double().numpy() @ w, rtol=0, atol=1e-3)
 
 
-def test_chunk_rows_is_bounded():
-    for n, k in [(0, 0), (1, 256), (5, 1 << 20), (4096, 4096), (11008, 4096), (7, 32)]:
-        r = T.chunk_rows(n, k)
-        assert 1 <= r <= max(n, 1)
-        assert r == 1 or r * k * 4 <= T.CHUNK_BYTES
+def test_chunks_are_bounded():
+    for n, k, qk in [(0, 0, 32), (1, 256, 256), (5, 1 << 20, 32), (4096, 4096, 256),
+                     (11008, 4096, 256), (4096, 11008, 256), (7, 32, 32)]:
+        r, c = T.chunk_rows(n, k), T.chunk_cols(n, k, qk)
+        assert 1 <= r <= max(n, 1) and (r == 1 or r * k * 4 <= T.CHUNK_BYTES)
+        assert c % qk == 0 and qk <= c <= max(k, qk)
+        assert c == qk or n * c * 4 <= T.CHUNK_BYTES
 
 
 @pytest.mark.parametrize("backend", MM_BACKENDS)

@@ -200,20 +200,27 @@ def q8_0_quantize(x, out=None):
 # ---------------------------------------------------------------------------------------------
 # Dequantize-matmul: y = x·Wᵀ with W = dequantize(blocks) [n, k], never materialised whole.
 
-# Rows of W dequantized at a time: a chunk of fp32 rows is at most CHUNK_BYTES. 1 MiB fits the
-# per-core L2 of current x86 and Arm server parts, so the decoded chunk is still in cache when
-# the GEMM reads it (decode and product then cost about what the product alone costs), while
-# a chunk of k = 4096 is 64 rows: enough for the BLAS kernel's register blocking (its
-# efficiency drops below ~32 rows). Measured on a 2-core CPU, 4096² q4_k, x [512, 4096]:
-# 0.25–4 MiB chunks are within noise of each other; 16 MiB and the whole weight are slower.
-CHUNK_BYTES = 1 << 20
+# A chunk of W decoded at a time is at most CHUNK_BYTES of fp32 (or one row / one block
+# column, if that is larger). Each chunk is one BLAS call, which packs the activation operand
+# (x forward, dy backward) again: a chunk needs enough rows (columns) to amortise that. On a
+# 2-core AMD EPYC (MKL, AVX-512), x [512, 4096] times a [R, 4096] chunk costs 2.0x the
+# unchunked GEMM at R = 64 (1 MiB), 1.5x at 256, 1.2x at 512 and 0.95–1.1x at 1024 (16 MiB):
+# 16 MiB keeps the GEMM at full speed while bounding the extra memory independently of the
+# weight (a 4096 × 11008 fp32 weight is 172 MiB; its chunks stay 16 MiB).
+CHUNK_BYTES = 16 << 20
 
 
 def chunk_rows(n: int, k: int) -> int:
-    """Rows of W per chunk: a pure function of the shape. ≥ 1 (a row wider than the budget is
-    one chunk) and ≤ max(n, 1); peak extra memory is chunk_rows·k fp32 values plus the
-    decode's uint8 temporaries of the same count."""
+    """Rows of W decoded per forward chunk: a pure function of the shape, in [1, max(n, 1)],
+    with chunk_rows·k·4 ≤ CHUNK_BYTES unless one row alone is larger."""
     return max(1, min(max(n, 1), CHUNK_BYTES // (4 * max(k, 1))))
+
+
+def chunk_cols(n: int, k: int, qk: int) -> int:
+    """Columns of W decoded per backward chunk (dx[:, c] = dy·W[:, c] needs every row of those
+    columns): whole blocks, in [qk, max(k, qk)], with n·chunk_cols·4 ≤ CHUNK_BYTES unless one
+    block column alone is larger."""
+    return max(qk, min(max(k, qk), CHUNK_BYTES // (4 * max(n, 1)) // qk * qk))
 
 
 def _as_rows(blocks, qtype: str, n: int, k: int, fn: str) -> torch.Tensor:
@@ -274,14 +281,21 @@ def _forward(x2, b, qtype: str, n: int, k: int) -> torch.Tensor:
 
 
 def _backward(g2, b, qtype: str, n: int, k: int) -> torch.Tensor:
-    """dx = g·W [M, k] in fp32, accumulated over the same chunks of W's rows."""
+    """dx = g·W [M, k] in fp32, a chunk of W's block columns at a time: dx[:, c0:c1] =
+    g·W[:, c0:c1] reduces over all n rows at once, so each part of dx is written once."""
+    qk, nbytes = QTYPES[qtype]
     gf = g2.float()
-    dx = torch.zeros(g2.shape[0], k, dtype=torch.float32, device=g2.device)
-    rows = chunk_rows(n, k)
-    buf = torch.empty(min(rows, n), k, dtype=torch.float32, device=g2.device)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        dx.addmm_(gf[:, r0:r1], _DECODE[qtype](b[r0:r1], buf[: r1 - r0]))
+    dx = torch.empty(g2.shape[0], k, dtype=torch.float32, device=g2.device)
+    cols = chunk_cols(n, k, qk)
+    buf = torch.empty(n * min(cols, k), dtype=torch.float32, device=g2.device)
+    for c0 in range(0, k, cols):
+        c1 = min(k, c0 + cols)
+        w = buf[: n * (c1 - c0)].view(n, c1 - c0)
+        _DECODE[qtype](b[:, c0 // qk * nbytes: c1 // qk * nbytes], w)
+        if c1 - c0 == k:
+            torch.mm(gf, w, out=dx)
+        else:
+            dx[:, c0:c1] = gf @ w
     return dx
 
 
@@ -308,7 +322,8 @@ def dequant_matmul(x, blocks, qtype, n, k, out=None):
     "q6_k"), flat (n·k/QK·BYTES bytes, as stored) or [n, k/QK·BYTES]; returns [..., n] in x's
     dtype, computed in fp32 (x upcast exactly, W decoded exactly, fp32 products and sums).
     Differentiable in x only: dx = dy · W. W is decoded chunk_rows(n, k) rows at a time in the
-    forward and again in the backward, so no more than one chunk of it exists at once.
+    forward and chunk_cols(n, k, QK) block columns at a time in the backward, so no more than
+    one chunk of it (≤ CHUNK_BYTES of fp32) exists at once.
     `out`: optional result tensor (inference only)."""
     fn = "dequant_matmul"
     b = check_matmul_args(x, blocks, qtype, n, k, fn)
