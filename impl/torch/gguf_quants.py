@@ -202,12 +202,14 @@ def q8_0_quantize(x, out=None):
 
 # A chunk of W decoded at a time is at most CHUNK_BYTES of fp32 (or one row / one block
 # column, if that is larger). Each chunk is one BLAS call, which packs the activation operand
-# (x forward, dy backward) again: a chunk needs enough rows (columns) to amortise that. On a
-# 2-core AMD EPYC (MKL, AVX-512), x [512, 4096] times a [R, 4096] chunk costs 2.0x the
-# unchunked GEMM at R = 64 (1 MiB), 1.5x at 256, 1.2x at 512 and 0.95–1.1x at 1024 (16 MiB):
-# 16 MiB keeps the GEMM at full speed while bounding the extra memory independently of the
-# weight (a 4096 × 11008 fp32 weight is 172 MiB; its chunks stay 16 MiB).
-CHUNK_BYTES = 16 << 20
+# (x forward, dy backward) again, so a chunk needs enough rows (columns) to amortise that, and
+# it should still sit in the last-level cache beside x when the GEMM reads it. Measured with
+# scripts/bench_dequant_matmul.py (q4_k 4096 × 4096, x [512, 4096], one thread, CPU time, on a
+# shared 2-core AMD EPYC with 32 MiB L3, MKL): naive/fused time 1.13 (forward) and 1.00
+# (forward + backward) with 1 MiB chunks, 1.26 and 1.04 with 4 MiB, 1.30 and 1.05 with 16 MiB;
+# peak resident memory above the inputs 67 MiB at 1 and 4 MiB, 88 MiB at 16 MiB, 126 MiB for
+# dequantize-then-F.linear. 4 MiB keeps nearly all of the speed at the small chunks' memory.
+CHUNK_BYTES = 4 << 20
 
 
 def chunk_rows(n: int, k: int) -> int:

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "825206a10537864cc64bb34dd456764e931099c1bd60fedf85de7829bdaf0743"
+SHA256 = "84d7acac9eb4831639e7b45da28018d0128da43d3851ea2988b528f34fcf7aca"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 
