@@ -9,7 +9,8 @@ is reported, the estimate least disturbed by other work on a shared machine (by 
 process's CPU time with one torch thread: wall time on a loaded machine varies several-fold).
 Memory: each variant runs again in a fresh subprocess after a small warm-up call of both (so
 lazily loaded code and thread pools are in the baseline), and its peak resident memory
-(ru_maxrss) above that is its own (glibc's mmap threshold fixed, so freed tensors leave). Blocks are random bytes with bounded scales.
+(ru_maxrss) above that is its own (glibc's mmap threshold fixed, so freed tensors leave).
+Blocks are random bytes with bounded scales.
 """
 
 from __future__ import annotations
