@@ -150,9 +150,33 @@ def _init(kind, shape, dtype, seed, scale):
         NP_STORAGE[dtype])
 
 
+def built(argspec: dict, arr: np.ndarray, where: str) -> np.ndarray:
+    """Apply the argument's `build: module:function` to a drawn array: a pure function that
+    maps it to an array of the same shape and dtype holding a valid instance of a structured
+    format (packed quantization blocks whose scale fields must be finite and bounded), so the
+    draw's entropy, and hypothesis' shrinking, stay on the raw array."""
+    ref = argspec.get("build")
+    if ref is None:
+        return arr
+    from falsify.harness.backends import resolve
+
+    out = resolve(ref)(arr)
+    if not isinstance(out, np.ndarray) or out.shape != arr.shape or out.dtype != arr.dtype:
+        raise InputError(f"{where}.build: {ref} must return an array of the drawn shape "
+                         f"{arr.shape} and dtype {arr.dtype}, got "
+                         f"{getattr(out, 'shape', type(out).__name__)} "
+                         f"{getattr(out, 'dtype', '')}")
+    return out
+
+
 def array_strategy(argspec: dict, shape: tuple, dtype: str, dims: dict, where: str):
-    """A drawn array: sparse hypothesis arrays (shrink to a minimal example such as one large
-    element) or dense seeded uniform arrays (realistic, full entropy)."""
+    """A drawn array (then `build`, if declared): sparse hypothesis arrays (shrink to a
+    minimal example such as one large element) or dense seeded uniform arrays (realistic, full
+    entropy)."""
+    if "build" in argspec:
+        plain = {k: v for k, v in argspec.items() if k != "build"}
+        return array_strategy(plain, shape, dtype, dims, where).map(
+            lambda a: built(argspec, a, where))
     scale = eval_num(argspec.get("scale", 1.0), dims, where + ".scale")
     if "init" in argspec:
         return st.integers(0, 2**32 - 1).map(
@@ -413,11 +437,11 @@ def sample_case(spec: dict, dtype: str, rng: np.random.Generator, params: dict |
             shape = shape_of(a, dims, w + ".shape")
             scale = eval_num(a.get("scale", 1.0), dims, w + ".scale")
             if "init" in a:
-                args[name] = _init(a["init"], shape, adt, seed, scale)
+                args[name] = built(a, _init(a["init"], shape, adt, seed, scale), w)
             else:
                 lo, hi = a.get("values", [-1.0, 1.0])
-                args[name] = _dense(shape, adt, eval_num(lo, dims, w), eval_num(hi, dims, w),
-                                    seed, scale)
+                args[name] = built(a, _dense(shape, adt, eval_num(lo, dims, w),
+                                             eval_num(hi, dims, w), seed, scale), w)
     ps = {}
     for k, v in (params or {}).items():
         if len(v) == 2 and all(isinstance(x, (int, float)) for x in v):

@@ -417,7 +417,7 @@ def _arg(out: _Out, s, name, fld, x: dict, y: dict, envs):
         _range_change(out, s, name, f"{fld}.choices", x.get("choices"), y.get("choices"),
                       as_choices=True)
     out.flag(s, name, f"{fld}.poison", x.get("poison"), y.get("poison"))
-    for k in ("shape", "dtype", "const", "init", "scale", "dense"):
+    for k in ("shape", "dtype", "const", "init", "scale", "dense", "build"):
         out.opaque(s, name, f"{fld}.{k}", x.get(k), y.get(k),
                    why="changes what the kernel is called with")
 

@@ -52,6 +52,8 @@ Errors (native mode):
   V031 a `text:` argument that cannot be drawn as declared: min_size > max_size, or combined
        with a field of another argument form (shape, values, const, ...), which would be
        ignored
+  V032 a `build:` on an argument that is not a drawn array (no shape, or a const / choices /
+       text argument), where it would be ignored
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -361,6 +363,18 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                 warn_rule="W106")
     _input_names(ctx, c)
     _input_texts(ctx, c)
+    for iname, spec in c.inputs.items():  # `build:` functions import like bindings (V012)
+        for n, a in ((spec.get("args") or {}) if isinstance(spec, dict) else {}).items():
+            if not (isinstance(a, dict) and isinstance(a.get("build"), str)):
+                continue
+            path, field_ = ("inputs", iname, "args", n, "build"), f"inputs.{iname}.args.{n}.build"
+            clash = [k for k in ("const", "choices", "text") if k in a]
+            if "shape" not in a or clash:
+                ctx.add("V032", path, field_,
+                        f"argument {n!r}: `build` maps a drawn array, but this argument is "
+                        + (f"a {clash[0]!r} value" if clash else "a drawn scalar (no shape)")
+                        + ", so it would be ignored")
+            _check_binding(ctx, a["build"], path, field_, allow_import, import_bindings)
     obligation_ids = {o.id for o in c.obligations}
     # Checks
     for t in c.checks:
@@ -441,7 +455,7 @@ def _input_names(ctx, c: Contract) -> None:
 # the fields of the array and scalar argument forms; a `text:` argument is a str, so any of
 # them beside it would be silently ignored
 _NOT_WITH_TEXT = ("shape", "dtype", "values", "special", "const", "choices", "dense", "poison",
-                  "init", "scale")
+                  "init", "scale", "build")
 
 
 def _input_texts(ctx, c: Contract) -> None:

@@ -208,3 +208,109 @@ def q8_0_quantize(x, out=None):
     res[..., 1] = d16 >> 8
     res[..., 2:] = q.view(np.uint8)
     return res.reshape(m, blk.shape[1] * Q8_0_BYTES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dequantize-matmul: the frozen quantized base of a (Q)LoRA linear layer.
+#
+#     y = x · Wᵀ,   W = dequantize(blocks) as an [n, k] matrix,   x ∈ ℝ^{… × k},  y ∈ ℝ^{… × n}
+#     ∂L/∂x = dy · W   (W is frozen: the bytes get no gradient)
+#
+# Row r of W is the r-th run of k/values_per_block blocks (GGUF stores a 2-D weight [n, k] as n
+# rows of whole blocks, ggml's ne0 = k the fastest axis). `blocks` is uint8, either the raw flat
+# tensor data (n·k/QK·BYTES bytes) or [n, k/QK·BYTES]; `qtype` names the format.
+
+QTYPES = {  # name -> (values per block, bytes per block)
+    "q8_0": (QK8_0, Q8_0_BYTES),
+    "q4_k": (QK_K, Q4_K_BYTES),
+    "q6_k": (QK_K, Q6_K_BYTES),
+}
+GGML_TYPE_NAMES = {8: "q8_0", 12: "q4_k", 14: "q6_k"}  # ggml_type ids in a GGUF tensor header
+
+
+def check_qtype(qtype, n, k, fn: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of `qtype`; n, k: non-negative ints, k whole blocks."""
+    if qtype not in QTYPES:
+        raise ValueError(f"{fn}: qtype must be one of {', '.join(QTYPES)}, got {qtype!r}")
+    for name, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{fn}: {name} must be a non-negative int, got {v!r}")
+    qk, nbytes = QTYPES[qtype]
+    if k % qk:
+        raise ValueError(f"{fn}: k = {k} is not a multiple of {qtype}'s {qk}-value block")
+    return qk, nbytes
+
+
+def weight(blocks, qtype, n, k, fn="dequant_matmul") -> np.ndarray:
+    """The dequantized weight W [n, k] (float32 values, exactly ggml's), as float64."""
+    qk, nbytes = check_qtype(qtype, n, k, fn)
+    b = np.asarray(blocks)
+    row = k // qk * nbytes
+    if b.shape not in ((n * row,), (n, row)):
+        raise ValueError(f"{fn}: blocks must hold {n} rows of {row} bytes ({qtype}, k = {k}): "
+                         f"shape ({n * row},) or ({n}, {row}), got {b.shape}")
+    dequant = {"q8_0": q8_0_dequantize, "q4_k": q4_k_dequantize, "q6_k": q6_k_dequantize}
+    return dequant[qtype](b.reshape(n, row)).astype(np.float64)
+
+
+def _check_x(x, k, fn):
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"{fn}: x must be [..., k = {k}], got shape {x.shape}")
+    return x
+
+
+def dequant_matmul(x, blocks, qtype, n, k, out=None):
+    """y = x · Wᵀ [..., n] in float64 with W = dequantize(blocks) [n, k]. `out` is accepted for
+    the backends' signature and ignored (the reference allocates)."""
+    w = weight(blocks, qtype, n, k)
+    return _check_x(x, k, "dequant_matmul") @ w.T
+
+
+def dequant_matmul_backward(x, blocks, qtype, n, k, dy, out=None):
+    """{x: dy · W}: the only gradient (the blocks are frozen bytes)."""
+    w = weight(blocks, qtype, n, k, "dequant_matmul_backward")
+    x = _check_x(x, k, "dequant_matmul_backward")
+    dy = np.asarray(dy, dtype=np.float64)
+    if dy.shape != x.shape[:-1] + (n,):
+        raise ValueError(f"dequant_matmul_backward: dy must be {x.shape[:-1] + (n,)}, got "
+                         f"{dy.shape}")
+    return {"x": dy @ w}
+
+
+# Test-input builders (the contract's `build:`): raw random bytes with every fp16 scale field
+# rewritten to a finite value of magnitude below 2^(emax − 14), keeping the drawn sign and
+# mantissa and folding the drawn exponent into 0..emax (0: zero and subnormal scales). A field
+# whose drawn bits are all ones (a 0xFF fill) becomes the largest such value: the max scale.
+# emax bounds every weight by |W| < 2 (q8_0: 128·2^-6; q4_k: (63·15 + 63)·2^-9; q6_k:
+# 128·32·2^-11), which the contract's tolerances assume; every other byte (quants, 6-bit
+# scales and mins, int8 scales) keeps its drawn value, so all of their patterns occur.
+W_BOUND = 2.0
+
+
+def _bounded(blocks, nbytes: int, fields: tuple, emax: int) -> np.ndarray:
+    a = np.asarray(blocks)
+    b = a.astype(np.int64).reshape(a.shape[:-1] + (a.shape[-1] // nbytes, nbytes)).copy()
+    for off in fields:
+        bits = b[..., off] | (b[..., off + 1] << 8)
+        mag = np.where((bits & 0x7FFF) == 0x7FFF, (emax << 10) | 1023,
+                       (((bits >> 10) & 31) % (emax + 1)) << 10 | (bits & 1023))
+        bits = (bits & 0x8000) | mag
+        b[..., off], b[..., off + 1] = bits & 255, bits >> 8
+    return b.reshape(a.shape).astype(a.dtype)
+
+
+def bounded_q8_0(blocks):
+    """Raw q8_0 bytes [..., 34·nb] → the same with |d| < 2^-6 (|W| < 2); see `_bounded`."""
+    return _bounded(blocks, Q8_0_BYTES, (0,), 8)
+
+
+def bounded_q4_k(blocks):
+    """Raw q4_k bytes [..., 144·nb] → the same with |d|, |dmin| < 2^-9 (|W| < 2), either sign
+    (a negative dmin adds its min)."""
+    return _bounded(blocks, Q4_K_BYTES, (0, 2), 5)
+
+
+def bounded_q6_k(blocks):
+    """Raw q6_k bytes [..., 210·nb] → the same with |d| < 2^-11 (|W| < 2)."""
+    return _bounded(blocks, Q6_K_BYTES, (208,), 3)

@@ -207,3 +207,102 @@ def test_triton_writes_only_its_view_of_out():
     margin = torch.ones_like(buf, dtype=torch.bool)
     margin[1:4, 3:1027:2] = False
     assert torch.all(torch.isnan(buf[margin]))
+
+
+# --- dequant_matmul --------------------------------------------------------------------------
+
+MM_BACKENDS = {"torch": T.dequant_matmul, "triton": X.dequant_matmul}
+BOUNDED = {"q8_0": R.bounded_q8_0, "q4_k": R.bounded_q4_k, "q6_k": R.bounded_q6_k}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequant_matmul_reference_matches_gguf_oracle(name):
+    """The reference's y = x·Wᵀ and dx = dy·W use gguf's dequantized W (flat bytes, as a GGUF
+    file stores them), and the test-input builder leaves every W finite with |W| < 2."""
+    nbytes, qk, _, qt = FORMATS[name]
+    n, nb = 7, 2
+    blocks = BOUNDED[name](_random_blocks(name, n, nb, seed=11))
+    w = gguf.quants.dequantize(blocks, qt).astype(np.float64)
+    assert np.all(np.abs(w) < R.W_BOUND)
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (2, 3, nb * qk))
+    y = R.dequant_matmul(x, blocks.reshape(-1), name, n, nb * qk)
+    np.testing.assert_allclose(y, x @ w.T, rtol=1e-13, atol=1e-13)
+    dy = rng.standard_normal((2, 3, n))
+    dx = R.dequant_matmul_backward(x, blocks, name, n, nb * qk, dy)["x"]
+    np.testing.assert_allclose(dx, dy @ w, rtol=1e-13, atol=1e-13)
+
+
+def test_torch_dequant_matmul_decodes_at_most_one_chunk(monkeypatch):
+    """Forward (row chunks) and backward (block-column chunks) decode at most CHUNK_BYTES of W
+    at a time and together cover W exactly once each: the decoder is wrapped to record the
+    [rows, columns] of every call. A 1 MiB budget makes a small weight take several chunks."""
+    monkeypatch.setattr(T, "CHUNK_BYTES", 1 << 20)
+    n, k = 300, 4096
+    assert T.chunk_rows(n, k) == 64 and T.chunk_cols(n, k, 256) == 768
+    seen = []
+    real = T._DECODE["q4_k"]
+
+    def counting(b, w):
+        seen.append((b.shape[0], b.shape[1] // 144 * 256))
+        return real(b, w)
+
+    monkeypatch.setitem(T._DECODE, "q4_k", counting)
+    blocks = torch.from_numpy(R.bounded_q4_k(_random_blocks("q4_k", n, k // 256, seed=5)))
+    x = torch.randn(3, k, requires_grad=True)
+    y = T.dequant_matmul(x, blocks, "q4_k", n, k)
+    assert seen == [(64, k)] * 4 + [(44, k)]
+    del seen[:]
+    dy = torch.randn(3, n)
+    y.backward(dy)
+    assert seen == [(n, 768)] * 5 + [(n, 256)]
+    w = R.weight(blocks.numpy(), "q4_k", n, k)
+    np.testing.assert_allclose(y.detach().numpy(), x.detach().double().numpy() @ w.T, atol=1e-3)
+    np.testing.assert_allclose(x.grad.numpy(), dy.double().numpy() @ w, rtol=0, atol=1e-3)
+
+
+def test_chunks_are_bounded():
+    for n, k, qk in [(0, 0, 32), (1, 256, 256), (5, 1 << 20, 32), (4096, 4096, 256),
+                     (11008, 4096, 256), (4096, 11008, 256), (7, 32, 32)]:
+        r, c = T.chunk_rows(n, k), T.chunk_cols(n, k, qk)
+        assert 1 <= r <= max(n, 1) and (r == 1 or r * k * 4 <= T.CHUNK_BYTES)
+        assert c % qk == 0 and qk <= c <= max(k, qk)
+        assert c == qk or n * c * 4 <= T.CHUNK_BYTES
+
+
+@pytest.mark.parametrize("backend", MM_BACKENDS)
+def test_dequant_matmul_refuses_bad_arguments(backend):
+    f = MM_BACKENDS[backend]
+    b = torch.zeros(4, 144, dtype=torch.uint8)
+    x = torch.zeros(2, 256)
+    cases = [
+        (dict(qtype="q4_0"), ValueError, "qtype must be one of"),
+        (dict(k=255), ValueError, "k = 255 is not a multiple"),
+        (dict(n=5), ValueError, "blocks must hold 5 rows"),
+        (dict(x=torch.zeros(2, 128)), ValueError, "x must be"),
+        (dict(blocks=b.to(torch.int16)), TypeError, "uint8"),
+        (dict(x=x.double()), TypeError, "float64"),
+        (dict(out=torch.empty(2, 3)), ValueError, "out must be"),
+    ]
+    for kw, err, msg in cases:
+        args = dict(x=x, blocks=b, qtype="q4_k", n=4, k=256) | kw
+        with pytest.raises(err, match=msg):
+            f(**args)
+    xg = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match="inference only"):
+        f(xg, b, "q4_k", 4, 256, out=torch.empty(2, 4))
+
+
+@pytest.mark.parametrize("backend", MM_BACKENDS)
+def test_dequant_matmul_batched_x_and_out(backend):
+    """x [..., k] with two leading axes, flat blocks, and out= give the 2-D result."""
+    f = MM_BACKENDS[backend]
+    blocks = R.bounded_q6_k(_random_blocks("q6_k", 5, 1, seed=9))
+    x = torch.rand(2, 3, 256) * 2 - 1
+    want = R.dequant_matmul(x.double().numpy(), blocks, "q6_k", 5, 256)
+    got = f(x, torch.from_numpy(blocks).reshape(-1), "q6_k", 5, 256)
+    assert got.shape == (2, 3, 5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-4)
+    out = torch.full((2, 3, 5), float("nan"))
+    f(x, torch.from_numpy(blocks), "q6_k", 5, 256, out=out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=1e-4)

@@ -654,3 +654,12 @@ def test_v031_text_argument_with_array_fields_or_sizes_out_of_order(tmp_path):
     assert {f.line for f in fs} == {line_of(text, "s: {text:")}
     assert any("shape" in f.message for f in fs) and any("min_size 9 > max_size 3" in f.message
                                                           for f in fs)
+
+
+def test_v032_build_on_an_argument_that_is_not_a_drawn_array(tmp_path):
+    """Drawing through `build` is in tests/test_build_inputs.py."""
+    text = edit(base_text(), "inputs:\n", "inputs:\n  packed:\n    dtypes: [float32]\n"
+                "    args:\n"
+                "      q: {const: 3, build: 'falsify.reference.gguf_quants:bounded_q8_0'}\n")
+    (f,) = only(run(tmp_path, text)[1], "V032", "error")
+    assert f.line == line_of(text, "q: {const: 3") and "'const' value" in f.message

@@ -157,3 +157,151 @@ def q8_0_quants_from_fp16_scale(x, out=None):
 def q8_0_truncating(x, out=None):
     """q8_0 quantize that truncates toward zero instead of rounding to the nearest integer."""
     return _q8_0_quantize_with(x, out, torch.trunc, lambda d: d)
+
+
+# --- dequant_matmul -------------------------------------------------------------------------
+
+
+@triton.jit
+def _q4_k_tile_bug(b_ptr, row, col, mask, stride_b0, stride_b1, SUB_OFF: tl.constexpr,
+                   MIN_SIGN: tl.constexpr):
+    """The fused q4_k tile with the scale/min of sub-block (j + SUB_OFF) mod 8 and the min
+    term multiplied by MIN_SIGN (1, 1: the correct decode)."""
+    e = col % 256
+    j = e // 32
+    js = (j + SUB_OFF) % 8
+    base = row * stride_b0 + (col // 256) * 144 * stride_b1
+    d = _x._fp16_field(tl.load(b_ptr + base, mask=mask, other=0).to(tl.int32),
+                       tl.load(b_ptr + base + stride_b1, mask=mask, other=0).to(tl.int32))
+    dmin = _x._fp16_field(
+        tl.load(b_ptr + base + 2 * stride_b1, mask=mask, other=0).to(tl.int32),
+        tl.load(b_ptr + base + 3 * stride_b1, mask=mask, other=0).to(tl.int32))
+    sa = tl.load(b_ptr + base + (4 + js % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+    sb = tl.load(b_ptr + base + (8 + js % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+    sc_ = tl.load(b_ptr + base + (12 + js % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+    sc = tl.where(js < 4, sa & 63, (sc_ & 15) | ((sa >> 6) << 4))
+    mn = tl.where(js < 4, sb & 63, (sc_ >> 4) | ((sb >> 6) << 4))
+    qb = tl.load(b_ptr + base + (16 + 32 * (e // 64) + e % 32) * stride_b1, mask=mask,
+                 other=0).to(tl.int32)
+    q = (qb >> (4 * (j % 2))) & 15
+    return (d * sc.to(tl.float32)) * q.to(tl.float32) - MIN_SIGN * (dmin * mn.to(tl.float32))
+
+
+@triton.jit
+def _mm_bug_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, stride_b0, stride_b1, s_cm, s_cn,
+                   W_ROWS, W_COLS, TRANS_W: tl.constexpr, QTYPE: tl.constexpr,
+                   DOT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, SUB_OFF: tl.constexpr, MIN_SIGN: tl.constexpr):
+    """_dequant_mm_kernel with the q4_k tile replaced by _q4_k_tile_bug; every lane is masked
+    to W's real [W_ROWS, W_COLS] so an orientation bug reads wrong values, never out of bounds."""
+    rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
+    m_ok = rm[:, None] < M
+    n_ok = rn[None, :] < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK).to(tl.int64)
+        a = tl.load(a_ptr + rm[:, None] * s_am + rk[None, :] * s_ak,
+                    mask=m_ok & (rk[None, :] < K), other=0.0)
+        if TRANS_W:
+            row = rn[None, :] + 0 * rk[:, None]
+            col = rk[:, None] + 0 * rn[None, :]
+        else:
+            row = rk[:, None] + 0 * rn[None, :]
+            col = rn[None, :] + 0 * rk[:, None]
+        ok = (rk[:, None] < K) & n_ok & (row < W_ROWS) & (col < W_COLS)
+        if QTYPE == 1:
+            w = _q4_k_tile_bug(b_ptr, row, col, ok, stride_b0, stride_b1, SUB_OFF, MIN_SIGN)
+        else:
+            w = _x._w_tile(b_ptr, row, col, ok, stride_b0, stride_b1, QTYPE)
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w.to(a_ptr.dtype.element_ty), acc)
+    tl.store(c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=m_ok & n_ok)
+
+
+def _mm_bug(a, b, qtype, trans_w, c, n, k, sub_off=0, min_sign=1):
+    m, kk = a.shape
+    nn = c.shape[1]
+    cfg = _x.mm_launch_config(m, nn, kk)
+    if m and nn:
+        _mm_bug_kernel[cfg["grid"]](
+            a, b, c, m, nn, kk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), n, k, TRANS_W=trans_w, QTYPE=_x._QTYPE_CODE[qtype],
+            DOT_F32=a.dtype != torch.float16, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+            SUB_OFF=sub_off, MIN_SIGN=min_sign)
+    return c
+
+
+def _mm_forward_bug(x, blocks, qtype, n, k, out, **bug):
+    b = _t.check_matmul_args(x, blocks, qtype, n, k, "dequant_matmul")
+    x2 = x.reshape(-1, k) if x.dim() != 2 else x
+    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    _mm_bug(x2.detach(), b, qtype, True, y, n, k, **bug)
+    y = y.reshape(*x.shape[:-1], n)
+    return y if out is None else out.copy_(y)
+
+
+def mm_q4_k_wrong_sub_block(x, blocks, qtype, n, k, out=None):
+    """Triton dequant_matmul whose q4_k tile uses sub-block (j + 1) mod 8's scale and min."""
+    return _mm_forward_bug(x, blocks, qtype, n, k, out, sub_off=1)
+
+
+def mm_q4_k_min_sign(x, blocks, qtype, n, k, out=None):
+    """Triton dequant_matmul whose q4_k tile adds dmin·m instead of subtracting it."""
+    return _mm_forward_bug(x, blocks, qtype, n, k, out, min_sign=-1)
+
+
+class _BackwardTransposed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, b, qtype, n, k):
+        x2 = x.reshape(-1, k) if x.dim() != 2 else x
+        y = _x._mm(x2, b, qtype, True, torch.empty(x2.shape[0], n, dtype=x.dtype))
+        ctx.save_for_backward(b)
+        ctx.meta = (qtype, n, k, x.shape)
+        return y.reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (b,) = ctx.saved_tensors
+        qtype, n, k, shape = ctx.meta
+        g2 = gy.reshape(-1, n)
+        dx = torch.empty(g2.shape[0], k, dtype=gy.dtype)
+        _mm_bug(g2, b, qtype, True, dx, n, k)  # BUG: the forward's Wᵀ orientation
+        return dx.reshape(shape), None, None, None, None
+
+
+def mm_backward_transposed(x, blocks, qtype, n, k, out=None):
+    """Triton dequant_matmul whose backward computes dy·Wᵀ (read as far as W's shape allows)
+    instead of dy·W."""
+    b = _t.check_matmul_args(x, blocks, qtype, n, k, "dequant_matmul")
+    return _BackwardTransposed.apply(x, b, qtype, n, k)
+
+
+def _decode_q4_k_next_super_block(b, w):
+    """torch q4_k rows decoded with each super-block's d and dmin taken from the next one."""
+    r, nb = b.shape[0], b.shape[1] // Q4_K_BYTES
+    blk = b.reshape(r, nb, Q4_K_BYTES)
+    d = _t.fp16_field(blk[..., 0], blk[..., 1]).roll(-1, dims=1)  # BUG: super-block + 1
+    dmin = _t.fp16_field(blk[..., 2], blk[..., 3]).roll(-1, dims=1)
+    sc, mn = _t.q4_k_scale_min(blk[..., 4:16])
+    qs = blk[..., 16:].to(torch.int32).reshape(r, nb, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(r, nb, 8, 32).float()
+    v = (d[..., None] * sc.float())[..., None] * q - (dmin[..., None] * mn.float())[..., None]
+    return w.copy_(v.reshape(r, nb * QK_K))
+
+
+def mm_q4_k_wrong_super_block(x, blocks, qtype, n, k, out=None):
+    """torch dequant_matmul (chunked) whose q4_k decode uses the next super-block's d, dmin."""
+    b = _t.check_matmul_args(x, blocks, qtype, n, k, "dequant_matmul")
+    decode = _decode_q4_k_next_super_block if qtype == "q4_k" else _t._DECODE[qtype]
+    x2 = x.reshape(-1, k).float()
+    rows = _t.chunk_rows(n, k)
+    y = torch.empty(x2.shape[0], n)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        y[:, r0:r1] = x2 @ decode(b[r0:r1], torch.empty(r1 - r0, k)).T
+    y = y.to(x.dtype).reshape(*x.shape[:-1], n)
+    return y if out is None else out.copy_(y)

@@ -14,13 +14,17 @@ Every tensor is addressed through explicit strides and every load/store is maske
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 import falsify.impl.triton  # noqa: F401  (interpreter switch: must run before kernels launch)
-from falsify.impl.launch import cdiv
+from falsify.impl.dtypes import triton_dtypes
+from falsify.impl.launch import cdiv, next_power_of_2_clamped
 from falsify.impl.torch import gguf_quants as _t
+from falsify.impl.triton.autograd import once_differentiable
 from falsify.reference.gguf_quants import (
     FP16_OVERFLOW,
     Q4_K_BYTES,
@@ -30,7 +34,8 @@ from falsify.reference.gguf_quants import (
     QK_K,
 )
 
-__all__ = ["q8_0_dequantize", "q4_k_dequantize", "q6_k_dequantize", "q8_0_quantize"]
+__all__ = ["q8_0_dequantize", "q4_k_dequantize", "q6_k_dequantize", "q8_0_quantize",
+           "dequant_matmul"]
 
 TILE_VALUES = 2048  # values per program, every format
 
@@ -218,4 +223,161 @@ def q8_0_quantize(x, out=None):
     if cfg["grid"]:
         _q8_0_quantize_kernel[(cfg["grid"],)](x, out, m * nb, nb, x.stride(0), x.stride(1),
                                               out.stride(0), out.stride(1), G=cfg["G"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Dequantize-matmul: C = A · op(W), W [n, k] decoded tile by tile inside the tl.dot loop.
+#
+# The B operand's tile element (kk, nn) is W[nn, kk] for the forward (op = ᵀ: y = x·Wᵀ) and
+# W[kk, nn] for the backward (dx = dy·W). Each element gathers its bytes through the layout's
+# index formulas (those of the dequantize kernels above) and is decoded in registers:
+#   q8_0: fp16 d · int8 q
+#   q4_k: (d·sc_j)·q − dmin·m_j, the 6-bit (sc_j, m_j) of sub-block j = ⌊e/32⌋ unpacked from
+#         the 12 packed bytes, q the low (even j) or high (odd j) nibble
+#   q6_k: (d·sc_⌊e/16⌋)·(ql nibble | qh bit pair << 4 − 32), int8 sc
+# — the same fp32 values, bit for bit, that the dequantize kernels write. fp32 activations use
+# IEEE fp32 dots (the GPU default would be TF32); fp16 activations round the decoded tile to
+# fp16 (as bitsandbytes dequantizes NF4 to the activation dtype) and run on tensor cores, with
+# fp32 accumulation either way.
+
+Q8_0, Q4_K, Q6_K = 0, 1, 2  # the kernels' QTYPE constexpr
+_QTYPE_CODE = {"q8_0": Q8_0, "q4_k": Q4_K, "q6_k": Q6_K}
+MM_MIN_TILE, MM_MAX_TILE = 16, 64  # tl.dot needs every block dimension ≥ 16
+MM_BLOCK_K = 32  # one q8_0 block or one k-quant sub-block per step along a row of W
+
+
+def mm_launch_config(m: int, n: int, k: int) -> dict:
+    """Tiles and grid for C[m, n] = A[m, k] · B[k, n]: a pure function of the shapes
+    (next power of 2 of m and n, clamped to [16, 64]; BK = 32)."""
+    bm = next_power_of_2_clamped(m, MM_MIN_TILE, MM_MAX_TILE)
+    bn = next_power_of_2_clamped(n, MM_MIN_TILE, MM_MAX_TILE)
+    return {"BM": bm, "BN": bn, "BK": MM_BLOCK_K, "grid": (cdiv(m, bm), cdiv(n, bn))}
+
+
+@triton.jit
+def _w_tile(b_ptr, row, col, mask, stride_b0, stride_b1, QTYPE: tl.constexpr):
+    """W[row, col] for int64 index tensors that broadcast to the tile (masked lanes: 0)."""
+    if QTYPE == 0:  # q8_0: 34-byte blocks of 32
+        i = col % 32
+        base = row * stride_b0 + (col // 32) * 34 * stride_b1
+        d = _fp16_field(tl.load(b_ptr + base, mask=mask, other=0).to(tl.int32),
+                        tl.load(b_ptr + base + stride_b1, mask=mask, other=0).to(tl.int32))
+        qb = tl.load(b_ptr + base + (2 + i) * stride_b1, mask=mask, other=0).to(tl.int32)
+        w = d * tl.where(qb >= 128, qb - 256, qb).to(tl.float32)
+    elif QTYPE == 1:  # q4_k: 144-byte super-blocks of 256
+        e = col % 256
+        j = e // 32
+        base = row * stride_b0 + (col // 256) * 144 * stride_b1
+        d = _fp16_field(tl.load(b_ptr + base, mask=mask, other=0).to(tl.int32),
+                        tl.load(b_ptr + base + stride_b1, mask=mask, other=0).to(tl.int32))
+        dmin = _fp16_field(
+            tl.load(b_ptr + base + 2 * stride_b1, mask=mask, other=0).to(tl.int32),
+            tl.load(b_ptr + base + 3 * stride_b1, mask=mask, other=0).to(tl.int32))
+        sa = tl.load(b_ptr + base + (4 + j % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+        sb = tl.load(b_ptr + base + (8 + j % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+        sc_ = tl.load(b_ptr + base + (12 + j % 4) * stride_b1, mask=mask, other=0).to(tl.int32)
+        sc = tl.where(j < 4, sa & 63, (sc_ & 15) | ((sa >> 6) << 4))
+        mn = tl.where(j < 4, sb & 63, (sc_ >> 4) | ((sb >> 6) << 4))
+        qb = tl.load(b_ptr + base + (16 + 32 * (e // 64) + e % 32) * stride_b1, mask=mask,
+                     other=0).to(tl.int32)
+        q = (qb >> (4 * (j % 2))) & 15
+        w = (d * sc.to(tl.float32)) * q.to(tl.float32) - dmin * mn.to(tl.float32)
+    else:  # q6_k: 210-byte super-blocks of 256
+        e = col % 256
+        g = (e % 128) // 32
+        n = e // 128
+        lane = e % 32
+        base = row * stride_b0 + (col // 256) * 210 * stride_b1
+        d = _fp16_field(
+            tl.load(b_ptr + base + 208 * stride_b1, mask=mask, other=0).to(tl.int32),
+            tl.load(b_ptr + base + 209 * stride_b1, mask=mask, other=0).to(tl.int32))
+        lb = tl.load(b_ptr + base + (64 * n + 32 * (g % 2) + lane) * stride_b1, mask=mask,
+                     other=0).to(tl.int32)
+        hb = tl.load(b_ptr + base + (128 + 32 * n + lane) * stride_b1, mask=mask,
+                     other=0).to(tl.int32)
+        scb = tl.load(b_ptr + base + (192 + e // 16) * stride_b1, mask=mask,
+                      other=0).to(tl.int32)
+        q = (((lb >> (4 * (g // 2))) & 15) | (((hb >> (2 * g)) & 3) << 4)) - 32
+        sc = tl.where(scb >= 128, scb - 256, scb)
+        w = (d * sc.to(tl.float32)) * q.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _dequant_mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, stride_b0, stride_b1,
+                       s_cm, s_cn, TRANS_W: tl.constexpr, QTYPE: tl.constexpr,
+                       DOT_F32: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+    """C[M, N] = A[M, K] · op(W): op(W) = Wᵀ with W [N, K] (TRANS_W) or W [K, N]."""
+    rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
+    m_ok = rm[:, None] < M
+    n_ok = rn[None, :] < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK).to(tl.int64)
+        a = tl.load(a_ptr + rm[:, None] * s_am + rk[None, :] * s_ak,
+                    mask=m_ok & (rk[None, :] < K), other=0.0)
+        b_ok = (rk[:, None] < K) & n_ok
+        if TRANS_W:
+            w = _w_tile(b_ptr, rn[None, :], rk[:, None], b_ok, stride_b0, stride_b1, QTYPE)
+        else:
+            w = _w_tile(b_ptr, rk[:, None], rn[None, :], b_ok, stride_b0, stride_b1, QTYPE)
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w.to(a_ptr.dtype.element_ty), acc)
+    tl.store(c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=m_ok & n_ok)
+
+
+def _mm(a, b, qtype: str, trans_w: bool, c, kernel=None):
+    """c ← a · Wᵀ (trans_w: a [M, k], c [M, n]) or a · W (a [M, n], c [M, k]); b: [n, row]."""
+    m, kk = a.shape
+    nn = c.shape[1]
+    cfg = mm_launch_config(m, nn, kk)
+    if m and nn:
+        (kernel or _dequant_mm_kernel)[cfg["grid"]](
+            a, b, c, m, nn, kk, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), TRANS_W=trans_w, QTYPE=_QTYPE_CODE[qtype],
+            DOT_F32=a.dtype != torch.float16, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"])
+    return c
+
+
+def _rows(x, k):
+    return x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), k)
+
+
+class _DequantMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, b, qtype, n, k):
+        x2 = _rows(x, k)
+        y = _mm(x2, b, qtype, True, torch.empty(x2.shape[0], n, dtype=x.dtype,
+                                                 device=x.device))
+        ctx.save_for_backward(b)
+        ctx.meta = (qtype, n, k, x.shape)
+        return y.reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    @once_differentiable("dequant_matmul (Triton)")
+    def backward(ctx, gy):
+        (b,) = ctx.saved_tensors
+        qtype, n, k, shape = ctx.meta
+        g2 = _rows(gy, n)
+        dx = _mm(g2, b, qtype, False, torch.empty(g2.shape[0], k, dtype=gy.dtype,
+                                                   device=gy.device))
+        return dx.reshape(shape), None, None, None, None  # frozen bytes: no gradient
+
+
+def dequant_matmul(x, blocks, qtype, n, k, out=None):
+    """See falsify.impl.torch.gguf_quants.dequant_matmul (same arguments and result): the
+    blocks are decoded tile by tile inside the GEMM, forward (x·Wᵀ) and backward (dy·W)."""
+    fn = "dequant_matmul"
+    b = _t.check_matmul_args(x, blocks, qtype, n, k, fn, triton_dtypes())
+    needs_grad = torch.is_grad_enabled() and x.requires_grad
+    _t.check_mm_out(out, (*x.shape[:-1], n), x.dtype, needs_grad, fn)
+    if out is None:
+        return _DequantMatmul.apply(x, b, qtype, n, k)
+    _mm(_rows(x, k), b, qtype, True, out if out.dim() == 2 else out.view(-1, n))
     return out

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "58dbb73c892f1c2c2d3ae127a6d6bc5e8dccd0aa480be9c65b289854ce7ffe38"
+SHA256 = "84d7acac9eb4831639e7b45da28018d0128da43d3851ea2988b528f34fcf7aca"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 
@@ -458,6 +458,390 @@ def test_falsify_gq_021__torch__float32(case):
 def test_falsify_gq_021__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-021", "triton", "float32", case)
 
+# FALSIFY-GQ-022 → GQ-MM-001 (parity): dequant_matmul forward (q8_0)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[2])
+def test_falsify_gq_022__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-022", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[2])
+def test_falsify_gq_022__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-022", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[2])
+def test_falsify_gq_022__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-022", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[2])
+def test_falsify_gq_022__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-022", "triton", "float16", case)
+
+# FALSIFY-GQ-023 → GQ-MM-001 (parity): dequant_matmul forward (q4_k)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[2])
+def test_falsify_gq_023__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-023", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[2])
+def test_falsify_gq_023__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-023", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[2])
+def test_falsify_gq_023__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-023", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[2])
+def test_falsify_gq_023__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-023", "triton", "float16", case)
+
+# FALSIFY-GQ-024 → GQ-MM-001 (parity): dequant_matmul forward (q6_k)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[2])
+def test_falsify_gq_024__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-024", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[2])
+def test_falsify_gq_024__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-024", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[2])
+def test_falsify_gq_024__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-024", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[2])
+def test_falsify_gq_024__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-024", "triton", "float16", case)
+
+# FALSIFY-GQ-025 → GQ-MM-002 (gradient): dequant_matmul backward (q8_0)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[2])
+def test_falsify_gq_025__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[2])
+def test_falsify_gq_025__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[2])
+def test_falsify_gq_025__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[2])
+def test_falsify_gq_025__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[2])
+def test_falsify_gq_025__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[2])
+def test_falsify_gq_025__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-025", "triton", "float16", case)
+
+# FALSIFY-GQ-026 → GQ-MM-002 (gradient): dequant_matmul backward (q4_k)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[2])
+def test_falsify_gq_026__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[2])
+def test_falsify_gq_026__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[2])
+def test_falsify_gq_026__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[2])
+def test_falsify_gq_026__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[2])
+def test_falsify_gq_026__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[2])
+def test_falsify_gq_026__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-026", "triton", "float16", case)
+
+# FALSIFY-GQ-027 → GQ-MM-002 (gradient): dequant_matmul backward (q6_k)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[2])
+def test_falsify_gq_027__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[2])
+def test_falsify_gq_027__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[2])
+def test_falsify_gq_027__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[2])
+def test_falsify_gq_027__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[2])
+def test_falsify_gq_027__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="triton", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[2])
+def test_falsify_gq_027__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-027", "triton", "float16", case)
+
+# FALSIFY-GQ-028 → GQ-MM-003 (static): Fused q4_k GEMM on tensor cores (static, forward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-028", backend="triton", variant="sm_80")
+def test_falsify_gq_028__triton__sm_80():
+    rt.execute(CONTRACT, "FALSIFY-GQ-028", "triton", "sm_80", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-028", backend="triton", variant="sm_90")
+def test_falsify_gq_028__triton__sm_90():
+    rt.execute(CONTRACT, "FALSIFY-GQ-028", "triton", "sm_90", None)
+
+# FALSIFY-GQ-029 → GQ-MM-003 (static): Fused q6_k GEMM on tensor cores (static, backward)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-029", backend="triton", variant="sm_80")
+def test_falsify_gq_029__triton__sm_80():
+    rt.execute(CONTRACT, "FALSIFY-GQ-029", "triton", "sm_80", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-029", backend="triton", variant="sm_90")
+def test_falsify_gq_029__triton__sm_90():
+    rt.execute(CONTRACT, "FALSIFY-GQ-029", "triton", "sm_90", None)
+
+# FALSIFY-GQ-030 → GQ-MM-003 (static): Fused q8_0 GEMM stays IEEE in fp32 (static)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-030", backend="triton", variant="sm_80")
+def test_falsify_gq_030__triton__sm_80():
+    rt.execute(CONTRACT, "FALSIFY-GQ-030", "triton", "sm_80", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-003", check="FALSIFY-GQ-030", backend="triton", variant="sm_90")
+def test_falsify_gq_030__triton__sm_90():
+    rt.execute(CONTRACT, "FALSIFY-GQ-030", "triton", "sm_90", None)
+
+# FALSIFY-GQ-031 → GQ-MM-004 (layouts): Layouts and size 0 (dequant_matmul)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
+def test_falsify_gq_031__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-031", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
+def test_falsify_gq_031__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-031", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="triton", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
+def test_falsify_gq_031__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-031", "triton", "float32", case)
+
+# FALSIFY-GQ-032 → GQ-MM-005 (dtypes): Declared dtypes only (dequant_matmul)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-005", check="FALSIFY-GQ-032", backend="torch", variant="undeclared")
+def test_falsify_gq_032__torch__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GQ-032", "torch", "undeclared", None)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-005", check="FALSIFY-GQ-032", backend="triton", variant="undeclared")
+def test_falsify_gq_032__triton__undeclared():
+    rt.execute(CONTRACT, "FALSIFY-GQ-032", "triton", "undeclared", None)
+
+# FALSIFY-GQ-033 → GQ-DEV-001 (device): Device consistency (dequant_matmul)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="torch", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[2])
+def test_falsify_gq_033__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-033", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="torch", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[2])
+def test_falsify_gq_033__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-033", "torch", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="triton", variant="float32")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[2])
+def test_falsify_gq_033__triton__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-033", "triton", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="triton", variant="float16")
+@rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[2])
+def test_falsify_gq_033__triton__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-GQ-033", "triton", "float16", case)
+
 
 # MUT-GQ-001 → GQ-EQV-002: 6-bit scale/min unpacking off by one bit: sub-blocks 4..7 put their top two bits at bits 3..4 instead of 4..5
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-001", obligation="GQ-EQV-002", backend="torch")
@@ -505,3 +889,27 @@ def test_mut_gq_007():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-008", obligation="GQ-BND-001", backend="torch")
 def test_mut_gq_008():
     rt.assert_killed(CONTRACT, "MUT-GQ-008")
+
+
+# MUT-GQ-009 → GQ-MM-001: fused q4_k tile decodes sub-block j with the 6-bit scale and min of sub-block (j + 1) mod 8
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-009", obligation="GQ-MM-001", backend="triton")
+def test_mut_gq_009():
+    rt.assert_killed(CONTRACT, "MUT-GQ-009")
+
+
+# MUT-GQ-010 → GQ-MM-001: chunked torch path decodes each q4_k super-block with the d and dmin of the next super-block in its row
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-010", obligation="GQ-MM-001", backend="torch")
+def test_mut_gq_010():
+    rt.assert_killed(CONTRACT, "MUT-GQ-010")
+
+
+# MUT-GQ-011 → GQ-MM-002: the Triton backward multiplies dy by Wᵀ (the forward's orientation of the B tile) instead of W
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-011", obligation="GQ-MM-002", backend="triton")
+def test_mut_gq_011():
+    rt.assert_killed(CONTRACT, "MUT-GQ-011")
+
+
+# MUT-GQ-012 → GQ-MM-001: fused q4_k tile adds dmin·m instead of subtracting it
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GQ-012", obligation="GQ-MM-001", backend="triton")
+def test_mut_gq_012():
+    rt.assert_killed(CONTRACT, "MUT-GQ-012")
