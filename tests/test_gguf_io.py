@@ -486,9 +486,15 @@ def test_finetune_on_a_q8_0_gguf_keeps_its_projections_quantized_and_frozen(tmp_
     assert float(q.lora_B.weight.detach().abs().max()) > 0  # the adapter trained
     # the layer computes x·dequant(W)ᵀ (+ the adapter): with adapters off, exactly F.linear
     x = torch.randn(3, q.in_features, generator=torch.Generator().manual_seed(0))
+    blocks = g.tensors["layers.0.self_attn.q_proj.weight"].blocks
+    w = GQ.q8_0_dequantize(blocks)
     with torch.no_grad(), LM.adapters_disabled(res.model):
-        assert torch.equal(q(x), torch.nn.functional.linear(
-            x, GQ.q8_0_dequantize(g.tensors["layers.0.self_attn.q_proj.weight"].blocks)))
+        y = q(x)
+        # through the contracted fused kernel, exactly; and F.linear's value up to fp32
+        # accumulation order: |Δ| ≤ 2·k·u·(|x|·|W|ᵀ)
+        assert torch.equal(y, GQ.dequant_matmul(x, blocks, "q8_0", q.out_features, q.in_features))
+        bound = 2 * q.in_features * 2.0 ** -24 * (x.abs() @ w.abs().t())
+        assert bool(((y - torch.nn.functional.linear(x, w)).abs() <= bound).all())
     assert LM.memory_bytes(res.model)["projections_ratio"] == pytest.approx(34 / 128)
     assert (tmp_path / "run" / "adapter.gguf").is_file()
 

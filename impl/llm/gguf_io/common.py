@@ -100,12 +100,12 @@ def dequantize(t) -> torch.Tensor:
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: str,
                  shape: tuple[int, int]) -> torch.Tensor:
-    """y = x·dequant(W)ᵀ for a frozen GGUF-quantized weight: the contracted dequantizer, then
-    F.linear. The one place a quantized GGUF projection is applied, so a fused
-    dequantize-matmul kernel can replace this function alone. No gradient reaches W (uint8
-    blocks); x's gradient flows through F.linear."""
-    w = dequantize(QuantTensor(blocks, qtype, shape))
-    return torch.nn.functional.linear(x, w.to(x.dtype))
+    """y = x·dequant(W)ᵀ for a frozen GGUF-quantized weight, through the contracted fused
+    dequantize-matmul (gguf-quants-kernel-v1's `dequant_matmul`: W decoded a chunk at a time,
+    never whole in fp32). The one place a quantized GGUF projection is applied. No gradient
+    reaches W (uint8 blocks); x's gradient is dy·W, decoded the same way."""
+    n, k = shape
+    return GQ.dequant_matmul(x, blocks, qtype, n, k)
 
 
 def encode(w: torch.Tensor, gtype: str, name: str = "tensor"):
