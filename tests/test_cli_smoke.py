@@ -200,6 +200,7 @@ def test_pv_verbs(tmp_path, capsys):
     assert re.search(r"^\d+ test module\(s\) changed, \d+ in all; 0 docs page", out, re.M)
 
 
+@pytest.mark.heavy
 def test_run_mutants_coverage_audit(tmp_path, capsys):
     """`falsify run` (plain and with --bind), `falsify mutants`, then `pv coverage` and `pv audit`
     on the ledger they wrote (never the project's own ledger)."""
@@ -238,6 +239,7 @@ def test_run_mutants_coverage_audit(tmp_path, capsys):
     assert rc == (1 if gaps else 0) and "softmax-kernel-v1" in out
 
 
+@pytest.mark.heavy
 def test_bench_kernels_quick_with_memory_children(tmp_path):
     """`falsify bench kernels --quick` on a few kernels (every case with its memory children
     would take many minutes: each child imports torch), its peak memory measured in the child

@@ -235,6 +235,7 @@ def test_bench_distributed_counts_the_whole_gradient_once():
     assert -1 < out["comm_share"] < 1, out
 
 
+@pytest.mark.heavy
 def test_resume_matrix_2_to_2_2_to_1_1_to_2(tmp_path):
     """2 → 2 processes resumes bit for bit; 2 → 1 and 1 → 2 continue the same loss curve
     (within distributed-train-v1's 700·ε₃₂) when batch_size × processes, the global batch the

@@ -26,6 +26,7 @@ def test_bench_finetune_tiny_json(capsys):
     assert nb["projections_stored"] < nb["projections_fp32"] / 7
 
 
+@pytest.mark.heavy
 def test_bench_finetune_table_with_memory_children(tmp_path):
     """As the README runs it (table, memory on), at the smallest size: the memory of each side
     is measured in a child started as `python -m falsify bench finetune --measure ...`."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from falsify.cli import main
 from falsify.impl.llm import lora_model as LM
 from falsify.impl.llm import sft_data as SD
@@ -20,6 +22,7 @@ def test_shipped_dataset_is_small_and_valid():
     assert all(r.fields["response"].startswith("\n") for r in recs)
 
 
+@pytest.mark.heavy
 def test_default_finetune_completes_and_the_loss_falls(tmp_path, capsys):
     out = tmp_path / "run"
     args = [f"cache_dir={tmp_path / 'cache'}", f"out_dir={out}", "progress=false"]

@@ -79,6 +79,7 @@ def status_of(cov: dict, oid: str) -> str:
     return next(o["status"] for o in c["obligations"] if o["obligation"] == oid)
 
 
+@pytest.mark.heavy
 def test_full_run_covers_everything_and_edits_break_it(workspace):
     ws = workspace
     # `falsify run` runs the checks and the mutants, and its coverage line counts both
@@ -122,6 +123,7 @@ def test_deleting_a_check_makes_its_obligation_not_run(workspace):
     assert "below --min 100" in r.stdout
 
 
+@pytest.mark.heavy
 def test_loosened_tolerance_lets_a_mutant_survive(workspace):
     ws = workspace
 

@@ -154,6 +154,7 @@ def _deltas(base, adapter):
             for n, m in LM.adapted_layers(model) if m.has_adapter}
 
 
+@pytest.mark.heavy
 def test_adapters_linear_1_0_is_merging_adapter_1_alone(models, adapters, tmp_path, capsys):
     from falsify.cli import main
 

@@ -22,6 +22,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("contracts/softmax-kernel-v1.yaml", "contracts/contract.schema.json",
            "contracts/FORMAT.md")
@@ -159,6 +161,7 @@ def _check_own_contract(steps: Steps, project: Path, cli) -> None:
                      out)
 
 
+@pytest.mark.heavy
 def test_the_wheel_works_for_a_user(tmp_path):
     steps = Steps()
     wheel, sdist = _build(tmp_path / "dist")

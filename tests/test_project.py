@@ -228,6 +228,7 @@ def _without_triton(data: dict) -> None:
                                         f"tests pass and all {n} mutants are killed")
 
 
+@pytest.mark.heavy
 def test_a_contract_outside_the_library_runs_end_to_end(tmp_path):
     """softmax-kernel-v1 under a new id in a project of its own (Triton bindings dropped: the
     interpreter is slow): run → ledger → coverage → audit, nothing written in the package."""
