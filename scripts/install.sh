@@ -59,9 +59,20 @@ print(pathlib.Path(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED").exists())
   exit 2
 fi
 
+# Optional, FALSIFY_LLAMA_CPP=1: llama.cpp's Python binding (the `llama-cpp` extra), which pip
+# builds from source (~7 CPU-minutes; its wheel cache makes a second install instant).
+llama_cpp_optional() {
+  if [ "${FALSIFY_LLAMA_CPP:-0}" = 1 ] && ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
+    pin=$(grep -o '"llama-cpp-python==[^"]*"' pyproject.toml | tr -d '"')
+    echo "install.sh: building $pin (FALSIFY_LLAMA_CPP=1)" >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$pin"
+  fi
+}
+
 # Fast path: nothing to do when this pyproject.toml was installed into this interpreter.
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $("$VENV/bin/python" -c 'import sys; print(sys.version)')"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/falsify" ]; then
+  llama_cpp_optional
   exit 0
 fi
 if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
@@ -80,4 +91,5 @@ urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)' "$TORCH
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
 printf '%s' "$want" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
+llama_cpp_optional
 echo "install.sh: falsify installed in $VENV (run .venv/bin/falsify, .venv/bin/pv)" >&2
