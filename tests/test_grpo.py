@@ -172,7 +172,7 @@ def test_top_p_nucleus_is_minimal_on_random_logits(seed):
 
 
 def test_sampling_is_seeded_and_stays_in_the_nucleus():
-    from falsify.probes.grpo_finetune import TINY, _base
+    from falsify.probes.grpo_finetune import _base
 
     m = _base(0, scale=0.3).model  # weights far from init: a next-token distribution with a head
     prompt = [0, 5, 9, 11]
@@ -185,7 +185,7 @@ def test_sampling_is_seeded_and_stays_in_the_nucleus():
     with torch.no_grad():
         first = top_p_filter(m(torch.tensor([prompt]))[:, -1, :].float(), 0.5)
     allowed = set(torch.isfinite(first)[0].nonzero().flatten().tolist())
-    assert 1 < len(allowed) < TINY["vocab_size"] // 2
+    assert 1 < len(allowed) < m.cfg.vocab_size // 2
     assert {row[0] for row in draw(3)} <= allowed
 
 

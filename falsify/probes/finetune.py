@@ -47,13 +47,14 @@ def _objectives(backend: str):
                       freeze_base=_bound("frozen_base", backend))
 
 
-def tiny_base(seed: int = 0, scale: float = 0.08):
-    """The tiny Transformer with weights N(0, scale) and norm gains in [0.5, 1.5]."""
+def tiny_base(seed: int = 0, scale: float = 0.08, **cfg):
+    """The tiny Transformer (TINY, updated by `cfg`) with weights N(0, scale) and norm gains in
+    [0.5, 1.5]."""
     import torch
 
     from falsify.impl.llm.model import ModelConfig, build_model
 
-    m = build_model(ModelConfig(**TINY), "torch", seed=seed)
+    m = build_model(ModelConfig(**{**TINY, **cfg}), "torch", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in m.named_parameters():

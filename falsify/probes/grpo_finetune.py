@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 CONTRACT = "grpo-finetune-v1"
-TINY = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-            intermediate_size=192, max_seq_len=64)
+# the fine-tuning probes' tiny model, with a context long enough for a prompt and its completion
+TINY = dict(max_seq_len=64)
 
 
 def _bound(equation: str, backend: str):
@@ -56,20 +56,10 @@ def _problems(n: int = 8):
 def _base(seed: int, scale: float = 0.08):
     """The tiny Transformer with weights N(0, scale), norm gains in [0.5, 1.5] (far from the
     near-zero init, so the policy's choices differ from token to token)."""
-    import torch
-
     from falsify.impl.llm.finetune_base import Base
-    from falsify.impl.llm.model import ModelConfig, build_model
+    from falsify.probes.finetune import tiny_base
 
-    m = build_model(ModelConfig(**TINY), "torch", seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            else:
-                p.copy_(scale * torch.randn(p.shape, generator=g))
-    return Base(m, _tokenizer(), None, "probe tiny base", "memory")
+    return Base(tiny_base(seed, scale, **TINY), _tokenizer(), None, "probe tiny base", "memory")
 
 
 # ---------------------------------------------------------------------------- rewards

@@ -700,7 +700,12 @@ class FinetuneRun:
         finally:
             progress.close()
             mf.close()
-        result.final_step = tr.step
+        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
+
+    def close_result(self, result, final_step: int, tokens: int, t_loop: float,
+                     keep_model: bool):
+        """The run's totals; finish() (final save, exports) unless a stop_after test stop."""
+        result.final_step = final_step
         result.tokens = tokens
         result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
         if not result.stopped.startswith("stop_after"):

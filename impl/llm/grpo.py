@@ -418,15 +418,7 @@ class GrpoRun(FT.FinetuneRun):
                     break
         finally:
             mf.close()
-        result.final_step = tr.step
-        result.tokens = tokens
-        result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
-        if not result.stopped.startswith("stop_after"):
-            self.finish()
-        result.elapsed_s = time.perf_counter() - self.t_start
-        if keep_model:
-            result.model = self.model
-        return result
+        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
 
     def after_step(self, st, vb, mf, stop_after):
         # a checkpoint only between batches, so a resume re-samples nothing
