@@ -39,7 +39,7 @@ def wide_console(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_pipeline_runs_resumes_and_reruns_what_changed(tmp_path, capsys):
     cfg = tmp_path / "pipeline.yaml"
     cfg.write_text(yaml.safe_dump(SMALL))

@@ -61,7 +61,7 @@ def test_the_page_documents_the_three_kernels():
     assert str(ROOT) not in text and "site-packages" not in text
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("contract", sorted(DOCUMENTED))
 def test_the_page_shows_what_the_run_gives(contract, tmp_path):
     argv, shown = DOCUMENTED[contract]
