@@ -270,16 +270,22 @@ def _rows_of_x(x, k):
 
 
 def _forward(x2, b, qtype: str, n: int, k: int) -> torch.Tensor:
-    """yᵀ [n, M] in fp32, one chunk of W's rows at a time (x upcast once: exact)."""
+    """y = x·Wᵀ [M, n] in fp32, one chunk of W's rows at a time (x upcast once: exact). y is
+    returned contiguous: a transposed result would make every op after the layer (the LoRA
+    add, the head split, RoPE) copy or stride (measured: +1.6 ms per q8_0 1376×512 layer,
+    forward and backward, at M = 512)."""
     xf = x2.float()
-    yt = torch.empty(n, x2.shape[0], dtype=torch.float32, device=x2.device)
+    y = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x2.device)
     rows = chunk_rows(n, k)
     buf = torch.empty(min(rows, n), k, dtype=torch.float32, device=x2.device)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         w = _DECODE[qtype](b[r0:r1], buf[: r1 - r0])
-        torch.mm(w, xf.t(), out=yt[r0:r1])  # rows r0..r1 of yᵀ: contiguous
-    return yt
+        if r1 - r0 == n:
+            torch.mm(xf, w.t(), out=y)
+        else:
+            y[:, r0:r1] = xf @ w.t()  # columns r0..r1 of y
+    return y
 
 
 def _backward(g2, b, qtype: str, n: int, k: int) -> torch.Tensor:
@@ -304,10 +310,10 @@ def _backward(g2, b, qtype: str, n: int, k: int) -> torch.Tensor:
 class _DequantMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, b, qtype, n, k):
-        yt = _forward(_rows_of_x(x, k), b, qtype, n, k)
+        y = _forward(_rows_of_x(x, k), b, qtype, n, k)
         ctx.save_for_backward(b)
         ctx.meta = (qtype, n, k, x.shape, x.dtype)
-        return yt.t().to(x.dtype).reshape(*x.shape[:-1], n)
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
     @staticmethod
     def backward(ctx, gy):
@@ -334,5 +340,4 @@ def dequant_matmul(x, blocks, qtype, n, k, out=None):
     if out is None:
         return _DequantMatmul.apply(x, b, qtype, n, k)
     with torch.no_grad():
-        yt = _forward(_rows_of_x(x, k), b, qtype, n, k)
-        return out.copy_(yt.t().reshape(out.shape))
+        return out.copy_(_forward(_rows_of_x(x, k), b, qtype, n, k).reshape(out.shape))
