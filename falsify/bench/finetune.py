@@ -314,8 +314,7 @@ def run(size: str, steps: int, memory: bool, base: str = "nf4") -> dict:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("finetune", help="one QLoRA step, ours vs transformers + peft, on an NF4 "
-                                        "and a GGUF base: time, memory, where the step goes",
+    p = sub.add_parser("finetune", help="a LoRA step on NF4 and GGUF bases, ours vs HF + peft",
                        description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=list(SIZES), default="small")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side")
