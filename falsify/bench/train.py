@@ -129,6 +129,28 @@ def breakdown(events, steps: int) -> dict:
             **{f"{k}_share": v / total if total else 0.0 for k, v in ms.items()}}
 
 
+def ceiling_figures(ref_step_s: float, ours_step_s: float, ours_gemm_share: float,
+                    target: float) -> dict:
+    """The ceiling t_ref / t_GEMM(ours) (ours' GEMM time = its profiled share of its timed
+    step: the ratio ours would reach if nothing but its GEMMs cost anything), the non-GEMM time
+    `target` allows ours, and ours' non-GEMM time now (ms per step)."""
+    gemm_s = ours_step_s * ours_gemm_share
+    return {"ceiling": ref_step_s / gemm_s if gemm_s > 0 else math.inf,
+            "non_gemm_budget_ms": (ref_step_s / target - gemm_s) * 1e3,
+            "non_gemm_ms": (ours_step_s - gemm_s) * 1e3}
+
+
+def ceiling_sentence(r: dict, target: float, ref: str) -> str:
+    """One line from ceiling_figures' keys in `r`."""
+    if r["non_gemm_budget_ms"] < 0:
+        need = "is out of reach even if nothing but ours' GEMMs cost anything"
+    else:
+        need = (f"needs ours' non-GEMM time <= {r['non_gemm_budget_ms']:.1f} ms per step, it is "
+                f"{r['non_gemm_ms']:.1f} ms")
+    return (f"ceiling t_{ref} / t_GEMM(ours) = {r['ceiling']:.2f}x (ours' ratio if nothing but "
+            f"its GEMMs cost anything); {target}x {need}")
+
+
 def _ours_step(hf_dir: str, x, y, backend: str):
     import torch
 
@@ -406,12 +428,8 @@ def _summarise(out: dict, runs: dict) -> None:
     hf = out["vs"]["hf"]
     out["speedup"], out["speedup_quartiles"] = hf["speedup"], hf["quartiles"]
     out["paired_ratios"], out["mem_ratio"] = hf["pairs"], hf["mem_ratio"]
-    # ours' GEMM time at the timed (unprofiled) step time: its profiled share of the step
-    gemm_s = out["ours"]["step_s"] * out["ours"]["breakdown"]["gemm_share"]
-    out["ceiling"] = out["hf"]["step_s"] / gemm_s if gemm_s > 0 else math.inf
-    # what the target asks of ours' non-GEMM time, next to what it is now
-    out["non_gemm_budget_ms"] = (out["hf"]["step_s"] / TARGET_SPEEDUP - gemm_s) * 1e3
-    out["non_gemm_ms"] = (out["ours"]["step_s"] - gemm_s) * 1e3
+    out.update(ceiling_figures(out["hf"]["step_s"], out["ours"]["step_s"],
+                               out["ours"]["breakdown"]["gemm_share"], TARGET_SPEEDUP))
 
 
 # Per preset: (batch, sequence length). The sequence length is the preset's own context length
@@ -547,14 +565,7 @@ def _print_verdicts(console, results: list[dict], steps: int, load) -> None:
         if "failed" in c:
             console.print(f"[bold red]{r['preset']}: transformers + torch.compile did not run:[/] "
                           f"{escape(_clip(c['failed']))}", highlight=False)
-        if r["non_gemm_budget_ms"] < 0:
-            need = "is out of reach even if nothing but ours' GEMMs cost anything"
-        else:
-            need = (f"needs ours' non-GEMM time <= {r['non_gemm_budget_ms']:.1f} ms per step, "
-                    f"it is {r['non_gemm_ms']:.1f} ms")
-        console.print(f"{r['preset']}: ceiling t_HF / t_GEMM(ours) = {r['ceiling']:.2f}x (the "
-                      f"speedup over eager transformers if everything but ours' GEMMs cost "
-                      f"nothing); {TARGET_SPEEDUP}x {need}")
+        console.print(f"{r['preset']}: {ceiling_sentence(r, TARGET_SPEEDUP, 'HF')}")
     for r in results:
         verdict = "[green]met[/]" if r["target_met"] else "[red]NOT met[/]"
         lo, hi = r["speedup_quartiles"]
