@@ -57,7 +57,7 @@ def test_bench_finetune_measures_the_gguf_row(side):
     assert m["peak"] >= m["model_rss"] > 0
 
 
-def test_gguf_bases_see_the_same_weights(tmp_path):
+def test_gguf_bases_see_the_same_weights():
     """Both sides of the GGUF row start from one file: ours' q8_0 model and transformers'
     dequantized load of it give the same logits (up to fp32 summation order)."""
     import torch
