@@ -11,6 +11,7 @@ in-process (or, for the CLI, the real `falsify` command), so they cost seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -280,6 +281,29 @@ def test_fd_still_catches_a_slightly_wrong_backward(tmp_path):
         run_check(c, 0, "reference", "float32", case)
     c, case = _fd_contract(tmp_path, "cube", "cube_backward")
     run_check(c, 0, "reference", "float32", case)
+
+
+def test_fd_directions_see_a_single_wrong_entry(tmp_path):
+    """Off at one entry of 64: coordinate differences on 24 sampled entries see it with
+    probability 24/64; every random direction touches it, so the check fails on every seed."""
+    for seed in range(4):
+        c, case = _fd_contract(tmp_path, "cube", "cube_backward_one_entry_wrong")
+        case = dataclasses.replace(case, seed=seed)
+        with pytest.raises(runtime.CheckFailed, match="central difference"):
+            run_check(c, 0, "reference", "float32", case)
+
+
+def test_fd_a_nan_gradient_where_the_function_is_smooth_fails(tmp_path):
+    c, case = _fd_contract(tmp_path, "cube", "cube_backward_nan_entry")
+    with pytest.raises(runtime.CheckFailed, match=r"d/dx\(0,\): the reference backward gives .*nan.* is finite"):
+        run_check(c, 0, "reference", "float32", case)
+
+
+def test_fd_failure_names_the_coordinate_when_one_is_off(tmp_path):
+    # every entry is off: the localizing coordinate differences name one of them
+    c, case = _fd_contract(tmp_path, "cube", "cube_backward_wrong")
+    with pytest.raises(runtime.CheckFailed, match=r"d/dx\(\d+,\): reference backward"):
+        run_check(c, 0, "reference", "float32", case)
 
 
 # ---------------------------------------------------------------- gradient over several outputs

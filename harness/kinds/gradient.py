@@ -8,20 +8,28 @@
   selected) and `d<name>` = dy_k for each selected later output (`dlse` for an output named
   `lse`).
 - reference backend: the reference backward (the contract's `backward` equation) is checked
-  against central finite differences of the reference forward, in float64, on up to
-  FD_COORDS coordinates per argument. The tolerance is derived per coordinate, not a fixed
-  ratio (contracts/FORMAT.md, "Finite differences", has the derivation), with K the number of
-  selected outputs and N_k the size of output k:
-    step        h = eps64^(1/3)·max(1, |x_i|), and the step actually taken divides;
-    truncation  D(h) − L' = h²·L‴/6 + O(h^4), estimated (Richardson) as |D(2h) − D(h)|/3;
+  against central finite differences of the reference forward, in float64, along
+  FD_DIRECTIONS random directions v per `wrt` argument: D(h) = (L(x + h·v) − L(x − h·v))/2h
+  against ⟨g, s⟩/2h, s the step actually taken. A direction costs four forwards whatever the
+  argument's size and sees every coordinate, where a coordinate difference costs four per
+  coordinate. The tolerance is derived, not a fixed ratio (contracts/FORMAT.md, "Finite
+  differences", has the derivation), with K the number of selected outputs and N_k the size
+  of output k:
+    step        h = eps64^(1/3), v_i = z_i/max|z|·max(1, |x_i|) (z standard normal): the step
+                on coordinate i is at most eps64^(1/3)·max(1, |x_i|);
+    truncation  e(h) = D(h) − ⟨g, s⟩/2h = h²·L‴[v, v, v]/6 + O(h^4) for a correct g,
+                estimated (Richardson) as |e(2h) − e(h)|/3;
     rounding    each L is evaluated with error ≤ ρ = Σ_k (⌈log2 N_k⌉ + K + FWD_ULPS)·u·
                 Σ_j m_kj·|dy_kj| (u = eps64/2, m_kj = max(|f_kj|, max|input|, 1): outputs
                 formed by cancellation carry their intermediates' rounding; ⌈log2 N_k⌉ + 1 for
                 output k's pairwise sum, K − 1 for adding the K partial sums), so D(h) carries
                 ≤ ρ/h, D(2h) ≤ ρ/(2h);
     backward    the reference gradient's own rounding, ≤ (⌈log2 max N_k⌉ + K − 1 + FWD_ULPS)·
-                u·max|g| (K − 1 more additions where the upstream gradients meet);
-    check       |D(h) − g_i| ≤ 2·truncation + 3·ρ/h + backward.
+                u·max|g| per entry (K − 1 more additions where the upstream gradients meet),
+                times Σ|s_i|/2h, plus the dot product's (⌈log2 N⌉ + 1)·u·Σ|g_i·s_i|/2h;
+    check       |e(h)| ≤ 2·truncation + 3·ρ/h + backward.
+  A failure is then localized: central differences on up to FD_COORDS coordinates name one
+  that is off, when one is off by itself. A non-finite reference gradient entry fails.
   With K = 1 these are the single-output terms. A wrong formula errs by O(|g|), orders of
   magnitude above every term for smooth functions; near a kink (relu, max) D(h) and D(2h)
   disagree and the check widens there, honestly.
@@ -44,6 +52,10 @@ from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
 from falsify.harness.plan import upstream_name
 from falsify.harness.runtime import CheckFailed
 
+# Random directions per `wrt` argument: each costs four reference forwards whatever the
+# argument's size, and sees every coordinate (a wrong entry anywhere moves ⟨g, v⟩)
+FD_DIRECTIONS = 2
+# Coordinates tried after a directional failure, to name one that is off
 FD_COORDS = 24
 EPS64 = float(np.finfo(np.float64).eps)
 # h = eps^(1/3) minimises h²·|L'''|/6 + eps·|L|/h when L and its derivatives share a scale
@@ -97,28 +109,40 @@ def _ref_backward(ctx, case, upstream: dict):
     return {k: np.asarray(v, np.float64) for k, v in grads.items()}
 
 
-def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=None) -> float:
-    """(L(x + h·e_i) − L(x − h·e_i)) / (actual step), L = Σ_k Σ f_k·dy_k: x ± h is rounded,
-    and dividing by the step actually taken removes the eps·|x_i|/h error of dividing by 2h.
-    `dy` is the first output's upstream gradient, or {output index: dy}; `keep` (likewise one
-    mask, or {output index: mask}) masks the outputs in L (those finite at x)."""
+def _loss(fwd, args: dict, dys: dict, keeps: dict) -> float:
+    """L = Σ_k Σ f_k·dy_k over the outputs in `dys`: each output's pairwise sum (of the
+    entries `keeps[k]` masks, when given), then the K partial sums in order."""
+    outs = backends.outputs(backends.call(fwd, **args))
+    total = 0.0
+    for k in sorted(dys):
+        prod = np.asarray(outs[k] * dys[k])
+        prod = prod if keeps.get(k) is None else prod[keeps[k]]
+        total += float(prod.sum())
+    return total
+
+
+def directional_difference(fwd, args: dict, w: str, v: np.ndarray, h: float, dy,
+                           keep=None) -> tuple[float, np.ndarray]:
+    """(L(x + h·v) − L(x − h·v), s) with s = (x + h·v) − (x − h·v), the step actually taken
+    (x ± h·v is rounded; comparing against ⟨∇L, s⟩ removes that error). `dy` is the first
+    output's upstream gradient, or {output index: dy}; `keep` (likewise one mask, or {output
+    index: mask}) masks the outputs in L (those finite at x)."""
     dys = dy if isinstance(dy, dict) else {0: dy}
     keeps = keep if isinstance(keep, dict) else {k: keep for k in dys}
-    x0 = float(args[w][idx])
-    hi, lo = x0 + h, x0 - h
-    vals = []
-    for xs in (hi, lo):
-        a = dict(args)
-        a[w] = args[w].copy()
-        a[w][idx] = xs
-        outs = backends.outputs(backends.call(fwd, **a))
-        total = 0.0
-        for k in sorted(dys):  # each output's pairwise sum, then the K partial sums in order
-            prod = np.asarray(outs[k] * dys[k])
-            prod = prod if keeps.get(k) is None else prod[keeps[k]]
-            total += float(prod.sum())
-        vals.append(total)
-    return (vals[0] - vals[1]) / (hi - lo)
+    x = args[w]
+    hi, lo = x + h * v, x - h * v
+    vals = [_loss(fwd, dict(args, **{w: xs}), dys, keeps) for xs in (hi, lo)]
+    return vals[0] - vals[1], hi - lo
+
+
+def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=None) -> float:
+    """(L(x + h·e_i) − L(x − h·e_i)) / (actual step): the coordinate case of
+    `directional_difference`; dividing by the step actually taken removes the eps·|x_i|/h
+    error of dividing by 2h."""
+    v = np.zeros_like(args[w], dtype=np.float64)
+    v[idx] = 1.0
+    diff, step = directional_difference(fwd, args, w, v, h, dy, keep)
+    return diff / float(step[idx])
 
 
 def fd_tolerance(d1: float, d2: float, h: float, rho: float, g_round: float) -> float:
@@ -132,7 +156,6 @@ def _check_fd(ctx, case, args64, outs: dict, dys: dict, ref_grads) -> None:
     """Central differences of L = Σ_k Σ f_k·dy_k over the selected outputs (`outs`: {index:
     value at x}) against the reference gradients."""
     ref_fwd = ctx.fn(backend="reference")
-    rng = np.random.default_rng(case.seed ^ 0x5EED)
     u = EPS64 / 2
     n_out = len(dys)
     finite = {k: np.isfinite(y) for k, y in outs.items()}
@@ -153,26 +176,80 @@ def _check_fd(ctx, case, args64, outs: dict, dys: dict, ref_grads) -> None:
     g_levels = max(levels.values()) + n_out - 1
     for w in ctx.spec["wrt"]:
         x = args64[w]
-        flat_idx = rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False)
-        g = ref_grads[w].reshape(-1)
-        g_round = (g_levels + FWD_ULPS) * u * (float(np.abs(g).max()) if g.size else 0.0)
-        for fi in flat_idx:
-            idx = np.unravel_index(fi, x.shape)
-            h = H0 * max(1.0, abs(float(x[idx])))
-            d1 = central_difference(ref_fwd, args64, w, idx, h, dys, finite)
-            d2 = central_difference(ref_fwd, args64, w, idx, 2 * h, dys, finite)
-            tol = fd_tolerance(d1, d2, h, rho, g_round)
-            if not all(map(math.isfinite, (d1, d2, tol))):
+        g = ref_grads[w]
+        g_max = float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
+        for j in range(FD_DIRECTIONS if x.size else 0):
+            # a random direction whose step h·v_i on coordinate i is at most H0·max(1, |x_i|),
+            # the step a coordinate difference takes there
+            z = np.random.default_rng([case.seed, 0x5EED, j]).standard_normal(x.shape)
+            v = z / float(np.abs(z).max()) * np.maximum(1.0, np.abs(x))
+            fd, e, tol, terms = _directional_error(ref_fwd, args64, w, v, g, dys, finite, rho,
+                                                   (g_levels + FWD_ULPS) * u * g_max)
+            if not all(map(math.isfinite, fd)):
                 raise FiniteDifferenceError(
-                    f"d/d{w}{tuple(int(i) for i in idx)}: finite differences are not finite "
-                    f"(D(h) = {d1!r}, D(2h) = {d2!r}, tolerance {tol!r}, step {h:.3g}): the "
-                    "forward leaves the finite range within one step of x; no judgement")
-            if not abs(d1 - g[fi]) <= tol:
+                    f"d/d{w} along a random direction: finite differences are not finite "
+                    f"(D(h) = {fd[0]!r}, D(2h) = {fd[1]!r}, step {H0:.3g}): the forward leaves "
+                    "the finite range within one step of x; no judgement")
+            bad = np.flatnonzero(~np.isfinite(g))
+            if bad.size:  # L is finite around x along v, so its derivative there is too
+                idx = tuple(int(i) for i in np.unravel_index(bad[0], g.shape))
+                raise CheckFailed(f"d/d{w}{idx}: the reference backward gives {g[idx]!r} "
+                                  f"({bad.size} non-finite entries) where the central "
+                                  f"difference along a random direction is finite ({fd[0]!r})")
+            if not math.isfinite(tol):
+                raise FiniteDifferenceError(
+                    f"d/d{w} along a random direction: the tolerance is not finite ({tol!r}); "
+                    "no judgement")
+            if not abs(e) <= tol:
+                _localize(ref_fwd, args64, w, g, dys, finite, rho,
+                          (g_levels + FWD_ULPS) * u * g_max, case.seed)
                 raise CheckFailed(
-                    f"d/d{w}{tuple(int(i) for i in idx)}: reference backward {g[fi]!r} vs "
-                    f"central difference {d1!r} (step {h:.3g}; tolerance {tol:.3g} = "
-                    f"2·truncation {abs(d2 - d1) / 3:.3g} + 3·rounding {rho / h:.3g} + "
-                    f"backward rounding {g_round:.3g})")
+                    f"d/d{w} along a random direction v: reference backward ⟨g, v⟩ and the "
+                    f"central difference differ by {abs(e):.3g} (step {H0:.3g}; tolerance "
+                    f"{tol:.3g} = {terms}); no single sampled coordinate shows it alone")
+
+
+def _directional_error(fwd, args64, w, v, g, dys, finite, rho, g_round):
+    """((D(h), D(2h)), D(h) − ⟨g, s⟩/2h, its bound, the bound's terms) along direction v, with
+    D(h) = (L(x + h·v) − L(x − h·v))/2h and s the step actually taken. The error e(h) behaves
+    as h²·L‴[v, v, v]/6, so |e(2h) − e(h)|/3 estimates it (Richardson) as on one coordinate;
+    the reference gradient's rounding enters as Σ_i |s_i|·g_round plus the dot product's own
+    (⌈log2 N⌉ + 1)·u·Σ|g_i·s_i|."""
+    u = EPS64 / 2
+    levels = math.ceil(math.log2(max(int(g.size), 1))) + 1
+    fd, errs, bounds = [], [], []
+    for h in (H0, 2 * H0):
+        diff, s = directional_difference(fwd, args64, w, v, h, dys, finite)
+        gs = g * s
+        fd.append(diff / (2 * h))
+        errs.append((diff - float(gs.sum())) / (2 * h))
+        bounds.append((g_round * float(np.abs(s).sum()) + levels * u * float(np.abs(gs).sum()))
+                      / (2 * h))
+    e1, e2 = errs
+    tol = fd_tolerance(e1, e2, H0, rho, bounds[0])
+    terms = (f"2·truncation {abs(e2 - e1) / 3:.3g} + 3·rounding {rho / H0:.3g} + backward "
+             f"rounding {bounds[0]:.3g}")
+    return tuple(fd), e1, tol, terms
+
+
+def _localize(fwd, args64, w, g, dys, finite, rho, g_round, seed) -> None:
+    """After a directional failure: central differences on up to FD_COORDS coordinates, to
+    name one that is off (raises CheckFailed); returns when none of them shows it alone."""
+    x = args64[w]
+    rng = np.random.default_rng(seed ^ 0x5EED)
+    flat = g.reshape(-1)
+    for fi in rng.choice(x.size, size=min(FD_COORDS, x.size), replace=False):
+        idx = np.unravel_index(fi, x.shape)
+        h = H0 * max(1.0, abs(float(x[idx])))
+        d1 = central_difference(fwd, args64, w, idx, h, dys, finite)
+        d2 = central_difference(fwd, args64, w, idx, 2 * h, dys, finite)
+        tol = fd_tolerance(d1, d2, h, rho, g_round)
+        if all(map(math.isfinite, (d1, d2, tol))) and not abs(d1 - flat[fi]) <= tol:
+            raise CheckFailed(
+                f"d/d{w}{tuple(int(i) for i in idx)}: reference backward {flat[fi]!r} vs "
+                f"central difference {d1!r} (step {h:.3g}; tolerance {tol:.3g} = "
+                f"2·truncation {abs(d2 - d1) / 3:.3g} + 3·rounding {rho / h:.3g} + "
+                f"backward rounding {g_round:.3g})")
 
 
 def _assert_statistics_detached(ctx, got: list) -> None:

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2326e3045136c8b875a22e7f894b241612794dc21991877927a2c558f8aa8cbb"
+SHA256 = "50df166e8b2ccb5d1d16c5a2b76508964764337f5c5762af60c9e25eef355e88"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
