@@ -132,7 +132,7 @@ def directional_difference(fwd, args: dict, w: str, v: np.ndarray, h: float, dy,
     x = args[w]
     hi, lo = x + h * v, x - h * v
     vals = [_loss(fwd, dict(args, **{w: xs}), dys, keeps) for xs in (hi, lo)]
-    return vals[0] - vals[1], hi - lo
+    return vals[0] - vals[1], np.where(v == 0, 0.0, hi - lo)  # ±inf entries stay put
 
 
 def central_difference(fwd, args: dict, w: str, idx: tuple, h: float, dy, keep=None) -> float:
@@ -183,6 +183,7 @@ def _check_fd(ctx, case, args64, outs: dict, dys: dict, ref_grads) -> None:
             # the step a coordinate difference takes there
             z = np.random.default_rng([case.seed, 0x5EED, j]).standard_normal(x.shape)
             v = z / float(np.abs(z).max()) * np.maximum(1.0, np.abs(x))
+            v[~np.isfinite(x)] = 0.0  # an infinite entry has no finite neighbourhood
             fd, e, tol, terms = _directional_error(ref_fwd, args64, w, v, g, dys, finite, rho,
                                                    (g_levels + FWD_ULPS) * u * g_max)
             if not all(map(math.isfinite, fd)):
