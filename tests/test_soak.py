@@ -75,6 +75,19 @@ def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
     assert "0 failure(s)" in r.stdout
 
 
+def test_a_seeded_run_prints_a_rerun_line_with_its_selection(tmp_path):
+    # the line keeps every option that narrows the run (backend, -k, no mutants): copying it
+    # reruns these checks, not the whole contract
+    path, env = _contract_dir(tmp_path, "np.all(np.abs(x) <= 1.0)")
+    r = _falsify(["run", "fix-kernel-v1", "--seed", "5", "--backend", "reference",
+                  "-k", "test_ and reference", "--no-mutants", "-n", "1"], env, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(ln for ln in (r.stdout + r.stderr).splitlines() if "rerun exactly: " in ln)
+    assert line.split("rerun exactly: ", 1)[1] == (
+        "falsify run fix-kernel-v1 --seed 5 --backend reference -k 'test_ and reference' "
+        "--no-mutants")
+
+
 @pytest.mark.parametrize("args", [["soak", "--minutes", "0"], ["run", "--seed", "abc"]])
 def test_bad_soak_and_seed_arguments_are_usage_errors(tmp_path, args):
     (tmp_path / "contracts").mkdir()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -373,12 +374,18 @@ def cmd_run(args) -> int:
     from falsify.cli.soak import resolve_seed
 
     seed, origin = resolve_seed(args.seed)
+    # what a failure's own reproduction needs beside its -k node id
     flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
     if seed is not None:
+        # every option that selects what runs or how hard it searches, so the line reruns
+        # this run and not a larger one
+        argv = ["falsify", "run", *args.contracts, "--seed", str(seed)]
+        argv += [a for b in args.bind for a in ("--bind", b)]
+        argv += ["--backend", args.backend] if args.backend else []
+        argv += ["-k", args.k] if args.k else []
+        argv += ["--thorough"] * bool(args.thorough) + ["--no-mutants"] * bool(args.no_mutants)
         console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
-                      f"falsify run {' '.join(args.contracts)} --seed {seed} {flags}".strip()
-                      .replace("  ", " "),
-                      soft_wrap=True)  # one line, to copy
+                      f"{shlex.join(argv)}", soft_wrap=True)  # one line, to copy
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
     bind_note = None
     if binds:
