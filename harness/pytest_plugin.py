@@ -1,8 +1,11 @@
 """pytest plugin: records every generated check and mutant test in the results ledger.
 
 Workers (pytest-xdist) attach a JSON entry to each report's `user_properties`; the controller
-collects them in `pytest_runtest_logreport` and writes the ledger once, at session end,
-through `ledger.merge` (locked, atomic). Without xdist the same hooks run in one process.
+collects them in `pytest_runtest_logreport` and merges them into the ledger through
+`ledger.merge` (locked, atomic): what arrived is flushed at most every FLUSH_S seconds while
+the session runs, and the rest at session end. An hours-long thorough run that is stopped or
+killed keeps every result it finished but the last FLUSH_S seconds', so `--changed` resumes it
+instead of starting over. Without xdist the same hooks run in one process.
 
 Under `falsify run` the command passes `--falsify-manifest` (see falsify.harness.handover):
 the manifest says which tests to keep, the profile, the binds and the ledger, and the
@@ -23,6 +26,8 @@ from falsify.harness import fingerprint, handover, ledger, project
 
 KEY = "falsify_entry"
 SINK = "falsify-sink"
+FLUSH_S = 30.0  # a ledger merge rewrites the file: often enough to lose little, rarely enough
+#                 to cost nothing next to the checks
 RECORDING = pytest.StashKey()
 
 
@@ -55,7 +60,7 @@ def pytest_configure(config):
                                    if m is None else None)
     except project.ProjectError as e:
         raise pytest.UsageError(str(e)) from None
-    config.pluginmanager.register(_Sink(), SINK)
+    config.pluginmanager.register(_Sink(config), SINK)
 
 
 def _select(config) -> str:
@@ -203,15 +208,38 @@ def pytest_runtest_makereport(item, call):
 
 
 class _Sink:
-    """Entries this session saw, from its own reports (the controller's, under xdist)."""
+    """Entries this session saw, from its own reports (the controller's, under xdist), and
+    how many of them are already in the ledger."""
 
-    def __init__(self):
+    def __init__(self, config):
+        self.config = config
         self.entries: list[dict] = []
+        self.flushed = 0
+        self.last_flush = time.monotonic()
 
     def pytest_runtest_logreport(self, report):
         for k, v in getattr(report, "user_properties", []):
             if k == KEY:
                 self.entries.append(json.loads(v))
+        if time.monotonic() - self.last_flush >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> Path | None:
+        """Merge the entries not yet written into the ledger (the controller only: a worker's
+        reports reach the controller, which writes). Returns the ledger, or None when there is
+        none to write."""
+        self.last_flush = time.monotonic()
+        config = self.config
+        if hasattr(config, "workerinput") or config.getoption("--no-ledger"):
+            return None
+        path = _ledger_path(config)
+        new = self.entries[self.flushed:]
+        if path is None or not new:
+            return path
+        ledger.merge([d["run"] for d in new if "run" in d],
+                     [d["mutant"] for d in new if "mutant" in d], path)
+        self.flushed = len(self.entries)
+        return path
 
 
 @pytest.hookimpl(trylast=True)
@@ -234,20 +262,16 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput"):  # xdist worker: the controller writes
         return
-    sink = config.pluginmanager.get_plugin(SINK).entries
-    runs = [d["run"] for d in sink if "run" in d]
-    muts = [d["mutant"] for d in sink if "mutant" in d]
+    sink = config.pluginmanager.get_plugin(SINK)
+    runs = [d["run"] for d in sink.entries if "run" in d]
+    muts = [d["mutant"] for d in sink.entries if "mutant" in d]
     m = config._falsify_manifest
     if m is not None and m.results:
         handover.write_results(m.results, runs, muts)
     if config.getoption("--no-ledger") or not (runs or muts):
         return
-    path = _ledger_path(config)
-    if path is None:
-        config._falsify_written = None
-        return
-    ledger.merge(runs, muts, path)
-    config._falsify_written = (len(runs), len(muts), path)
+    path = sink.flush()
+    config._falsify_written = None if path is None else (len(runs), len(muts), path)
 
 
 def pytest_terminal_summary(terminalreporter, config):

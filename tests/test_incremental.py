@@ -166,3 +166,34 @@ def test_reuse_seedless_reruns_every_drawing_check_and_reuses_the_rest(tmp_path)
     assert ran == set(first) - seedless
     assert f"reused {len(seedless)} passing result(s) of checks that draw no examples" in \
         " ".join(r.stderr.split())
+
+
+def test_the_ledger_is_written_while_the_session_runs(tmp_path, monkeypatch):
+    """Results reach the ledger at most FLUSH_S seconds after they arrive, not only at
+    session end: a long thorough run that is stopped keeps what it finished."""
+    from falsify.harness import pytest_plugin as plugin
+
+    path = tmp_path / "ledger.json"
+
+    class Config:
+        _falsify_manifest = None
+        _falsify_project = None
+
+        def getoption(self, name):
+            return str(path) if name == "--falsify-ledger" else None
+
+    class Report:
+        def __init__(self, check):
+            entry = dict(contract="c-v1", check=check, backend="torch", variant="float32",
+                         outcome="passed")
+            self.user_properties = [(plugin.KEY, json.dumps({"run": entry}))]
+
+    sink = plugin._Sink(Config())
+    monkeypatch.setattr(plugin, "FLUSH_S", 3600.0)
+    sink.pytest_runtest_logreport(Report("A"))
+    assert not path.exists()  # not due yet
+    monkeypatch.setattr(plugin, "FLUSH_S", 0.0)
+    sink.pytest_runtest_logreport(Report("B"))
+    assert sorted(ledger.load(path)["runs"]) == ["c-v1|A|torch|float32", "c-v1|B|torch|float32"]
+    before = path.stat().st_mtime_ns
+    assert sink.flush() == path and path.stat().st_mtime_ns == before  # nothing new: no write
