@@ -251,8 +251,7 @@ class AdaptedLinear(nn.Module):
             # PEFT's composition: base(x) + s·B(A(drop(x))), dropout on the adapter input only
             xd = F.dropout(x, self.dropout, training=True) if self.training and \
                 self.dropout > 0 else x
-            return y + self.scale() * F.linear(F.linear(xd, self.lora_A.weight),
-                                               self.lora_B.weight)
+            return _add_adapter(y, xd, self.lora_A.weight, self.lora_B.weight, self.scale())
         if not (self.has_adapter and self.adapters_enabled):
             return F.linear(x, self.base_weight())
         a, b = self.lora_A.weight, self.lora_B.weight
@@ -271,7 +270,7 @@ class AdaptedLinear(nn.Module):
             # The kernels take one x for both paths; dropout applies to the adapter's input
             # only (PEFT: base(x) + B(A(drop(x)))·s), so this path composes the same math.
             xd = F.dropout(x, self.dropout, training=True)
-            return F.linear(x, w) + self.scale() * F.linear(F.linear(xd, a), b)
+            return _add_adapter(F.linear(x, w), xd, a, b, self.scale())
         if self.quantized:
             st = self.nf4_state()
             return qlora_kernel.qlora_linear(x, st["packed"], st["absmax"], st["shape"],
@@ -279,6 +278,15 @@ class AdaptedLinear(nn.Module):
                                              self.rslora, absmax2=st.get("absmax2"),
                                              offset=st.get("offset"))
         return lora_kernel.lora_linear(x, self.weight, a, b, self.alpha, self.r, self.rslora)
+
+
+def _add_adapter(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                 s: float) -> torch.Tensor:
+    """y + s·(x·Aᵀ)·Bᵀ as one addmm (alpha = s): the scale and the sum happen inside the GEMM
+    instead of as a multiply and an add over the [tokens, out] result, forward and backward
+    (addmm's backward scales only the small [tokens, r] and [out, r] products)."""
+    t = F.linear(x.reshape(-1, x.shape[-1]), a)
+    return torch.addmm(y.reshape(-1, y.shape[-1]), t, b.T, alpha=s).view(y.shape)
 
 
 class LoraAttention(nn.Module):

@@ -62,7 +62,9 @@ class _LoraLinear(torch.autograd.Function):
         out_f, in_f = w.shape
         x2 = x.reshape(math.prod(x.shape[:-1]), in_f).float()  # -1 is ambiguous for in_f = 0
         t = x2 @ a.float().T
-        y = x2 @ w.float().T + s * (t @ b.float().T)
+        # y = x·Wᵀ, then y += s·t·Bᵀ inside the GEMM (alpha = s, beta = 1): no separate
+        # multiply and add over the [rows, out] result (the same two roundings per element)
+        y = (x2 @ w.float().T).addmm_(t, b.float().T, alpha=s)
         ctx.save_for_backward(x, w, a, b, t)
         ctx.s = s
         return y.reshape(*x.shape[:-1], out_f).to(x.dtype)
@@ -81,7 +83,9 @@ class _LoraLinear(torch.autograd.Function):
         u = g @ b.float()
         dx = da = db = None
         if ctx.needs_input_grad[0]:
-            dx = (g @ w.float() + s * (u @ a.float())).reshape(x.shape).to(x.dtype)
+            # g·W, then += s·u·A in the GEMM (in place on a fresh product: autograd's mm
+            # saves its inputs, not its result, so create_graph stays correct)
+            dx = (g @ w.float()).addmm_(u, a.float(), alpha=s).reshape(x.shape).to(x.dtype)
         if ctx.needs_input_grad[2]:
             da = (s * (u.T @ x.reshape(math.prod(x.shape[:-1]), in_f).float())).to(a.dtype)
         if ctx.needs_input_grad[3]:
