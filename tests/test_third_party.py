@@ -65,7 +65,8 @@ def test_the_page_documents_the_three_kernels():
 @pytest.mark.parametrize("contract", sorted(DOCUMENTED))
 def test_the_page_shows_what_the_run_gives(contract, tmp_path):
     argv, shown = DOCUMENTED[contract]
-    env = dict(os.environ, CI="1", COLUMNS="100", FALSIFY_QUIET="1")
+    # no shrinking (tests/conftest.py): the outcome is compared, not the example printed
+    env = dict(os.environ, CI="1", COLUMNS="100", FALSIFY_QUIET="1", FALSIFY_TEST_NO_SHRINK="1")
     env.pop("FALSIFY_PROFILE", None)
     proc = subprocess.run([sys.executable, "-m", "falsify.cli", "run", *argv,
                            "--ledger", str(tmp_path / "ledger.json")], cwd=ROOT, env=env,
