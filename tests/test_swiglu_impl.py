@@ -72,3 +72,20 @@ def test_batched_input_and_strided_out(mod):
                                                            u.double().numpy()),
                                rtol=1e-5, atol=1e-7)
     assert torch.isnan(buf[..., :3]).all() and torch.isnan(buf[..., 36:]).all()
+
+
+def test_silu_double_backward_does_not_cancel_one_minus_sigmoid():
+    """silu″ through create_graph, |g| in [4, 8], against float64. silu″ = σ(g)σ(−g)(2 + g(σ(−g)
+    − σ(g))) has no zero there (|2 + g(σ(−g) − σ(g))| ≥ 1.86), so each element is owed a
+    relative bound: two sigmoids (≤ 2 ulps each), ~6 roundings, and the sum amplifying the
+    ~3-ulp error of g(σ(−g) − σ(g)) by at most 8/1.86 ≈ 4.3: ≤ 32 ulps. Autograd left to
+    differentiate σ·(1 + g·(1 − σ)) forms 1 − σ from the rounded σ and was ~1,800 ulps off
+    (the thorough profile's FALSIFY-SWG-022 failed on it)."""
+    g = torch.cat([torch.linspace(-8, -4, 401), torch.linspace(4, 8, 401)]).requires_grad_()
+    (d,) = torch.autograd.grad(swg_torch.silu(g).sum(), g, create_graph=True)
+    (h,) = torch.autograd.grad(d.sum(), g)
+    x = g.detach().double()
+    s, sm = torch.sigmoid(x), torch.sigmoid(-x)
+    exact = s * sm * (2 + x * (sm - s))
+    rel = ((h.double() - exact).abs() / exact.abs()).max().item()
+    assert rel <= 32 * 2.0**-23, f"silu″ off by {rel / 2.0**-23:.0f} ulps"

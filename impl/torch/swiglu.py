@@ -176,9 +176,49 @@ def swiglu_backward_inplace(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tens
     return gate, up
 
 
-def _silu_derivative(g):
+def _silu_prime(g):
     """silu′(g) = σ(g)·(1 + g·σ(−g)): σ(−g) for 1 − σ(g), which cancels for large g."""
     return torch.sigmoid(g) * (1.0 + g * torch.sigmoid(-g))
+
+
+def _silu_second(g):
+    """silu″(g) = σ(g)·σ(−g)·(2 + g·(σ(−g) − σ(g))), both sigmoids evaluated directly."""
+    s, sm = torch.sigmoid(g), torch.sigmoid(-g)
+    return s * sm * (2.0 + g * (sm - s))
+
+
+class _SiLUPrime(torch.autograd.Function):
+    """silu′ whose derivative is _silu_second. Left to autograd, a derivative of silu′ goes
+    through sigmoid's backward, σ·(1 − σ) formed from the rounded σ: for g ≫ 0 that 1 − σ
+    cancels (for g ≪ 0 the one of σ(−g)). Measured in fp32 against float64: silu″ up to ~1,800
+    ulps off for |g| in [4, 8] through σ·(1 + g·(1 − σ)), ~70 at g = 7 through this forward;
+    FALSIFY-SWG-022 failed on it under the thorough profile. Now ≤ 4 ulps there."""
+
+    @staticmethod
+    def forward(g):
+        return _silu_prime(g)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (g,) = ctx.saved_tensors
+        return grad * _silu_second(g)
+
+    @staticmethod
+    def jvp(ctx, g_t):
+        (g,) = ctx.saved_tensors
+        return g_t * _silu_second(g)
+
+
+def _silu_derivative(g):
+    """silu′(g). Where autograd records (a backward run with create_graph=True) it is the
+    Function above, so the double backward gets the cancellation-free silu″; elsewhere plain ops
+    (no Function for compiled code to trace)."""
+    return _SiLUPrime.apply(g) if torch.is_grad_enabled() else _silu_prime(g)
 
 
 class _SiLUReverse(torch.autograd.Function):
@@ -197,8 +237,7 @@ class _SiLUReverse(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         xf = x.float()
-        s = torch.sigmoid(xf)
-        return (dy.float() * s * (1.0 + xf * (1.0 - s))).to(x.dtype)
+        return (dy.float() * _silu_derivative(xf)).to(x.dtype)
 
 
 class _SiLUFunction(_SiLUReverse):
