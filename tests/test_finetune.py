@@ -487,3 +487,49 @@ def test_dropout_applies_to_the_adapter_input_only(method):
     y_eval = lin(x)
     assert torch.allclose(y_eval, x @ w.T + s * (x @ a.T) @ b.T, atol=1e-5, rtol=0)
     assert float((y - y_eval).abs().max()) > 1e-2  # dropout did act in train mode
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_counted_logits_give_the_loss_of_the_full_logits(seed):
+    """The SFT step computes the LM head only at the positions whose targets count
+    (`counted_logits`). Against the full logits: the same counted targets per sample, in order;
+    each logit within the dot-product bound of two summation orders, 2·H·u·(|h|·|W|); the loss
+    within two orders of the same fp32 sum, 2·(n + b)·u·Σ w·CE (the dropped positions add
+    exact zeros), plus 2·w·max|Δlogit| per token (a CE moves by at most twice the largest
+    change of its logits). Variable masks, a sample with nothing counted, padding, non-unit
+    weights."""
+    model = tiny_model(seed)
+    g = torch.Generator().manual_seed(seed)
+    b, s = 4, 12
+    x = torch.randint(4, CFG.vocab_size, (b, s), generator=g)
+    labels = torch.randint(4, CFG.vocab_size, (b, s), generator=g)
+    labels[0, -3:] = SD.IGNORE_INDEX  # padding
+    mask = (torch.rand(b, s, generator=g) < 0.6) & (labels != SD.IGNORE_INDEX)
+    mask[1] = False  # a sample with nothing counted
+    weights = torch.rand(b, generator=g) + 0.25
+    batch = SD.Batch(x, labels, mask, weights, torch.arange(b))
+
+    with torch.no_grad():
+        full = model(x)
+        h = model.hidden(x)
+        lg, lab, keep = FT.counted_logits(model, batch)
+    assert lg.shape[:2] == lab.shape == keep.shape and lg.shape[1] == int(mask.sum(1).max())
+    assert torch.equal(keep.sum(1), mask.sum(1))
+    w = model.embed_tokens.weight.detach()
+    moved = 0.0
+    for i in range(b):
+        pos = mask[i].nonzero().squeeze(1)
+        k = len(pos)
+        assert torch.equal(lab[i, :k], labels[i, pos])
+        assert bool((lab[i, k:] == SD.IGNORE_INDEX).all())
+        bound = 2 * CFG.hidden_size * U32 * (h[i, pos].abs() @ w.abs().T)
+        assert bool(((lg[i, :k] - full[i, pos]).abs() <= bound).all())
+        moved += 2 * float(weights[i]) * float(bound.amax(dim=1).sum()) if k else 0.0
+
+    s_full, n_full = FT.sft_loss(full, labels, mask, weights)
+    s_cnt, n_cnt = FT.sft_loss(lg, lab, keep, weights)
+    assert int(n_cnt) == int(n_full) == int(mask.sum())
+    ce = torch.nn.functional.cross_entropy(full.reshape(-1, full.shape[-1]).double(),
+                                           labels.clamp_min(0).reshape(-1), reduction="none")
+    mag = float((ce.view(b, s) * mask * weights[:, None]).sum())
+    assert abs(float(s_cnt) - float(s_full)) <= 2 * (int(n_full) + b) * U32 * mag + moved

@@ -192,8 +192,13 @@ class Transformer(nn.Module):
                     p.normal_(0.0, self.cfg.init_std)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B, S] int64 -> logits [B, S, V]; the LM head is the embedding matrix (tied)."""
-        return self.ops.linear(self.hidden(ids), self.embed_tokens.weight)
+        """ids [B, S] int64 -> logits [B, S, V]."""
+        return self.head(self.hidden(ids))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """hidden states [..., H] -> logits [..., V]: the LM head is the embedding matrix
+        (tied). Callers that need logits at some positions only select them first."""
+        return self.ops.linear(h, self.embed_tokens.weight)
 
     def loss_sum(self, ids: torch.Tensor, targets: torch.Tensor,
                  ignore_index: int = -100) -> tuple[torch.Tensor, int]:
