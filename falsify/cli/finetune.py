@@ -184,7 +184,7 @@ def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResu
     import math
     from pathlib import Path
 
-    from falsify.cli import png_plot
+    from falsify.cli import charts
     from falsify.impl.llm.grpo import reward_summary
 
     s = reward_summary(r.rewards)
@@ -196,7 +196,8 @@ def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResu
     # the axis spans the data, rounded out to tenths (a curve near 0 is not flattened by 0..1)
     lo = min(0.0, math.floor(min(r.rewards) * 10) / 10)
     hi = max(lo + 0.1, math.ceil(max(r.rewards) * 10) / 10)
-    png_plot.write_linear(png, {"mean reward": r.rewards}, lo, hi)
+    charts.line_chart(png, {"mean reward": r.rewards}, ylim=(lo, hi), xlabel="batch",
+                      ylabel=f"mean reward ({cfg.reward})", title="GRPO: mean reward per batch")
     console.print(f"reward curve: {png} (y from {lo:g} to {hi:g}, one point per batch)")
 
 

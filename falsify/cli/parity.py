@@ -183,10 +183,13 @@ def cmd_parity(args) -> int:
         out["bisect"] = {b: B.bisect(setup, ops[b], b) for b, r in out["backends"].items()
                          if not r["passed"]}
     if args.plot:
-        from falsify.cli import png_plot
+        from falsify.cli import charts
 
-        png_plot.write_log10(args.plot, {b: [*(v["rel"] for v in r["points"].values()),
-                                             r["logits"]["rel"]] for b, r in res.items()})
+        names = [*next(iter(res.values()))["points"], "logits"] if res else []
+        charts.line_chart(args.plot, {b: [*(v["rel"] for v in r["points"].values()),
+                                          r["logits"]["rel"]] for b, r in res.items()},
+                          log=True, xticks=names, xlabel="point", ylabel="relative error",
+                          title="forward parity: relative error against the float64 model")
     if args.format == "json":
         print(json.dumps(out, indent=2, default=_jsonable))
     else:
