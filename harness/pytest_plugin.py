@@ -15,7 +15,9 @@ the ledger is the project's (falsify.harness.project), or none outside a project
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -196,6 +198,11 @@ def pytest_runtest_makereport(item, call):
         r = rec.mutant if rec is not None else None
         killed = status == "passed"
         mutant = next((x for x in c.mutants if x.id == kw["mutant"]), None)
+        broken = broken_mutant(mutant, r.message) if (r and killed) else None
+        if broken:  # the "kill" is the mutant's own call failing: no evidence, fail the test
+            killed, status = False, "error"
+            base["message"] = broken[:1000]
+            rep.outcome, rep.longrepr = "failed", broken
         entry = dict(base, contract=c.id, sha256=c.sha256,
                      impl_sha=fingerprint.impl_hash(c, kw["backend"], mutant=mutant),
                      mutant=kw["mutant"], obligation=kw["obligation"], backend=kw["backend"],
@@ -205,6 +212,38 @@ def pytest_runtest_makereport(item, call):
                      kill_message=r.message if (r and killed) else None,
                      tried=r.tried if r else None)
         rep.user_properties.append((KEY, json.dumps({"mutant": entry}, default=str)))
+
+
+# Python's own wording when a call does not fit the callee's signature ("f() got an unexpected
+# keyword argument 'lr'", "f() missing 1 required positional argument: 'x'", ...), as
+# harness/backends.py wraps what an implementation raised.
+_SIGNATURE = re.compile(r"raised TypeError: (?P<callee>[\w.<>]+)\(\) (?:got an unexpected "
+                        r"keyword argument|missing \d+ required|takes \d+ positional|takes from "
+                        r"\d+ to \d+ positional|got multiple values for argument|got some "
+                        r"positional-only)")
+
+
+def broken_mutant(mutant, kill_message: str | None) -> str | None:
+    """Why a "kill" is no kill, or None: the check failed only because a function the mutant's
+    own module defines was called with arguments its signature does not take. That happens when
+    the implementation's calling convention moves (a keyword argument added to what the mutant
+    wraps) and the mutant is not updated: it then dies on every check without ever running its
+    bug, which proves nothing about the checks. A signature error inside the implementation
+    (the mutant calling a kernel wrongly) stays a kill: that is a bug the checks caught."""
+    m = _SIGNATURE.search(kill_message or "")
+    if m is None or mutant is None or ":" not in (mutant.with_ or ""):
+        return None
+    module = mutant.with_.split(":", 1)[0]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    top = getattr(mod, m["callee"].split(".", 1)[0], None)
+    if getattr(top, "__module__", None) != module:
+        return None
+    return (f"{mutant.id} is broken, not killed: {mutant.with_} was called with arguments its "
+            f"signature does not take, so its bug never ran ({kill_message}). Update the mutant "
+            "to the implementation's calling convention.")
 
 
 class _Sink:

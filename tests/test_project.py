@@ -267,6 +267,50 @@ def test_a_contract_outside_the_library_runs_end_to_end(tmp_path):
     assert after == before, "something was written inside the installed package"
 
 
+BROKEN_MUTANTS = textwrap.dedent("""
+    import torch
+
+
+    def needs_a_dim(x, dim):  # written for f(x, dim); the kernel is called as f(x)
+        return torch.softmax(x, dim)
+
+
+    def calls_the_kernel_wrongly(x):  # a bug inside: the kernel takes one argument
+        from falsify.impl.torch.softmax import softmax
+
+        return softmax(x, -1)
+""")
+
+
+def test_a_mutant_that_dies_of_its_own_signature_is_broken_not_killed(tmp_path):
+    """A mutant whose own function cannot be called as the implementation is called fails every
+    check with a TypeError before its bug runs: that "kill" proves nothing about the checks, so
+    the run says the mutant is broken and fails. A TypeError raised inside the implementation
+    the mutant calls is a bug the checks caught, and stays a kill."""
+    proj = _project(tmp_path, 'ledger = "ledger.json"\n')
+    (proj / "brokenmut.py").write_text(BROKEN_MUTANTS)
+
+    def edit(data):
+        _without_triton(data)
+        data["mutants"][0]["with"] = "brokenmut:needs_a_dim"
+        data["mutants"][1]["with"] = "brokenmut:calls_the_kernel_wrongly"
+    _copy("softmax-kernel-v1", proj / "contracts", "mysoftmax-kernel-v1", edit)
+    first, second = (m["id"] for m in yaml.safe_load(
+        (proj / "contracts" / "mysoftmax-kernel-v1.yaml").read_text())["mutants"][:2])
+    k = " or ".join(f"mut_{m.split('-', 1)[1].lower().replace('-', '_')}" for m in (first, second))
+    r = sh(proj, "falsify.cli", "run", "-k", k)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 1, out
+    assert f"MUTANT ERROR mysoftmax-kernel-v1 {first}" in out
+    assert f"{first} is broken, not killed: brokenmut:needs_a_dim was called with arguments " \
+        "its signature does not take" in out
+    muts = ledger.load(proj / "ledger.json")["mutants"]
+    assert muts[f"mysoftmax-kernel-v1|{first}"]["outcome"] == "error"
+    assert muts[f"mysoftmax-kernel-v1|{second}"]["outcome"] == "killed"
+    assert "softmax() takes 1 positional argument" in \
+        muts[f"mysoftmax-kernel-v1|{second}"]["kill_message"]
+
+
 # ------------------------------------------------------------------------------ mixed trees
 
 

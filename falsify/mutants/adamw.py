@@ -150,8 +150,8 @@ def triton_loop_update_step_stuck(param, grads, lr, beta1, beta2, eps, weight_de
 
     real = ta.adamw_multi
 
-    def stuck(params, grads_, ms, vs, step, *rest):
-        return real(params, grads_, ms, vs, 1, *rest)
+    def stuck(params, grads_, ms, vs, step, *rest, **hyperparameters):
+        return real(params, grads_, ms, vs, 1, *rest, **hyperparameters)
 
     with mock.patch.object(ta, "adamw_multi", stuck):
         return ta.adamw_run(param, grads, lr, beta1, beta2, eps, weight_decay)
