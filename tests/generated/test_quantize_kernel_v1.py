@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "443dc9e56850b9403ac9d75ee9a09f6008450f4e7687cd0a5541b4fe86eee217"
+SHA256 = "9b94c6b804eca3b6686d24ca320d827c2f6f6d592c9d96387e18b0395bdf841f"
 CONTRACT = rt.library_contract("quantize-kernel-v1.yaml", SHA256)
 
 
@@ -694,6 +694,48 @@ def test_falsify_qnt_019__torch__float32(case):
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float16")[2])
 def test_falsify_qnt_019__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-019", "torch", "float16", case)
+
+# FALSIFY-QNT-044 → QNT-ZER-001 (property): The zero point is an integer code
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="reference", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[3])
+def test_falsify_qnt_044__reference__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QNT-044", "reference", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="reference", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[3])
+def test_falsify_qnt_044__reference__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QNT-044", "reference", "float16", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="torch", variant="float32")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float32"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[3])
+def test_falsify_qnt_044__torch__float32(case):
+    rt.execute(CONTRACT, "FALSIFY-QNT-044", "torch", "float32", case)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="torch", variant="float16")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch")
+@given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float16"))
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[0])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[1])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[2])
+@example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[3])
+def test_falsify_qnt_044__torch__float16(case):
+    rt.execute(CONTRACT, "FALSIFY-QNT-044", "torch", "float16", case)
 
 # FALSIFY-QNT-020 → QNT-DET-001 (determinism): Deterministic (int8_per_channel)
 
