@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9b94c6b804eca3b6686d24ca320d827c2f6f6d592c9d96387e18b0395bdf841f"
+SHA256 = "6f27dabc7e50c109428f3780111d55b06db62b865fca164d269b233ff538f644"
 CONTRACT = rt.library_contract("quantize-kernel-v1.yaml", SHA256)
 
 
