@@ -1,10 +1,6 @@
 """falsify: contract-first verification for LLM-training kernels and training loops."""
 
-from falsify import _tree
-
-_tree.check(__file__)
-
-from falsify import triton_env as _triton_env  # noqa: E402  (after the tree check)
+from falsify import triton_env as _triton_env
 
 _triton_env.configure()
 

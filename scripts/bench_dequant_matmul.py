@@ -29,7 +29,7 @@ def _setup(a):
     import torch
     import torch.nn.functional as F
 
-    from falsify.impl.torch import gguf_quants as T
+    from falsify.kernels.torch import gguf_quants as T
     from falsify.reference import gguf_quants as R
 
     torch.set_num_threads(a.threads)

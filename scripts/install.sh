@@ -31,7 +31,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   as_root_or_explain chromium "chromium is missing (the docs-site test renders pages with it)"
 fi
 
-# `falsify eval`'s sandbox loads seccomp filters through libseccomp (impl/llm/sandbox.py).
+# `falsify eval`'s sandbox loads seccomp filters through libseccomp (falsify/llm/sandbox.py).
 if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'; then
   as_root_or_explain libseccomp2 "libseccomp is missing (the evaluation sandbox needs it)"
 fi

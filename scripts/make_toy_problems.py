@@ -1,4 +1,4 @@
-"""Write the toy GRPO problems (impl/llm/evalset/toy-code-problems.jsonl): one-expression
+"""Write the toy GRPO problems (falsify/llm/evalset/toy-code-problems.jsonl): one-expression
 bodies, five unit tests each computed from the canonical body.
 Usage: make_toy_problems.py OUT.jsonl"""
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import adamw as ta
-from falsify.impl.triton import adamw as tr
+from falsify.kernels.torch import adamw as ta
+from falsify.kernels.triton import adamw as tr
 from falsify.reference import adamw as ref
 
 HP = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

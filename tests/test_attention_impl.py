@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from falsify.impl.torch import attention as tatt
-from falsify.impl.triton import attention as xatt
+from falsify.kernels.torch import attention as tatt
+from falsify.kernels.triton import attention as xatt
 
 BACKENDS = {"torch": tatt, "triton": xatt}
 
@@ -109,7 +109,7 @@ def test_head_dim_padding_for_the_cuda_kernels_changes_nothing():
     import torch
     import torch.nn.functional as F
 
-    from falsify.impl.torch import attention as A
+    from falsify.kernels.torch import attention as A
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)

@@ -205,7 +205,7 @@ def test_a_training_probe_executes_every_equation_its_obligation_applies_to(tmp_
     """A training check runs a whole model or loop: it executes each equation of its
     obligation's applies_to; with `wrt` it also judges their gradient. model-parity-v1 had 20
     gaps before this rule, though its probe runs all six kernels forward and backward."""
-    c, _ = load_contract(ROOT / "contracts" / "model-parity-v1.yaml")
+    c, _ = load_contract(ROOT / "falsify" / "contracts" / "model-parity-v1.yaml")
     assert audit.check_gaps(c) == []
     grad = next(t for t in c.checks if t.id == "FALSIFY-PAR-004")
     grad.spec.pop("wrt")
@@ -220,7 +220,7 @@ def test_a_training_probe_executes_every_equation_its_obligation_applies_to(tmp_
 @pytest.mark.parametrize("name", ["attention-kernel-v1", "swiglu-kernel-v1",
                                   "rmsnorm-kernel-v1", "model-parity-v1", "train-loop-v1"])
 def test_repository_contracts_have_no_check_gaps(name):
-    c, _ = load_contract(ROOT / "contracts" / f"{name}.yaml")
+    c, _ = load_contract(ROOT / "falsify" / "contracts" / f"{name}.yaml")
     assert audit.check_gaps(c) == []
 
 
@@ -228,7 +228,7 @@ def test_attention_without_the_flash_gradient_checks_has_the_gap(tmp_path):
     """The attention contract as it was before FALSIFY-ATT-018/019: flash_attention's own
     backward (the torch tiled autograd.Function) was checked nowhere, because `attention`
     routes to SDPA on torch."""
-    text = (ROOT / "contracts" / "attention-kernel-v1.yaml").read_text(encoding="utf-8")
+    text = (ROOT / "falsify" / "contracts" / "attention-kernel-v1.yaml").read_text(encoding="utf-8")
     start, end = text.index("  - id: FALSIFY-ATT-018\n"), text.index("\nmutants:\n")
     p = Path(tmp_path) / "attention-kernel-v1.yaml"
     p.write_text(text[:start] + text[end + 1:], encoding="utf-8")
@@ -241,7 +241,7 @@ def test_attention_without_the_flash_gradient_checks_has_the_gap(tmp_path):
 
 
 def _edited(tmp_path, name: str, edit) -> Path:
-    text = (ROOT / "contracts" / f"{name}.yaml").read_text(encoding="utf-8")
+    text = (ROOT / "falsify" / "contracts" / f"{name}.yaml").read_text(encoding="utf-8")
     p = Path(tmp_path) / f"{name}.yaml"
     p.write_text(edit(text), encoding="utf-8")
     return p
@@ -258,7 +258,7 @@ def test_a_later_output_no_gradient_check_differentiates_is_a_gap(tmp_path):
 
 
 def test_a_statistic_declared_non_differentiable_needs_no_gradient_check(tmp_path):
-    c, _ = load_contract(ROOT / "contracts" / "rmsnorm-kernel-v1.yaml")
+    c, _ = load_contract(ROOT / "falsify" / "contracts" / "rmsnorm-kernel-v1.yaml")
     assert c.equations["rmsnorm_forward"].non_differentiable == ["inv_rms"]
     assert audit.check_gaps(c) == []
     p = _edited(tmp_path, "rmsnorm-kernel-v1",

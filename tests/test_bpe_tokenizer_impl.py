@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from falsify.impl.torch import bpe_tokenizer as impl
+from falsify.kernels.torch import bpe_tokenizer as impl
 from falsify.mutants import bpe_tokenizer as mutants
 from falsify.reference import bpe_tokenizer as ref
 

@@ -1,4 +1,5 @@
-"""`build: module:function` on an array argument (harness/cases.py): the drawn array is mapped
+"""`build: module:function` on an array argument (falsify/harness/cases.py): the drawn array is
+mapped
 to a valid instance of a structured format, by hypothesis, by the seeded sampler and in pinned
 examples alike; a function returning another shape or dtype is an input error."""
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from falsify.impl.llm import checkpoint as C
-from falsify.impl.llm import config as LC
-from falsify.impl.llm import run as RUN
-from falsify.impl.llm import trainer as TR
-from falsify.impl.llm.model import build_model
+from falsify.llm import checkpoint as C
+from falsify.llm import config as LC
+from falsify.llm import run as RUN
+from falsify.llm import trainer as TR
+from falsify.llm.model import build_model
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path):
@@ -318,7 +318,7 @@ def test_no_intact_checkpoint_left_says_so(tmp_path):
 # ---------------------------------------------------------------------------- orphans
 _WRITER = """
 import sys, torch
-from falsify.impl.llm import checkpoint as C
+from falsify.llm import checkpoint as C
 model = torch.nn.Linear(2048, 2048)  # 4.2M parameters: ~50 MB a checkpoint, a visible write
 opt = torch.optim.AdamW(model.parameters(), foreach=False)
 model(torch.ones(1, 2048)).sum().backward()
@@ -365,7 +365,7 @@ def test_kill_9_during_a_save_leaves_an_orphan_the_next_start_removes(tmp_path, 
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from falsify.impl.llm import checkpoint as C
+from falsify.llm import checkpoint as C
 root = Path(sys.argv[1])
 root.mkdir(parents=True, exist_ok=True)
 tmp, fd, lock = C._locked_temp_dir(root, ".tmp-step-00000099-")

@@ -26,7 +26,7 @@ from falsify.cli.pv import build_parser as pv_parser
 from falsify.cli.pv import main as pv
 
 ROOT = Path(__file__).resolve().parent.parent
-CONTRACTS = ROOT / "contracts"
+CONTRACTS = ROOT / "falsify" / "contracts"
 HERE = "tests/test_cli_smoke.py"
 
 SMOKE = {
@@ -215,7 +215,7 @@ def test_run_mutants_coverage_audit(tmp_path, capsys):
     assert ledger.is_file()
     bound = tmp_path / "ledger-bind.json"
     r = _run("falsify", "run", "softmax-kernel-v1", "--backend", "torch", "-n", "1",
-             "--bind", "softmax.torch=falsify.impl.torch.softmax:softmax",
+             "--bind", "softmax.torch=falsify.kernels.torch.softmax:softmax",
              "--ledger", str(bound), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     entries = json.loads(bound.read_text())["runs"].values()
@@ -285,7 +285,7 @@ def test_train_config_file_then_resume_auto(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"trained 2 steps, [\d,]+ tokens", r.stdout)
     assert re.search(r"validation loss \d+\.\d+, perplexity \d+\.\d+", r.stdout)
-    from falsify.impl.llm.checkpoint import latest_checkpoint
+    from falsify.llm.checkpoint import latest_checkpoint
 
     assert latest_checkpoint(out).name == "step-00000002"
     r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",

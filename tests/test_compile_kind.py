@@ -180,7 +180,7 @@ def test_compiled_embedding_refuses_negative_and_past_the_end_ids():
     which plain indexing would wrap to a row from the end."""
     import torch
 
-    from falsify.impl.torch.embedding import embedding
+    from falsify.kernels.torch.embedding import embedding
 
     compiled = torch.compile(embedding, dynamic=True)
     table = torch.randn(10, 4)
@@ -195,7 +195,7 @@ def test_compiled_cross_entropy_refuses_labels_outside_the_vocabulary():
     gather assert; a negative label that is not ignore_index must not wrap."""
     import torch
 
-    from falsify.impl.torch.cross_entropy import cross_entropy
+    from falsify.kernels.torch.cross_entropy import cross_entropy
 
     compiled = torch.compile(cross_entropy, dynamic=True)
     z = torch.randn(2, 7)

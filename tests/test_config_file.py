@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from falsify.cli import main as falsify_main
 from falsify.harness import yamlio
-from falsify.impl.llm import config as T
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import run as RUN
-from falsify.impl.llm.config_file import ConfigFileError, read_config_file
+from falsify.llm import config as T
+from falsify.llm import finetune as FT
+from falsify.llm import run as RUN
+from falsify.llm.config_file import ConfigFileError, read_config_file
 
 BAD = {  # name -> (file bytes, what the message must say, line it must name)
     "directory": (None, "a directory", None),

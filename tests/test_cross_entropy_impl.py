@@ -4,10 +4,10 @@ generated checks cover the math)."""
 import pytest
 import torch
 
-from falsify.impl.torch import cross_entropy as tce
-from falsify.impl.torch import fused_linear_cross_entropy as tfl
-from falsify.impl.triton import cross_entropy as xce
-from falsify.impl.triton import fused_linear_cross_entropy as xfl
+from falsify.kernels.torch import cross_entropy as tce
+from falsify.kernels.torch import fused_linear_cross_entropy as tfl
+from falsify.kernels.triton import cross_entropy as xce
+from falsify.kernels.triton import fused_linear_cross_entropy as xfl
 
 
 @pytest.mark.parametrize("impl", [tce, xce])

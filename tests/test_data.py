@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from falsify.impl.llm import data as D
+from falsify.llm import data as D
 
 SMALL_BYTES = 400_000  # a slice of the stdlib: tokenizer training well under a second
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from falsify.impl.llm import data as D
-from falsify.impl.llm import sft_data as SD
+from falsify.llm import data as D
+from falsify.llm import sft_data as SD
 from tests.test_finetune import make_tokenizer, write_base
 
 OK = b'{"prompt": "def f(x):", "response": "\\n    return x"}\n'

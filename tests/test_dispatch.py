@@ -1,4 +1,4 @@
-"""Parity-gated dispatch (impl/llm/dispatch.py): each kernel's backend comes from the ledger.
+"""Parity-gated dispatch (falsify/llm/dispatch.py): each kernel's backend comes from the ledger.
 
 The ledgers here are written entry by entry, with the contract hashes and implementation
 fingerprints the harness computes, so that each test states exactly which evidence exists."""
@@ -15,10 +15,10 @@ from falsify.harness.ledger import merge
 from falsify.harness.model import load_contract
 from falsify.harness.plan import runs
 from falsify.harness.project import library_files
-from falsify.impl.llm import dispatch as D
-from falsify.impl.llm import ops as ops_mod
-from falsify.impl.llm import run as RUN
-from falsify.impl.llm.config import ConfigError, model_config
+from falsify.llm import dispatch as D
+from falsify.llm import ops as ops_mod
+from falsify.llm import run as RUN
+from falsify.llm.config import ConfigError, model_config
 
 KERNELS = [k for k in ops_mod.ALL_KERNELS]
 
@@ -209,8 +209,8 @@ def test_a_run_under_a_policy_records_each_kernels_backend_and_reason(tmp_path, 
     assert rec["ledger"] == str(p) and rec["dtype"] == "float32" and rec["device"] == "cpu"
     assert set(rec["kernels"]) == set(KERNELS)
     for k, v in rec["kernels"].items():
-        assert v["backend"] == "torch" and cfg["kernels"][k].startswith("falsify.impl.torch.")
-    from falsify.impl.llm import checkpoint as C
+        assert v["backend"] == "torch" and cfg["kernels"][k].startswith("falsify.kernels.torch.")
+    from falsify.llm import checkpoint as C
 
     (ck,) = C.list_checkpoints(tmp_path / "run")
     assert C.read_state(ck)["config"]["dispatch"] == rec
@@ -238,8 +238,8 @@ def test_policy_fields_are_checked(tmp_path, over, msg):
 
 
 def test_the_optimizer_runs_the_dispatched_adamw(tmp_path, fresh_ops):
-    from falsify.impl.llm import trainer as TR
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model
 
     p = write_ledger(tmp_path / "l.json")
     D.configure("fastest-verified", ctx(p))
@@ -260,7 +260,7 @@ def test_an_unresolved_policy_is_an_error_and_the_model_does_not_depend_on_the_d
 
     with pytest.raises(ops_mod.BackendUnavailableError, match="no run has resolved"):
         ops_mod.get_ops("fastest-verified")
-    deps = sources({"falsify.impl.llm.model", "falsify.probes.parity"})
-    assert "falsify.impl.llm.ops" in deps and "falsify.impl.llm.dispatch" not in deps
-    model = sources({"falsify.impl.llm.model"})
+    deps = sources({"falsify.llm.model", "falsify.probes.parity"})
+    assert "falsify.llm.ops" in deps and "falsify.llm.dispatch" not in deps
+    model = sources({"falsify.llm.model"})
     assert not [m for m in model if m.startswith("falsify.harness")]

@@ -1,7 +1,7 @@
 """`falsify distill` end to end, on the tiny synthetic config: teachers from our checkpoints and
 from an HF directory of another architecture (transformers' GPT-2), refusals before step 1
 (vocabulary, tokenizer, a cache written for another teacher), and resume. The loop's
-obligations are contracts/distill-v1.yaml's; these are the command's edges."""
+obligations are falsify/contracts/distill-v1.yaml's; these are the command's edges."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from falsify.cli import main
-from falsify.impl.llm import data as D
-from falsify.impl.llm import distill as DI
-from falsify.impl.llm import run as R
-from falsify.impl.llm.model import ModelConfig, build_model
+from falsify.llm import data as D
+from falsify.llm import distill as DI
+from falsify.llm import run as R
+from falsify.llm.model import ModelConfig, build_model
 
 TINY = ["corpus=synthetic", "vocab_size=512", "hidden_size=32", "num_layers=1",
         "num_heads=2", "num_kv_heads=1", "intermediate_size=64", "seq_len=32",
@@ -40,7 +40,7 @@ def teacher_run(tmp_path_factory):
 
 
 def _fingerprint(path):
-    from falsify.impl.llm.finetune_base import load_base
+    from falsify.llm.finetune_base import load_base
 
     return DI.weights_fingerprint(load_base(path, "torch", need_tokenizer=False).model)
 
@@ -53,7 +53,7 @@ def test_distill_from_our_checkpoint(teacher_run, tmp_path, capsys):
     info = json.loads((out / "distill.json").read_text())
     assert info["teacher_fingerprint"] == before == _fingerprint(teacher_run)
     assert info["student_params"] < info["teacher_params"]
-    assert info["kd_kernel"] == "falsify.impl.torch.fused_linear_kd"
+    assert info["kd_kernel"] == "falsify.kernels.torch.fused_linear_kd"
     assert (info["alpha"], info["temperature"]) == (0.5, 4.0)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [1, 2, 3, 4]
@@ -62,7 +62,7 @@ def test_distill_from_our_checkpoint(teacher_run, tmp_path, capsys):
 def test_distill_resume_continues_bit_identically(teacher_run, tmp_path):
     """Killed after step 2 and resumed: the same losses and weights as a straight run (the
     teacher reloads, the data position and optimizer state come from the checkpoint)."""
-    from falsify.impl.llm.config import parse_overrides
+    from falsify.llm.config import parse_overrides
 
     def cfg(out):
         return DI.DistillConfig.from_dict(

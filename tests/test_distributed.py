@@ -67,8 +67,8 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
         assert abs(x["loss"] - y["loss"]) <= 700 * EPS32 * y["loss"]
     wa = load_file(tmp_path / "a" / "checkpoints" / "step-00000006" / "model.safetensors")
     wb = load_file(tmp_path / "b" / "checkpoints" / "step-00000006" / "model.safetensors")
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm.model import build_model
 
     init = build_model(LC.model_config(LC.TrainConfig.load(None, [*common, "batch_size=4"])),
                        "torch", seed=0).state_dict()
@@ -152,7 +152,7 @@ def test_kill_9_of_a_rank_during_a_save_leaves_the_previous_checkpoint(tmp_path,
     step 3 stays the newest checkpoint and verifies intact. Rank 1 killed: rank 0, alive,
     removes the half-written step 6 itself. Rank 0 killed: the half-written step 6 stays as an
     orphan, which `--resume auto` removes before it continues from step 3 to the end."""
-    from falsify.impl.llm import checkpoint as C
+    from falsify.llm import checkpoint as C
 
     hook = tmp_path / "hook"
     hook.mkdir()

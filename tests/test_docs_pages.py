@@ -1,4 +1,4 @@
-"""Unit tests of the contract page generator (harness/docs.py): deterministic output, live
+"""Unit tests of the contract page generator (falsify/harness/docs.py): deterministic output, live
 statuses from a coverage object, math for every equation, bindings and mutants listed, contract
 text that cannot break the markdown."""
 
@@ -25,12 +25,12 @@ from falsify.harness.plan import runs
 from falsify.harness.validate import load_all
 
 ROOT = Path(__file__).resolve().parents[1]
-SOFTMAX = ROOT / "contracts" / "softmax-kernel-v1.yaml"
+SOFTMAX = ROOT / "falsify" / "contracts" / "softmax-kernel-v1.yaml"
 COMPAT = ROOT / "tests" / "fixtures" / "compat"
 
 
 # --------------------------------------------------------------------------------------------
-# a coverage object with the interface harness/coverage.py provides
+# a coverage object with the interface falsify/harness/coverage.py provides
 
 
 @dataclass
@@ -129,7 +129,7 @@ def _section(page: str, heading_id: str) -> str:
 
 
 def test_output_is_deterministic(softmax, tmp_path):
-    contracts = load_all([ROOT / "contracts", COMPAT]).contracts
+    contracts = load_all([ROOT / "falsify" / "contracts", COMPAT]).contracts
     cov = FakeCoverage.mixed(contracts)
     a = render_site(contracts, cov)
     b = render_site(list(reversed(contracts)), FakeCoverage.mixed(list(reversed(contracts))))
@@ -178,7 +178,7 @@ def test_without_coverage_everything_is_not_run(softmax):
     assert "fs-covered" not in page and "fs-passed" not in page and "fs-killed" not in page
     assert f"0/{len(softmax.obligations)} obligations covered" in page
     index = site["docs/contracts/index.md"]
-    n = len(load_all([ROOT / "contracts" / "softmax-kernel-v1.yaml"]).contracts[0].obligations)
+    n = len(load_all([SOFTMAX]).contracts[0].obligations)
     assert f"0/{n} obligations covered" in index
 
 
@@ -260,8 +260,10 @@ def test_bindings_mutants_checks_and_strategies_listed(softmax):
     for eq in softmax.equations.values():
         for ref in eq.bindings.values():
             assert f"`{ref}`" in page
-        assert "reference/softmax.py:" in page and "impl/torch/softmax.py:" in page
-        assert '??? note "reference: reference/softmax.py:' in page  # the source is embedded
+        assert "falsify/reference/softmax.py:" in page
+        assert "falsify/kernels/torch/softmax.py:" in page
+        # the source is embedded
+        assert '??? note "reference: falsify/reference/softmax.py:' in page
         assert "def softmax" in page
         for dtype in eq.gpu_only:
             assert f"`{dtype}`" in page
@@ -288,7 +290,7 @@ def test_bindings_mutants_checks_and_strategies_listed(softmax):
 def test_missing_binding_source_is_reported_not_invented(softmax):
     c = copy.deepcopy(softmax)
     eq = next(iter(c.equations.values()))
-    eq.bindings["triton"] = "falsify.impl.triton.nonexistent_kernel:softmax"
+    eq.bindings["triton"] = "falsify.kernels.triton.nonexistent_kernel:softmax"
     page = _page([c], None, c.id)
     row = next(ln for ln in page.splitlines() if "nonexistent_kernel" in ln)
     assert "not found" in row
@@ -339,7 +341,7 @@ def test_compat_contracts_render(tmp_path):
 
 
 def test_real_coverage_object_from_a_small_ledger(softmax):
-    """The adapter against harness/coverage.py itself: a pass, a failure, a stale pass and a
+    """The adapter against falsify/harness/coverage.py itself: a pass, a failure, a stale pass and a
     killed mutant from a hand-made ledger show up as such."""
     from falsify.harness.coverage import compute
     from falsify.harness.ledger import mutant_key, run_key

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import embedding as emb_torch
-from falsify.impl.triton import embedding as emb_triton
+from falsify.kernels.torch import embedding as emb_torch
+from falsify.kernels.triton import embedding as emb_triton
 from falsify.reference import embedding as emb_ref
 
 BACKENDS = [emb_torch, emb_triton]

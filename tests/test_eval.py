@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from falsify.impl.llm import evaluate as EV
+from falsify.llm import evaluate as EV
 from tests.test_finetune import base_with_tokenizer
 
 
@@ -74,7 +74,7 @@ def test_bad_problem_files_are_refused_naming_the_line(tmp_path, content, words)
 def test_the_scoring_path_scores_right_and_wrong_code(monkeypatch):
     """Sampling replaced by an oracle that answers the even problems correctly and the odd
     ones with `return None`: the sandbox and the estimator must give exactly 1/2."""
-    from falsify.impl.llm.sandbox import Limits
+    from falsify.llm.sandbox import Limits
 
     ps = EV.load_problems()[:6]
 

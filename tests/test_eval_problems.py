@@ -1,4 +1,4 @@
-"""Checks on the code-completion evaluation set in impl/llm/evalset/code-problems.jsonl.
+"""Checks on the code-completion evaluation set in falsify/llm/evalset/code-problems.jsonl.
 
 Every problem's reference solution must pass its own tests, and a trivially wrong body must
 fail them, so a pass@k measured on this set means something.
@@ -17,7 +17,7 @@ DEF_LINE = re.compile(r"^def (\w+)\(", re.MULTILINE)
 
 
 def _load():
-    path = files("falsify.impl.llm") / "evalset" / "code-problems.jsonl"
+    path = files("falsify.llm") / "evalset" / "code-problems.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines]
 

@@ -35,7 +35,7 @@ def test_lrs_end_of_decay_is_within_the_derived_bound():
     c = _lrs_case()
     runtime.execute("lr-schedule-kernel-v1", "FALSIFY-LRS-001", "torch", "float64", c)
     # the case is the one that failed: the old bound 8·eps·ref_max is smaller than the error
-    from falsify.impl.torch.lr_schedule import lr_at_step
+    from falsify.kernels.torch.lr_schedule import lr_at_step
     from falsify.reference.lr_schedule import lr_at
 
     got, ref = lr_at_step(575, 0, 576, 3.0e-4, 0.0), float(lr_at(np.array([575]), 0, 576,
@@ -57,7 +57,7 @@ def test_lrs_bound_still_catches_a_one_step_shift():
 
 def _shifted(step, warmup, total, lr_max, lr_min):
     """The schedule evaluated one step late: a real off-by-one."""
-    from falsify.impl.torch.lr_schedule import lr_at
+    from falsify.kernels.torch.lr_schedule import lr_at
 
     return lr_at(step - 1, warmup, total, lr_max, lr_min)
 
@@ -170,6 +170,6 @@ def test_rope_subnormal_floor_still_catches_a_wrong_sign():
 
 
 def _rope_minus(x, pos, theta):
-    from falsify.impl.torch.rope import rope
+    from falsify.kernels.torch.rope import rope
 
     return rope(x, -pos, theta)

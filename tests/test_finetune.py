@@ -1,4 +1,5 @@
-"""Fine-tuning data, config and loop (impl/sft_data.py, impl/finetune.py, falsify finetune):
+"""Fine-tuning data, config and loop (falsify/llm/sft_data.py, falsify/llm/finetune.py, falsify
+finetune):
 formats and masks, errors that name the file and line, resume, early stopping, reward-weighted
 SFT and DPO end to end through the CLI. Shared helpers for tests/test_finetune_*.py are here."""
 
@@ -12,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.llm import data as data_mod
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm import sft_data as SD
-from falsify.impl.llm.model import ModelConfig, build_model
-from falsify.impl.llm.preflight import PreflightError
+from falsify.llm import data as data_mod
+from falsify.llm import finetune as FT
+from falsify.llm import lora_model as LM
+from falsify.llm import sft_data as SD
+from falsify.llm.model import ModelConfig, build_model
+from falsify.llm.preflight import PreflightError
 
 CFG = ModelConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   intermediate_size=192, max_seq_len=96)
@@ -376,8 +377,8 @@ def test_max_steps_unreachable_is_a_preflight_error(tmp_path, tok, tok_path):
 
 
 def test_hf_base_directory(tmp_path, tok, tok_path):
-    """An HF LLaMA directory (impl/hf.py export, with tokenizer.json) is a valid --model."""
-    from falsify.impl.llm import hf
+    """An HF LLaMA directory (falsify/llm/hf.py export, with tokenizer.json) is a valid --model."""
+    from falsify.llm import hf
 
     hf.export_hf(tiny_model(), tmp_path / "hf", tok_path)
     b = FT.load_base(tmp_path / "hf", "torch")
@@ -467,7 +468,8 @@ def test_cli_several_data_files_and_flags(tmp_path, base_dir):
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_dropout_applies_to_the_adapter_input_only(method):
     """PEFT: y = base(x) + s·B(A(drop(x))). In train mode with p > 0 the layer composes that
-    from F.linear; in eval mode it is the kernel (impl/torch/lora.py / qlora.py) — both must
+    from F.linear; in eval mode it is the kernel (falsify/kernels/torch/lora.py / qlora.py) — both
+    must
     agree with the formula written out here."""
     m = tiny_model()
     LM.apply_lora(m, LM.LoraSpec(method=method, r=4, dropout=0.5, targets=("q",)))

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from falsify.cli import main
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm import sft_data as SD
+from falsify.llm import lora_model as LM
+from falsify.llm import sft_data as SD
 
 
 def test_shipped_dataset_is_small_and_valid():

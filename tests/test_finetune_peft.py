@@ -1,7 +1,7 @@
 """The exported adapter in the PEFT ecosystem, merge and generate:
 
 * peft.PeftModel.from_pretrained loads adapter_model.safetensors onto transformers'
-  LlamaForCausalLM built from the same base in the HF layout (impl/hf.py) and reproduces our
+  LlamaForCausalLM built from the same base in the HF layout (falsify/llm/hf.py) and reproduces our
   logits within the derived fp32 tolerance — for QLoRA the base PEFT gets is the dequantized
   NF4 base the adapter was trained on, and, where bitsandbytes runs, the original fp32 base
   quantized by bitsandbytes itself (our NF4 is bit-compatible, so the logits agree too);
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import hf
-from falsify.impl.llm import lora_model as LM
+from falsify.llm import finetune as FT
+from falsify.llm import hf
+from falsify.llm import lora_model as LM
 from tests.test_finetune import (
     CFG,
     logit_tolerance,
@@ -236,7 +236,7 @@ def _check_tokenizer(d: Path, tok_path: Path):
     sentinels are special, and it encodes and decodes exactly as our tokenizer does."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from falsify.impl.llm import data as data_mod
+    from falsify.llm import data as data_mod
 
     at = AutoTokenizer.from_pretrained(str(d))
     assert (at.eos_token, at.eos_token_id, at.pad_token_id, at.bos_token_id) == \

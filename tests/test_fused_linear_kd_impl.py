@@ -1,4 +1,5 @@
-"""Hand-written edge cases of the fused linear KD kernel (contracts/fused-linear-kd-kernel-v1.yaml)
+"""Hand-written edge cases of the fused linear KD kernel
+(falsify/contracts/fused-linear-kd-kernel-v1.yaml)
 that the contract's generated checks do not spell out: chunk larger than N, N not a multiple of
 the chunk, every label ignored, the refusal of bad shapes and dtypes with a clear message, and
 an independent oracle (F.kl_div + F.cross_entropy on the materialised logits)."""
@@ -12,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from falsify.impl.torch import fused_linear_kd as tk
-from falsify.impl.triton import fused_linear_kd as tt
+from falsify.kernels.torch import fused_linear_kd as tk
+from falsify.kernels.triton import fused_linear_kd as tt
 from falsify.reference import fused_linear_kd as ref
 
 BACKENDS = {"torch": tk, "triton": tt}
@@ -200,7 +201,7 @@ def test_topk_refusals(backend):
 def test_topk_renorm_bound_holds_and_shrinks_with_k():
     """The derived bound holds in float64, shrinks as k grows (H(ε) + ε·c increases with ε for
     c ≥ log V, and ε ≤ 1 − 1/V) and vanishes at k = V up to float64 rounding of ε
-    (reference/fused_linear_kd.py)."""
+    (falsify/reference/fused_linear_kd.py)."""
     x, w, zt, y = _inputs(16, 8, 60, seed=11)
     args = (x.double().numpy(), w.double().numpy(), zt.double().numpy(), y.numpy())
     for T in (1.0, 2.0):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import gelu as gelu_torch
-from falsify.impl.triton import gelu as gelu_triton
+from falsify.kernels.torch import gelu as gelu_torch
+from falsify.kernels.triton import gelu as gelu_triton
 from falsify.reference import gelu as gelu_ref
 
 BACKENDS = [gelu_torch, gelu_triton]

@@ -4,8 +4,8 @@ API rules: buffer checks before launch, aliasing, empty and K = 0 products, dtyp
 import pytest
 import torch
 
-from falsify.impl.torch import gemm as tgemm
-from falsify.impl.triton import gemm as xgemm
+from falsify.kernels.torch import gemm as tgemm
+from falsify.kernels.triton import gemm as xgemm
 
 BACKENDS = {"torch": tgemm.gemm, "triton": xgemm.gemm}
 

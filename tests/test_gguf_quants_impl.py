@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import gguf_quants as T
-from falsify.impl.triton import gguf_quants as X
+from falsify.kernels.torch import gguf_quants as T
+from falsify.kernels.triton import gguf_quants as X
 from falsify.reference import gguf_quants as R
 
 gguf = pytest.importorskip("gguf", reason="gguf (extra `interop`)")

@@ -1,9 +1,9 @@
-"""GRPO fine-tuning (impl/llm/grpo.py, impl/llm/rewards.py): config errors name their field,
+"""GRPO fine-tuning (falsify/llm/grpo.py, falsify/llm/rewards.py): config errors name their field,
 a user's `module:function` reward is loaded and called, reward failures are counted and never
 scored silently, the top-p filter keeps exactly the nucleus, the unit-test reward counts
 asserts, and `falsify finetune --method grpo` runs end to end at its smallest settings. The
 loop's obligations (frozen reference, old log-probs once per batch, seeded runs, reward
-failures in the loop) are contracts/grpo-finetune-v1.yaml's."""
+failures in the loop) are falsify/contracts/grpo-finetune-v1.yaml's."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import rewards as RW
-from falsify.impl.llm.evaluate import Problem, load_problems
-from falsify.impl.llm.grpo import GrpoRun, sample_group, shipped_toy_problems, top_p_filter
+from falsify.llm import finetune as FT
+from falsify.llm import rewards as RW
+from falsify.llm.evaluate import Problem, load_problems
+from falsify.llm.grpo import GrpoRun, sample_group, shipped_toy_problems, top_p_filter
 
 PROBLEM = Problem("t/0", "def f(x):\n    return", "f", " x\n",
                   "def check(candidate):\n    assert candidate(1) == 1\n"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import grpo_loss as T
-from falsify.impl.triton import grpo_loss as X
+from falsify.kernels.torch import grpo_loss as T
+from falsify.kernels.triton import grpo_loss as X
 from falsify.reference import grpo_loss as R
 
 EPS32 = float(np.finfo(np.float32).eps)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from falsify.impl.llm.hf import export_hf, import_hf
-from falsify.impl.llm.model import ModelConfig, build_model
+from falsify.llm.hf import export_hf, import_hf
+from falsify.llm.model import ModelConfig, build_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,7 +21,7 @@ import yaml
 from falsify.harness import ledger
 from falsify.harness.project import library_dir
 
-KERNEL = "from falsify.impl.torch.softmax import softmax  # noqa: F401\n"
+KERNEL = "from falsify.kernels.torch.softmax import softmax  # noqa: F401\n"
 
 
 def _contract(proj: Path, cid: str, prefix: str, module: str, critical: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""Where bound code lives, so a reader finds it by its role: `run:` functions in
+"""Every folder is its import path, and bound code lives where a reader looks for its role: `run:` functions in
 falsify/probes/, symbolic targets in falsify/proofs/, mutants in falsify/mutants/, reference
 bindings in reference/; probes import no benchmark, and the benchmark's case list is complete
 in the memory subprocess that loads it as __main__."""
@@ -6,6 +6,7 @@ in the memory subprocess that loads it as __main__."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ PACKAGE = {"run": ("falsify.probes.",), "target": ("falsify.proofs.",),
 
 
 def _bindings():
-    for path in discover([ROOT / "contracts"]):
+    for path in discover([ROOT / "falsify" / "contracts"]):
         c, _ = load_contract(path)
         for eq in c.equations.values():
             if "reference" in eq.bindings:
@@ -74,3 +75,27 @@ def test_bench_memory_subprocess_finds_every_case():
                        timeout=600, cwd=Path(__file__).parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"peak_extra_bytes"' in r.stdout
+
+
+def test_every_module_is_at_the_path_its_name_says():
+    """`falsify.X.Y` is falsify/X/Y.py in the checkout and in the installed package: there is
+    no package-dir mapping, and every folder holding Python code is a package of the tree."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    import falsify
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = pyproject["tool"]["setuptools"]
+    assert "package-dir" not in setuptools, setuptools
+    assert Path(falsify.__file__).resolve().parent == ROOT / "falsify"
+    for path in sorted((ROOT / "falsify").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        for d in rel.parents:
+            if d != Path("."):
+                assert (ROOT / d / "__init__.py").is_file(), f"{d}/ holds {rel} but is no package"
+        name = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and Path(spec.origin).resolve() == path, (name, spec)

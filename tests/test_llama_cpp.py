@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.llm import gguf_io as G
-from falsify.impl.llm import lora_model as LM
+from falsify.llm import gguf_io as G
+from falsify.llm import lora_model as LM
 from tests.fixtures.gguf import tiny
 from tests.test_gguf_io import _tolerance
 

@@ -1,7 +1,7 @@
 """The training step runs the kernels its contracts check, and records which ran.
 
 The loop's AdamW update, gradient clip and LR schedule come from the model's Ops bundle
-(impl/llm/ops.py); the adamw-, grad-clip- and lr-schedule-kernel contracts bind thin wrappers
+(falsify/llm/ops.py); the adamw-, grad-clip- and lr-schedule-kernel contracts bind thin wrappers
 over the same functions. Replacing a bound function must change what the loop does, and the
 run config and every checkpoint must name the functions that ran."""
 
@@ -12,22 +12,22 @@ import pytest
 import torch
 
 from falsify.cli import main as falsify_main
-from falsify.impl.llm import checkpoint as C
-from falsify.impl.llm import config as LC
-from falsify.impl.llm import ops as ops_mod
-from falsify.impl.llm import preflight as PF
-from falsify.impl.llm import run as RUN
-from falsify.impl.llm import trainer as TR
-from falsify.impl.llm.model import build_model
-from falsify.impl.torch import adamw as torch_adamw
-from falsify.impl.torch import grad_clip as torch_clip
-from falsify.impl.torch import lr_schedule as torch_lrs
+from falsify.kernels.torch import adamw as torch_adamw
+from falsify.kernels.torch import grad_clip as torch_clip
+from falsify.kernels.torch import lr_schedule as torch_lrs
+from falsify.llm import checkpoint as C
+from falsify.llm import config as LC
+from falsify.llm import ops as ops_mod
+from falsify.llm import preflight as PF
+from falsify.llm import run as RUN
+from falsify.llm import trainer as TR
+from falsify.llm.model import build_model
 from falsify.reference import adamw as ref_adamw
 from falsify.reference import grad_clip as ref_clip
 
-TRAINING_KERNELS = {"adamw": "falsify.impl.torch.adamw:adamw_multi",
-                    "grad_clip": "falsify.impl.torch.grad_clip:clip_grad_norm_",
-                    "lr_schedule": "falsify.impl.torch.lr_schedule:set_lr"}
+TRAINING_KERNELS = {"adamw": "falsify.kernels.torch.adamw:adamw_multi",
+                    "grad_clip": "falsify.kernels.torch.grad_clip:clip_grad_norm_",
+                    "lr_schedule": "falsify.kernels.torch.lr_schedule:set_lr"}
 
 
 def _one_step(cfg) -> tuple[TR.Trainer, TR.StepStats]:
@@ -49,7 +49,7 @@ def test_run_config_and_every_checkpoint_name_the_kernels_that_ran(tmp_path):
     for k, ref in TRAINING_KERNELS.items():
         assert cfg["kernels"][k] == ref
     for k in ops_mod.KERNELS:
-        assert cfg["kernels"][k] == f"falsify.impl.torch.{k}:{k}"
+        assert cfg["kernels"][k] == f"falsify.kernels.torch.{k}:{k}"
     ckpts = C.list_checkpoints(tmp_path)
     assert len(ckpts) == 2 and r.final_step == 4
     for ck in ckpts:
@@ -149,7 +149,7 @@ def test_bad_warmup_is_refused_before_any_data_is_prepared(tmp_path, monkeypatch
     """`falsify train max_steps=30` (warmup_steps defaults to 30: 100 % of the run) used to
     tokenize the corpus for over a minute before refusing. Now nothing is prepared: no cache,
     no run directory, and the data layer is never asked."""
-    from falsify.impl.llm import data as data_mod
+    from falsify.llm import data as data_mod
 
     def touched(*a, **k):
         raise AssertionError("data preparation ran before the config-only preflight")
@@ -166,7 +166,7 @@ def test_bad_warmup_is_refused_before_any_data_is_prepared(tmp_path, monkeypatch
 
 
 def test_memory_budget_is_refused_before_any_data_is_prepared(tmp_path, monkeypatch):
-    from falsify.impl.llm import data as data_mod
+    from falsify.llm import data as data_mod
 
     monkeypatch.setattr(data_mod, "prepare_data", lambda *a, **k: pytest.fail("data prepared"))
     with pytest.raises(PF.PreflightError, match="exceeds the budget"):
@@ -186,7 +186,7 @@ SHARED_BAD = [("lr", "0"), ("lr_min", "1"), ("beta1", "1.0"), ("beta2", "-0.1"),
 def test_both_loops_refuse_a_shared_field_with_the_same_rule(field, value):
     """FinetuneConfig extends LoopConfig: a shared field is refused by the one rule, with the
     same message, whichever loop is configured."""
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import finetune as FT
 
     msgs = []
     for cls in (LC.TrainConfig, FT.FinetuneConfig):
@@ -199,7 +199,7 @@ def test_both_loops_refuse_a_shared_field_with_the_same_rule(field, value):
 
 def test_fine_tuning_reuses_the_update_step():
     """The fine-tuning trainer supplies only its micro-batch hook; the step is the shared one."""
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import finetune as FT
 
     for name in ("train_step", "forward_backward", "apply_update"):
         assert getattr(FT.FinetuneTrainer, name) is getattr(TR.Trainer, name)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import lora as T
-from falsify.impl.triton import lora as X
+from falsify.kernels.torch import lora as T
+from falsify.kernels.triton import lora as X
 from falsify.probes.lora import init_step_probe
 from falsify.reference import lora as R
 

@@ -1,4 +1,5 @@
-"""Hand-written edge cases for the merging kernels (impl/torch/merging.py, reference/merging.py)
+"""Hand-written edge cases for the merging kernels (falsify/kernels/torch/merging.py,
+falsify/reference/merging.py)
 and the oracle test against mergekit 0.1.5's own implementations."""
 
 import math
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import merging as tm
+from falsify.kernels.torch import merging as tm
 from falsify.reference import merging as rm
 
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from falsify.impl.llm import ops as ops_mod
-from falsify.impl.llm.model import (
+from falsify.llm import ops as ops_mod
+from falsify.llm.model import (
     PRESETS,
     ModelConfig,
     ModelConfigError,
@@ -163,7 +163,7 @@ def test_unknown_backend_is_an_error():
 
 def test_auto_without_gpu_picks_torch_and_logs(monkeypatch, caplog):
     monkeypatch.setattr(ops_mod, "gpu_available", lambda: False)
-    with caplog.at_level(logging.INFO, logger="falsify.impl.llm.ops"):
+    with caplog.at_level(logging.INFO, logger="falsify.llm.ops"):
         assert ops_mod.resolve_backend("auto") == "torch"
     assert "backend=auto -> torch" in caplog.text
 
@@ -180,7 +180,7 @@ def test_missing_triton_kernel_is_an_error(monkeypatch):
     real = ops_mod._find_module
     monkeypatch.setattr(ops_mod, "_find_module",
                         lambda b, k: None if k == "rope" else real(b, k))
-    with pytest.raises(ops_mod.BackendUnavailableError, match="falsify.impl.triton.rope"):
+    with pytest.raises(ops_mod.BackendUnavailableError, match="falsify.kernels.triton.rope"):
         ops_mod.get_ops("triton")
 
 
@@ -189,23 +189,24 @@ def test_missing_torch_kernel_is_an_error_not_a_fallback(monkeypatch):
     real = ops_mod._find_module
     monkeypatch.setattr(ops_mod, "_find_module",
                         lambda b, k: None if k == "swiglu" else real(b, k))
-    with pytest.raises(ops_mod.BackendUnavailableError, match="falsify.impl.torch.swiglu"):
+    with pytest.raises(ops_mod.BackendUnavailableError, match="falsify.kernels.torch.swiglu"):
         ops_mod.get_ops("torch")
 
 
 def test_torch_backend_wires_the_kernel_modules():
     ops = ops_mod.get_ops("torch")
-    assert ops.provenance == {**{k: f"falsify.impl.torch.{k}:{k}" for k in ops_mod.KERNELS},
-                              "adamw": "falsify.impl.torch.adamw:adamw_multi",
-                              "grad_clip": "falsify.impl.torch.grad_clip:clip_grad_norm_",
-                              "lr_schedule": "falsify.impl.torch.lr_schedule:set_lr"}
-    from falsify.impl.torch import adamw, grad_clip, lr_schedule
+    assert ops.provenance == {**{k: f"falsify.kernels.torch.{k}:{k}" for k in ops_mod.KERNELS},
+                              "adamw": "falsify.kernels.torch.adamw:adamw_multi",
+                              "grad_clip": "falsify.kernels.torch.grad_clip:clip_grad_norm_",
+                              "lr_schedule": "falsify.kernels.torch.lr_schedule:set_lr"}
+    from falsify.kernels.torch import adamw, grad_clip, lr_schedule
 
     assert (ops.adamw, ops.grad_clip, ops.lr_schedule) == (
         adamw.adamw_multi, grad_clip.clip_grad_norm_, lr_schedule.set_lr)
 
 
-# Plain torch formulations of the model's math, written independently of impl/torch: the oracle
+# Plain torch formulations of the model's math, written independently of falsify/kernels/torch: the
+# oracle
 # for the test below (rotate-half RoPE with float64 angles, SDPA with GQA, fp32 RMSNorm).
 def _plain_rmsnorm(x, w, eps):
     xf = x.float()
@@ -284,7 +285,7 @@ def test_triton_backend_model_matches_torch_backend():
     kernels: same logits and gradients within fp32 rounding of different reduction orders."""
     # every kernel the model needs has a Triton implementation: a missing one is a failure
     missing = [k for k in ops_mod.KERNELS
-               if importlib.util.find_spec(f"falsify.impl.triton.{k}") is None]
+               if importlib.util.find_spec(f"falsify.kernels.triton.{k}") is None]
     assert not missing, f"no Triton implementation of {', '.join(missing)}"
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                       intermediate_size=48, max_seq_len=8)

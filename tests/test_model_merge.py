@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm import model_merge as MM
+from falsify.llm import finetune as FT
+from falsify.llm import lora_model as LM
+from falsify.llm import model_merge as MM
 from falsify.reference.merging import dare_keep, n_kept
 from tests.test_finetune import make_tokenizer, shipped_records, write_base, write_jsonl
 
@@ -118,7 +118,7 @@ def test_bad_merge_requests_are_one_line_exit_2(models, tmp_path, argv, words, c
 
 def test_models_of_another_architecture_are_refused(models, tmp_path, capsys):
     from falsify.cli.merge import write_ours
-    from falsify.impl.llm.model import build_model
+    from falsify.llm.model import build_model
 
     cfg = FT.load_base(models[0], "torch", need_tokenizer=False).model.cfg
     other = build_model(type(cfg)(**{**cfg.to_dict(), "num_layers": 1}), "torch", seed=0)

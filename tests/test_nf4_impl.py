@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import nf4 as T
-from falsify.impl.triton import nf4 as X
+from falsify.kernels.torch import nf4 as T
+from falsify.kernels.triton import nf4 as X
 from falsify.reference import nf4 as R
 
 BACKENDS = {"torch": T, "triton": X}

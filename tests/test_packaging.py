@@ -114,9 +114,9 @@ def _files(pkg: Path) -> set[str]:
 
 def _check_archives(steps: Steps, wheel: Path, sdist: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    steps.expect("falsify/impl/llm/sft/stdlib-docstrings.jsonl" in names,
+    steps.expect("falsify/llm/sft/stdlib-docstrings.jsonl" in names,
                  "wheel: the fine-tuning set `falsify finetune` defaults to is missing")
-    steps.expect("falsify/impl/llm/evalset/code-problems.jsonl" in names,
+    steps.expect("falsify/llm/evalset/code-problems.jsonl" in names,
                  "wheel: the problem set `falsify eval` defaults to is missing")
     for want in LIBRARY + TEMPLATES:
         steps.expect(any(re.fullmatch(rf"falsify/(.+/)?{re.escape(want)}", n) for n in names),

@@ -1,4 +1,4 @@
-"""`falsify parity` and the model-parity-v1 machinery (impl/llm/parity*.py): the instrumented
+"""`falsify parity` and the model-parity-v1 machinery (falsify/llm/parity*.py): the instrumented
 forwards record the model's own values, the bounds hold on correct kernels, the bisection names
 the kernel a mutant broke, and the CLI's outputs and exit codes (0 pass, 1 fail, 2 bad input).
 Small configs throughout: the whole file runs in well under a minute on 2 cores."""
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.llm import parity as P
-from falsify.impl.llm import parity_bisect as B
+from falsify.llm import parity as P
+from falsify.llm import parity_bisect as B
 from falsify.mutants import parity as M
 
 SMALL = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -156,7 +156,7 @@ def test_cli_train_reports_where_two_backends_separate(tmp_path):
     """The CLI trains torch and Triton side by side (1 layer, 2 steps: the interpreter is
     slow) without separating; in-process, a run whose RMSNorm uses ε × 10 separates from the
     correct one at the first step."""
-    from falsify.impl.llm import parity_train as T
+    from falsify.llm import parity_train as T
 
     args = [*SMALL_ARGS, "num_layers=1"]
     r = _cli("--train", "--steps", "2", "--tokens", "8", "--format", "json", "--backends",

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from falsify.impl.llm import evaluate as EV
+from falsify.llm import evaluate as EV
 from falsify.reference import pass_at_k as R
 
 

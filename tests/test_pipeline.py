@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from falsify.cli import main
-from falsify.impl.llm import pipeline as PL
+from falsify.llm import pipeline as PL
 
 SMALL = {
     "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 400_000, "vocab_size": 512,

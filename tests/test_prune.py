@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm import prune as P
+from falsify.llm import finetune as FT
+from falsify.llm import lora_model as LM
+from falsify.llm import prune as P
 from tests.test_finetune import (
     CFG,
     base_with_tokenizer,
@@ -110,7 +110,7 @@ def test_prune_refuses_bad_settings_in_one_line(base, tmp_path, argv, words, cap
 # ---------------------------------------------------------- masks kept through a fine-tune
 @pytest.fixture(scope="module")
 def masked_runs(base, tmp_path_factory):
-    """A 50 % magnitude-pruned base (impl/llm/prune.py, masks written as `falsify prune`
+    """A 50 % magnitude-pruned base (falsify/llm/prune.py, masks written as `falsify prune`
     writes them) and two QLoRA fine-tunes of it through the CLI, with and without
     --keep-masks, each merged with `falsify merge --adapter`."""
     from falsify.cli import main

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import pruning as prn_torch
+from falsify.kernels.torch import pruning as prn_torch
 from falsify.reference import pruning as prn_ref
 
 IDS = ["reference", "torch"]

@@ -1,5 +1,6 @@
 """`pv status`, `pv graph`, `pv equations`, `pv diff` and the modules behind them
-(harness/latex.py, harness/graph.py, harness/diff.py). Verbs run in-process through
+(falsify/harness/latex.py, falsify/harness/graph.py, falsify/harness/diff.py). Verbs run in-process
+through
 falsify.cli.pv.main; contracts are copies of tests/fixtures/valid/softmax-lite-v1.yaml."""
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def test_status_counts_and_bindings(capsys):
             row["symbolic_checks"]) == (1, 7, {"total": 8, "executable": 8}, 3, 2)
     assert row["bindings"] == {"softmax": {
         "reference": "falsify.reference.softmax:softmax",
-        "torch": "falsify.impl.torch.softmax:softmax"}}
+        "torch": "falsify.kernels.torch.softmax:softmax"}}
 
 
 def test_status_text_is_a_table(capsys):
@@ -69,7 +70,7 @@ def test_status_text_is_a_table(capsys):
     # a file named on the command line, outside the project's and the library's id space
     assert row.split()[:10] == ["softmax-lite-v1", "file", "1.0.0", "native", "1", "7", "8", "8",
                                 "3", "2"]
-    assert "falsify.impl.torch.softmax:softmax" in out and "executable" in out
+    assert "falsify.kernels.torch.softmax:softmax" in out and "executable" in out
 
 
 def test_status_of_the_repository_contracts(capsys):
@@ -494,7 +495,7 @@ def test_diff_removing_and_adding(tmp_path, capsys):
 
 def test_diff_removed_check_and_binding_are_major(tmp_path, capsys):
     text = base_text()
-    new = edit(text, "      torch: falsify.impl.torch.softmax:softmax\n", "")
+    new = edit(text, "      torch: falsify.kernels.torch.softmax:softmax\n", "")
     _, d = _diff(capsys, *_pair(tmp_path, new))
     fields = {(c["section"], c["field"], c["bump"]) for c in d["changes"]}
     assert ("equations", "bindings.torch", "major") in fields

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import lora as TL
-from falsify.impl.torch import nf4 as TN
-from falsify.impl.torch import qlora as T
-from falsify.impl.triton import qlora as X
+from falsify.kernels.torch import lora as TL
+from falsify.kernels.torch import nf4 as TN
+from falsify.kernels.torch import qlora as T
+from falsify.kernels.triton import qlora as X
 from falsify.mutants import qlora as M
 from falsify.probes.qlora import frozen_base_probe, matches_lora_probe
 from falsify.reference import qlora as R

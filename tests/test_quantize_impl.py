@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.dtypes import UnsupportedDtype
-from falsify.impl.torch import quantize as qt
+from falsify.kernels.dtypes import UnsupportedDtype
+from falsify.kernels.torch import quantize as qt
 from falsify.reference import quantize as qr
 
 IDS = ["reference", "torch"]

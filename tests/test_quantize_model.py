@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import quantize_model as Q
-from falsify.impl.llm.prune import projection_weights
-from falsify.impl.torch import nf4 as nf4_kernel
-from falsify.impl.torch import quantize as q_kernel
+from falsify.kernels.torch import nf4 as nf4_kernel
+from falsify.kernels.torch import quantize as q_kernel
+from falsify.llm import finetune as FT
+from falsify.llm import quantize_model as Q
+from falsify.llm.prune import projection_weights
 from tests.test_finetune import base_with_tokenizer, tiny_model
 
 # The stated bound: on the tiny model, the dequantized model's held-out perplexity is within

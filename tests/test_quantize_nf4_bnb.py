@@ -1,5 +1,5 @@
 """`falsify quantize --method nf4` writes OUT/hf-bnb-nf4, a pre-quantized bitsandbytes 4-bit
-checkpoint (impl/llm/quantize_model.py: export_hf_bnb). With bitsandbytes as the oracle:
+checkpoint (falsify/llm/quantize_model.py: export_hf_bnb). With bitsandbytes as the oracle:
 transformers loads it with no missing or unexpected key, every projection becomes a Linear4bit
 whose dequantized weight is exactly our dequantized weight, our packed bytes are
 bitsandbytes.functional.quantize_4bit's byte for byte, the tensors and quant_state bytes are
@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from falsify.bench.finetune import bnb_cpu_ok
-from falsify.impl.llm import hf
-from falsify.impl.llm import quantize_model as Q
-from falsify.impl.llm.prune import projection_weights
+from falsify.llm import hf
+from falsify.llm import quantize_model as Q
+from falsify.llm.prune import projection_weights
 from tests.test_finetune import CFG, base_with_tokenizer, logit_tolerance, tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -166,7 +166,7 @@ def test_quantize_cli_writes_the_bnb_checkpoint_with_its_tokenizer(tmp_path, cap
     tok = transformers.AutoTokenizer.from_pretrained(out / Q.BNB_DIR, local_files_only=True)
     assert tok.eos_token == "<|endoftext|>"
     # our decoder of the export agrees with OUT/ours tensor for tensor
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import finetune as FT
 
     ours = FT.load_base(out / "ours", "torch").model.state_dict()
     back = Q.read_hf_bnb(out / Q.BNB_DIR)

@@ -1,9 +1,11 @@
-"""Reference-loop parity: the torch training loop (impl/llm/trainer.py, fp32, the code the CLI
-runs) against the numpy float64 loop with a hand-written backward (reference/train.py), from the
+"""Reference-loop parity: the torch training loop (falsify/llm/trainer.py, fp32, the code the CLI
+runs) against the numpy float64 loop with a hand-written backward (falsify/reference/train.py), from
+the
 same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
 targets (so micro-batches carry different token counts), warmup + cosine and active clipping.
 
-The run and the derived tolerances live in falsify/probes/train.py (contracts/train-loop-v1.yaml,
+The run and the derived tolerances live in falsify/probes/train.py
+(falsify/contracts/train-loop-v1.yaml,
 FALSIFY-TL-012 runs the same comparison as a contract check); this file keeps the negative
 controls: each of the known loop bugs (weight decay on norms/embeddings, clipping with ‖g‖², an
 off-by-one schedule, accumulation as a mean of per-micro-batch means), put into the reference

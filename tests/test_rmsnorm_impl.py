@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import rmsnorm as rn_torch
-from falsify.impl.triton import rmsnorm as rn_triton
+from falsify.kernels.torch import rmsnorm as rn_torch
+from falsify.kernels.triton import rmsnorm as rn_triton
 from falsify.reference import rmsnorm as rn_ref
 
 BACKENDS = [rn_torch, rn_triton]

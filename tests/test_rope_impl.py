@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import rope as rope_torch
-from falsify.impl.triton import rope as rope_triton
+from falsify.kernels.torch import rope as rope_torch
+from falsify.kernels.triton import rope as rope_triton
 from falsify.reference import rope as rope_ref
 
 BACKENDS = [rope_torch, rope_triton]

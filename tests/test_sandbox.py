@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from falsify.impl.llm.sandbox import Limits, run_python
+from falsify.llm.sandbox import Limits, run_python
 
 FAST = Limits(cpu_s=2, wall_s=10.0, memory_mb=256, file_mb=1)
 

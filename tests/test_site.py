@@ -271,13 +271,13 @@ def built_site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("site")
     site = tmp / "site"
     shutil.copytree(ROOT / "site", site, ignore=shutil.ignore_patterns("build", "contracts"))
-    rep = load_all([ROOT / "contracts"])
+    rep = load_all([ROOT / "falsify" / "contracts"])
     assert rep.contracts, "no contracts found"
     written = write_site(rep.contracts, FakeCoverage.mixed(rep.contracts), site)
     assert site / "docs" / "contracts" / f"{SOFTMAX}.md" in written
     out = tmp / "html"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    # cwd = repository root: the snippets base path "." then finds contracts/FORMAT.md
+    # cwd = repository root: the snippets base path "." then finds falsify/contracts/FORMAT.md
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                            str(site / "mkdocs.yml"), "-d", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -321,7 +321,7 @@ def test_static_build_is_complete(built_site):
     for ref in re.findall(r'<(?:script[^>]*src|link[^>]*href)="([^"]+)"', page):
         assert not re.match(r"^(https?:)?//", ref), f"remote asset referenced: {ref}"
     guide = (out / "guide" / "contract-format" / "index.html").read_text()
-    assert "Check kinds" in guide  # contracts/FORMAT.md included via snippets
+    assert "Check kinds" in guide  # falsify/contracts/FORMAT.md included via snippets
 
 
 def test_pages_render_offline_in_chromium(built_site, server, capsys):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.triton import softmax as sm_triton
+from falsify.kernels.triton import softmax as sm_triton
 from falsify.mutants import softmax as sm_mutants
 from falsify.reference import softmax as sm_ref
 

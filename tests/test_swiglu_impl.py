@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from falsify.impl.torch import swiglu as swg_torch
-from falsify.impl.triton import swiglu as swg_triton
+from falsify.kernels.torch import swiglu as swg_torch
+from falsify.kernels.triton import swiglu as swg_triton
 from falsify.reference import swiglu as swg_ref
 
 BACKENDS = [swg_torch, swg_triton]

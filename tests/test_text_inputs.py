@@ -1,4 +1,4 @@
-"""`text:` input arguments (harness/cases.py): drawn strings for tokenizers and other text
+"""`text:` input arguments (falsify/harness/cases.py): drawn strings for tokenizers and other text
 kernels, by hypothesis and by the seeded sampler alike; their validation (V031); and the
 plumbing that carries a str result through the check kinds unchanged."""
 

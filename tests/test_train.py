@@ -8,12 +8,12 @@ import typing
 import pytest
 import torch
 
-from falsify.impl.llm import checkpoint as C
-from falsify.impl.llm import config as LC
-from falsify.impl.llm import preflight as PF
-from falsify.impl.llm import run as RUN
-from falsify.impl.llm import trainer as TR
-from falsify.impl.llm.model import PRESETS, build_model, param_count
+from falsify.llm import checkpoint as C
+from falsify.llm import config as LC
+from falsify.llm import preflight as PF
+from falsify.llm import run as RUN
+from falsify.llm import trainer as TR
+from falsify.llm.model import PRESETS, build_model, param_count
 
 
 # ----------------------------------------------------------------------------- config
@@ -328,7 +328,7 @@ def test_resume_config_tolerates_fields_added_since_at_their_default(tmp_path):
     with the default continues the same run, resuming with another value is refused."""
     from dataclasses import asdict
 
-    from falsify.impl.llm.config import ConfigError, TrainConfig, check_resume_config
+    from falsify.llm.config import ConfigError, TrainConfig, check_resume_config
 
     cfg = TrainConfig()
     saved = asdict(cfg)

@@ -24,7 +24,7 @@ def test_bench_train_runs_all_sides(tmp_path, capsys):
     every figure reported follows from the measured step times."""
     from falsify.bench.train import SIDES, TARGET_SPEEDUP, flops_per_token
     from falsify.cli import main
-    from falsify.impl.llm.model import param_count, preset
+    from falsify.llm.model import param_count, preset
 
     out = tmp_path / "r.json"
     assert main(["bench", "train", "--presets", "tiny", "--batch", "2", "--seq", "32",
@@ -124,9 +124,9 @@ def test_breakdown_sorts_profiled_ops():
 
 def test_different_computations_are_not_compared(tmp_path, monkeypatch):
     """A model that computes another loss (one perturbed weight) fails the same-loss check."""
-    import falsify.impl.llm.hf as hf
+    import falsify.llm.hf as hf
     from falsify.bench.train import check_same_loss
-    from falsify.impl.llm.model import build_model, preset
+    from falsify.llm.model import build_model, preset
 
     cfg = preset("tiny", max_seq_len=16)
     hf_dir = hf.export_hf(build_model(cfg, "torch", seed=0), tmp_path / "hf")

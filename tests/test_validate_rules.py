@@ -219,8 +219,8 @@ def test_v011_dependency_cycle_two_files(tmp_path):
 
 
 def test_v012_binding_does_not_resolve(tmp_path):
-    text = edit(base_text(), "torch: falsify.impl.torch.softmax:softmax",
-                "torch: falsify.impl.torch.softmax:no_such_function")
+    text = edit(base_text(), "torch: falsify.kernels.torch.softmax:softmax",
+                "torch: falsify.kernels.torch.softmax:no_such_function")
     (f,) = only(run(tmp_path, text)[1], "V012", "error")
     assert f.line == line_of(text, "no_such_function") and f.field.endswith("bindings.torch")
 
@@ -518,7 +518,7 @@ def test_w112_obligation_tolerance_zero(tmp_path):
 
 
 def test_every_documented_rule_has_a_test():
-    """The rule list in harness/validate.py's docstring and the tests above stay in step."""
+    """The rule list in falsify/harness/validate.py's docstring and the tests above stay in step."""
     import re
 
     from falsify.harness import validate as v
@@ -536,7 +536,7 @@ def test_v022_non_differentiable_names_an_undeclared_output(tmp_path):
 
 
 def test_v022_a_gradient_check_may_not_differentiate_a_statistic(tmp_path):
-    text = (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+    text = (Path(__file__).resolve().parents[1] / "falsify" / "contracts" / "rmsnorm-kernel-v1.yaml"
             ).read_text(encoding="utf-8")
     text = edit(text, "      equation: rmsnorm_forward\n      wrt: [x, w]\n",
                 "      equation: rmsnorm_forward\n      outputs: [y, inv_rms]\n      wrt: [x, w]\n")
@@ -548,7 +548,7 @@ def test_v022_a_gradient_check_may_not_differentiate_a_statistic(tmp_path):
 
 
 def test_v023_a_kind_declared_inapplicable_may_not_run(tmp_path):
-    text = (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+    text = (Path(__file__).resolve().parents[1] / "falsify" / "contracts" / "rmsnorm-kernel-v1.yaml"
             ).read_text(encoding="utf-8")
     text = edit(text, "  critical: true\n", "  critical: true\n  inapplicable:\n"
                 "    determinism: \"said to be meaningless here\"\n")
@@ -612,7 +612,7 @@ def test_v028_derivative_kind_oracle(tmp_path, spec, args, message):
 
 
 def test_v025_layouts_rules_fit_the_input(tmp_path):
-    text = (Path(__file__).resolve().parents[1] / "contracts" / "softmax-kernel-v1.yaml"
+    text = (Path(__file__).resolve().parents[1] / "falsify" / "contracts" / "softmax-kernel-v1.yaml"
             ).read_text(encoding="utf-8")
     bad = edit(text, "      zero_size: {m: empty, n: error}\n", "      zero_size: {m: empty}\n")
     bad = edit(bad, "      kind: layouts\n      input: rows\n      equation: softmax\n"
@@ -625,7 +625,7 @@ def test_v025_layouts_rules_fit_the_input(tmp_path):
 
 
 def _rmsnorm_text() -> str:
-    return (Path(__file__).resolve().parents[1] / "contracts" / "rmsnorm-kernel-v1.yaml"
+    return (Path(__file__).resolve().parents[1] / "falsify" / "contracts" / "rmsnorm-kernel-v1.yaml"
             ).read_text(encoding="utf-8")
 
 

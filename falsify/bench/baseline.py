@@ -1,7 +1,7 @@
 """The `falsify bench kernels` baseline file: its format and its validated reading.
 
 Apart from the benchmark (which imports every kernel) so that the dispatcher
-(impl/llm/dispatch.py) can read a file's timings without importing them.
+(falsify/llm/dispatch.py) can read a file's timings without importing them.
 """
 
 from __future__ import annotations

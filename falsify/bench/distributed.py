@@ -29,7 +29,7 @@ MODEL = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_h
 
 
 def _config(batch: int, threads: int):
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import run as RUN
 
     return RUN.tiny_config("unused", batch_size=batch, grad_accum=2, max_steps=10**6,
                            warmup_steps=0, threads=threads, device="cpu", backend="torch",
@@ -50,9 +50,9 @@ def _batches(rows: int, grad_accum: int, steps: int):
 def _single(batch: int, world: int, steps: int) -> dict:
     import torch
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm.model import build_model
-    from falsify.impl.llm.trainer import Trainer
+    from falsify.llm import config as LC
+    from falsify.llm.model import build_model
+    from falsify.llm.trainer import Trainer
 
     cfg = _config(batch * world, world)
     torch.set_num_threads(world)
@@ -71,9 +71,9 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import distributed as D
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm import distributed as D
+    from falsify.llm.model import build_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,

@@ -1,7 +1,8 @@
 """`falsify bench finetune`: one QLoRA training step of ours vs the same model in transformers +
 peft, on CPU, measured in one run, on two quantized bases: NF4 and GGUF q8_0.
 
-Both sides get the same base weights (ours exported with impl/hf.py), the same adapters (rank,
+Both sides get the same base weights (ours exported with falsify/llm/hf.py), the same adapters
+(rank,
 alpha, the seven target projections), the same batch with the same response-only labels, and
 the same update (loss, backward, global-norm clip, AdamW over the adapters). The reference is
 transformers' LlamaForCausalLM with bitsandbytes NF4 (`BitsAndBytesConfig(load_in_4bit=True,
@@ -73,7 +74,7 @@ def _status(key: str) -> int:
 
 
 def _cfg(size: str):
-    from falsify.impl.llm.model import ModelConfig
+    from falsify.llm.model import ModelConfig
 
     s = dict(SIZES[size])
     s.pop("batch")
@@ -114,8 +115,8 @@ def bnb_cpu_ok() -> tuple[bool, str]:
 # ----------------------------------------------------------------------------- the sides
 def _gguf_file(size: str, tmp: str) -> str:
     """The bench model (seed 0) written as a q8_0 GGUF in `tmp`: the same bytes on every call."""
-    from falsify.impl.llm import gguf_io
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import gguf_io
+    from falsify.llm.model import build_model
 
     return str(gguf_io.write_gguf(build_model(_cfg(size), "torch", seed=0), f"{tmp}/base.gguf",
                                   gtype="q8_0"))
@@ -125,11 +126,11 @@ class Ours:
     def __init__(self, size: str, base: str = "nf4"):
         import tempfile
 
-        from falsify.impl.llm import finetune as FT
-        from falsify.impl.llm import gguf_io
-        from falsify.impl.llm import lora_model as LM
-        from falsify.impl.llm import sft_data as SD
-        from falsify.impl.llm.model import build_model
+        from falsify.llm import finetune as FT
+        from falsify.llm import gguf_io
+        from falsify.llm import lora_model as LM
+        from falsify.llm import sft_data as SD
+        from falsify.llm.model import build_model
 
         if base == "nf4":
             self.name = "falsify QLoRA (NF4 + LoRA)"
@@ -161,8 +162,8 @@ class Theirs:
         import logging
         import tempfile
 
-        from falsify.impl.llm import hf
-        from falsify.impl.llm.model import build_model
+        from falsify.llm import hf
+        from falsify.llm.model import build_model
 
         logging.getLogger("transformers").setLevel(logging.ERROR)
         from peft import LoraConfig, get_peft_model
@@ -215,7 +216,7 @@ def _import_side(which: str) -> None:
     """Import every module a side uses before the baseline RSS is read, so that "model
     resident" counts the model, not the libraries' code and import-time tables."""
     if which == "ours":
-        import falsify.impl.llm.finetune  # noqa: F401
+        import falsify.llm.finetune  # noqa: F401
     else:
         import peft  # noqa: F401
         import transformers  # noqa: F401
@@ -224,8 +225,8 @@ def _import_side(which: str) -> None:
             import bitsandbytes  # noqa: F401
         except ImportError:
             pass
-    import falsify.impl.llm.gguf_io  # noqa: F401
-    import falsify.impl.llm.hf  # noqa: F401
+    import falsify.llm.gguf_io  # noqa: F401
+    import falsify.llm.hf  # noqa: F401
     # torch.optim's first constructor lazily imports torch._dynamo, inductor, sympy and triton
     # (~145 MiB of library code). transformers imports them at import time; without this, only
     # our side would pay for that code inside the measured region.

@@ -1,7 +1,7 @@
 """`falsify bench grpo`: GRPO steps of ours (`falsify finetune --method grpo`'s loop) vs TRL's
 GRPOTrainer, on CPU, in one run.
 
-Both sides get the same tiny Llama (ours exported with impl/hf.py, so the weights are equal),
+Both sides get the same tiny Llama (ours exported with falsify/llm/hf.py, so the weights are equal),
 the same byte-level BPE, the same prompts (the shipped toy problems), group size, completion
 length, sampling (temperature 1, top-p 1), LoRA adapters (rank 16, alpha 32, the seven target
 projections, fp32 base), learning rate and β, and the same cheap reward (the fraction of
@@ -44,11 +44,11 @@ def _trl_reward(prompts, completions, **kw):
 
 def _setup(root: Path):
     """(our base, tokenizer path, prompts) — the same for both sides."""
-    from falsify.impl.llm import data as data_mod
-    from falsify.impl.llm.evaluate import load_problems
-    from falsify.impl.llm.finetune_base import Base
-    from falsify.impl.llm.grpo import shipped_toy_problems
-    from falsify.impl.llm.model import ModelConfig, build_model
+    from falsify.llm import data as data_mod
+    from falsify.llm.evaluate import load_problems
+    from falsify.llm.finetune_base import Base
+    from falsify.llm.grpo import shipped_toy_problems
+    from falsify.llm.model import ModelConfig, build_model
 
     ps = load_problems(shipped_toy_problems())
     tok = data_mod.train_tokenizer([p.prompt + p.canonical_solution for p in ps] * 4,
@@ -60,11 +60,11 @@ def _setup(root: Path):
 
 
 class Ours:
-    name = "falsify (impl/llm/grpo.py)"
+    name = "falsify (falsify/llm/grpo.py)"
 
     def __init__(self, root: Path, P: int, G: int, M: int, steps: int):
-        from falsify.impl.llm import finetune as FT
-        from falsify.impl.llm.grpo import GrpoRun
+        from falsify.llm import finetune as FT
+        from falsify.llm.grpo import GrpoRun
 
         base, _, ps = _setup(root)
         cfg = FT.config_from_dict(dict(
@@ -97,8 +97,8 @@ class Theirs:
         from transformers import PreTrainedTokenizerFast, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from falsify.impl.llm import data as data_mod
-        from falsify.impl.llm import hf
+        from falsify.llm import data as data_mod
+        from falsify.llm import hf
 
         base, tok_path, ps = _setup(root)
         hf_dir = hf.export_hf(base.model, root / "hf", tok_path)
@@ -141,7 +141,7 @@ def measure(which: str, P: int, G: int, M: int, steps: int, threads: int) -> dic
     torch.set_num_threads(threads)
     if which == "theirs":
         import trl  # noqa: F401  (imported before the baseline RSS, like ours below)
-    import falsify.impl.llm.grpo  # noqa: F401
+    import falsify.llm.grpo  # noqa: F401
 
     rss0 = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

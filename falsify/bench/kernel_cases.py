@@ -70,7 +70,7 @@ NOT_BENCHMARKED_ENTRY_POINTS = {
 
 def _triton(module: str, fn: str) -> Callable:
     """The Triton entry point, imported at call time (only on a CUDA device)."""
-    return getattr(importlib.import_module(f"falsify.impl.triton.{module}"), fn)
+    return getattr(importlib.import_module(f"falsify.kernels.triton.{module}"), fn)
 
 
 def _rand(*shape, dev="cpu", grad=False, seed=0, scale=1.0):
@@ -102,7 +102,7 @@ def cases(quick: bool = False) -> list[Case]:
                             flops * k, nbytes * k, triton))
 
     # ------------------------------------------------------------------ GEMM
-    from falsify.impl.torch.gemm import gemm
+    from falsify.kernels.torch.gemm import gemm
 
     for size, (m, n, k) in pick((256, 256, 256), (512, 511, 513), (1024, 1024, 1024),
                                 (2048, 2048, 2048)):
@@ -113,7 +113,7 @@ def cases(quick: bool = False) -> list[Case]:
             flops=2.0 * m * n * k, triton=lambda a: _triton("gemm", "gemm")(a["a"], a["b"]))
 
     # ------------------------------------------------------------------ softmax (no backward)
-    from falsify.impl.torch.softmax import softmax
+    from falsify.kernels.torch.softmax import softmax
 
     def eager_softmax(a):
         e = torch.exp(a["x"] - a["x"].amax(-1, keepdim=True))
@@ -127,7 +127,7 @@ def cases(quick: bool = False) -> list[Case]:
             passes=(FWD,))
 
     # ------------------------------------------------------------------ RMSNorm
-    from falsify.impl.torch.rmsnorm import rmsnorm
+    from falsify.kernels.torch.rmsnorm import rmsnorm
 
     def eager_rmsnorm(a):
         x = a["x"]
@@ -142,7 +142,7 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("rmsnorm", "rmsnorm")(a["x"], a["w"], 1e-6))
 
     # ------------------------------------------------------------------ RoPE
-    from falsify.impl.torch.rope import rope
+    from falsify.kernels.torch.rope import rope
 
     def eager_rope(a):
         # HF LLaMA's rotate_half with fp32 tables, built per call as ours builds them
@@ -163,8 +163,8 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("rope", "rope")(a["x"], a["pos"], 1e4))
 
     # ------------------------------------------------------------------ SwiGLU, GELU
-    from falsify.impl.torch.gelu import gelu
-    from falsify.impl.torch.swiglu import swiglu
+    from falsify.kernels.torch.gelu import gelu
+    from falsify.kernels.torch.swiglu import swiglu
 
     for size, (t, f) in pick((256, 1024), (512, 2731), (4096, 2816), (4096, 11008)):
         add("swiglu", "swiglu", size, f"{t}x{f}",
@@ -180,7 +180,7 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("gelu", "gelu")(a["x"], "tanh"))
 
     # ------------------------------------------------------------------ attention
-    from falsify.impl.torch.attention import flash_attention
+    from falsify.kernels.torch.attention import flash_attention
 
     def eager_attention(a):
         # the textbook form, materialising the [B, H, S, S] scores (GQA: K/V repeated per group)
@@ -214,7 +214,7 @@ def cases(quick: bool = False) -> list[Case]:
     attn_case("S=2048", 1, 4, 4, 2048, 64, passes=(FWD,))
 
     # ------------------------------------------------------------------ cross-entropy family
-    from falsify.impl.torch.cross_entropy import cross_entropy
+    from falsify.kernels.torch.cross_entropy import cross_entropy
 
     def ce_setup(t, v):
         def setup(dev, g):
@@ -230,7 +230,7 @@ def cases(quick: bool = False) -> list[Case]:
             "F.cross_entropy(z, y)", nbytes=4.0 * t * v,
             triton=lambda a: _triton("cross_entropy", "cross_entropy")(a["z"], a["y"]))
 
-    from falsify.impl.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
+    from falsify.kernels.torch.fused_linear_cross_entropy import fused_linear_cross_entropy
 
     def flce_setup(t, h, v):
         def setup(dev, g):
@@ -251,8 +251,8 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("fused_linear_cross_entropy", "fused_linear_cross_entropy")(
                 a["x"], a["w"], a["y"]))
 
-    from falsify.impl.torch.fused_linear_kd import fused_linear_kd
-    from falsify.impl.torch.kd_loss import kd_loss
+    from falsify.kernels.torch.fused_linear_kd import fused_linear_kd
+    from falsify.kernels.torch.kd_loss import kd_loss
 
     temp, alpha = 2.0, 0.5
 
@@ -288,7 +288,7 @@ def cases(quick: bool = False) -> list[Case]:
             "F.kl_div(log_softmax(z / T), ...) + F.cross_entropy", nbytes=8.0 * t * v)
 
     # ------------------------------------------------------------------ DPO
-    from falsify.impl.torch.dpo_loss import dpo_loss
+    from falsify.kernels.torch.dpo_loss import dpo_loss
 
     def eager_dpo(a):
         h = (a["pc"] - a["rc"]) - (a["pr"] - a["rr"])
@@ -304,7 +304,7 @@ def cases(quick: bool = False) -> list[Case]:
             "-F.logsigmoid(β·((πc − rc) − (πr − rr))).mean()", nbytes=16.0 * b)
 
     # ------------------------------------------------------------------ GRPO
-    from falsify.impl.torch.grpo_loss import grpo_loss
+    from falsify.kernels.torch.grpo_loss import grpo_loss
 
     def grpo_setup(dev, g, b, t):
         lp = -_rand(b, t, dev=dev, seed=5).abs()
@@ -333,7 +333,7 @@ def cases(quick: bool = False) -> list[Case]:
                                                                a["a"], a["m"], 0.2, 0.04))
 
     # ------------------------------------------------------------------ embedding
-    from falsify.impl.torch.embedding import embedding
+    from falsify.kernels.torch.embedding import embedding
 
     for size, (t, v, d) in pick((1024, 8192, 256), (4096, 32000, 512), (8192, 32000, 1024),
                                 (16384, 128256, 1024)):
@@ -345,8 +345,8 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("embedding", "embedding")(a["ids"], a["table"]))
 
     # ------------------------------------------------------------------ optimizer and clipping
-    from falsify.impl.torch.adamw import adamw_multi
-    from falsify.impl.torch.grad_clip import clip_grad_norm_
+    from falsify.kernels.torch.adamw import adamw_multi
+    from falsify.kernels.torch.grad_clip import clip_grad_norm_
 
     hp = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 
@@ -398,9 +398,9 @@ def cases(quick: bool = False) -> list[Case]:
             passes=(FWD,))
 
     # ------------------------------------------------------------------ LoRA, QLoRA, NF4
-    from falsify.impl.torch.lora import lora_linear
-    from falsify.impl.torch.nf4 import nf4_dequantize, nf4_quantize, tables
-    from falsify.impl.torch.qlora import qlora_linear
+    from falsify.kernels.torch.lora import lora_linear
+    from falsify.kernels.torch.nf4 import nf4_dequantize, nf4_quantize, tables
+    from falsify.kernels.torch.qlora import qlora_linear
 
     rank, lalpha = 16, 32.0
 
@@ -476,7 +476,7 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("nf4", "nf4_quantize")(a["w"], 64))
 
     # ------------------------------------------------------------------ GGUF q4_k dequantize
-    from falsify.impl.torch.gguf_quants import q4_k_dequantize
+    from falsify.kernels.torch.gguf_quants import q4_k_dequantize
 
     def q4_k_setup(o, i):
         def setup(dev, g):
@@ -516,7 +516,7 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("gguf_quants", "q4_k_dequantize")(a["blocks"]))
 
     # ------------------------------------------------------------------ post-training quantize
-    from falsify.impl.torch.quantize import int4_groupwise, int8_per_channel
+    from falsify.kernels.torch.quantize import int4_groupwise, int8_per_channel
 
     def eager_int8(a):
         scale = a["w"].abs().amax(1, keepdim=True) / 127
@@ -538,8 +538,8 @@ def cases(quick: bool = False) -> list[Case]:
             "eager group absmax/7, round(w / scale)", nbytes=8.0 * o * i, passes=(FWD,))
 
     # ------------------------------------------------------------------ merging, pruning
-    from falsify.impl.torch.merging import linear as merge_linear
-    from falsify.impl.torch.pruning import n_m, wanda
+    from falsify.kernels.torch.merging import linear as merge_linear
+    from falsify.kernels.torch.pruning import n_m, wanda
 
     for size, (n, o, i) in pick((4, 256, 256), (4, 1024, 1024), (4, 2048, 2048),
                                 (4, 4096, 4096)):
@@ -591,7 +591,7 @@ def contract_kernels() -> dict[str, set[str]]:
         doc = yaml.safe_load(path.read_text())
         for eq in (doc.get("equations") or {}).values():
             torch_fn = ((eq or {}).get("bindings") or {}).get("torch") or ""
-            if torch_fn.startswith("falsify.impl.torch."):  # impl/llm bindings are loop-level
+            if torch_fn.startswith("falsify.kernels.torch."):  # falsify.llm bindings are loop-level
                 found.setdefault(doc["metadata"]["kernel"], set()).add(torch_fn.split(":")[1])
     return found
 

@@ -182,7 +182,7 @@ def machine() -> dict:
 def save_baseline(path: Path, rows: list[dict], quick: bool) -> None:
     doc = {"format": BASELINE_FORMAT, "machine": machine(), "quick": quick,
            # size and the Triton time (a GPU run only) are what the dispatcher ranks backends
-           # by (impl/llm/dispatch.py: `backend=fastest-verified`)
+           # by (falsify/llm/dispatch.py: `backend=fastest-verified`)
            "rows": [{k: r[k] for k in ("kernel", "size", "shape", "pass", "ours_ms", "triton_ms",
                                        "base_ms", "time_ratio") if k in r} for r in rows]}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ OPTIONAL_SIDES = ("hf_compiled",)  # where it cannot run, the bench says why and
 
 
 def flops_per_token(cfg, seq_len: int) -> float:
-    from falsify.impl.llm.model import param_count
+    from falsify.llm.model import param_count
 
     return 6.0 * param_count(cfg) + 12.0 * cfg.num_layers * seq_len * cfg.hidden_size
 
@@ -154,9 +154,9 @@ def ceiling_sentence(r: dict, target: float, ref: str) -> str:
 def _ours_step(hf_dir: str, x, y, backend: str):
     import torch
 
-    from falsify.impl.llm.config import TrainConfig
-    from falsify.impl.llm.hf import import_hf
-    from falsify.impl.llm.trainer import Trainer
+    from falsify.llm.config import TrainConfig
+    from falsify.llm.hf import import_hf
+    from falsify.llm.trainer import Trainer
 
     model = import_hf(hf_dir, backend=backend)
     cfg = TrainConfig(max_steps=10**9, warmup_steps=0, lr=1e-4, lr_min=1e-4,
@@ -175,7 +175,8 @@ def _hf_step(hf_dir: str, x, y, compiled: bool):
     model.train()
     # As a transformers user gets it: Trainer's default optimizer on torch >= 2.8 is
     # "adamw_torch_fused", and its clipping calls clip_grad_norm_ with torch's defaults.
-    # Ours uses the fused AdamW too (impl/torch/adamw.py, the loop's Ops.adamw), so the optimizer
+    # Ours uses the fused AdamW too (falsify/kernels/torch/adamw.py, the loop's Ops.adamw), so the
+    # optimizer
     # costs both sides the same and the ratio measures the model.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=True)
@@ -333,7 +334,7 @@ def check_same_loss(hf_dir: Path, x, y, backend: str) -> dict:
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
 
-    from falsify.impl.llm.hf import import_hf
+    from falsify.llm.hf import import_hf
 
     ours = import_hf(hf_dir, backend=backend).eval()
     hf = LlamaForCausalLM.from_pretrained(hf_dir, local_files_only=True,
@@ -359,8 +360,8 @@ def bench_preset(name: str, batch: int, seq: int, steps: int, warmup: int, threa
                  backend: str, seed: int = 0) -> dict:
     import torch
 
-    from falsify.impl.llm.hf import export_hf
-    from falsify.impl.llm.model import build_model, param_count, preset
+    from falsify.llm.hf import export_hf
+    from falsify.llm.model import build_model, param_count, preset
 
     cfg = preset(name, max_seq_len=seq)
     model = build_model(cfg, backend, seed=seed)
@@ -443,7 +444,7 @@ TARGET_SPEEDUP = 1.3  # issue 6: >= 1.3x transformers tokens/s at tiny and 50m o
 
 
 def default_shape(name: str) -> tuple[int, int]:
-    from falsify.impl.llm.model import preset
+    from falsify.llm.model import preset
 
     return DEFAULT_BATCH.get(name, 1), preset(name).max_seq_len
 
@@ -459,7 +460,7 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads in each child (default: all cores, or 1 if the "
-                        "machine is already loaded; see impl/llm/run.py:resolve_threads)")
+                        "machine is already loaded; see falsify/llm/run.py:resolve_threads)")
     p.add_argument("--backend", default="torch", choices=["torch", "triton", "auto"])
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.set_defaults(func=cmd_train)
@@ -471,7 +472,7 @@ def cmd_train(args) -> int:
                          f"{args.steps}, {args.warmup})")
     from rich.console import Console
 
-    from falsify.impl.llm.run import resolve_threads
+    from falsify.llm.run import resolve_threads
 
     load = os.getloadavg()
     threads, why = resolve_threads(args.threads)

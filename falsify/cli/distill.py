@@ -1,6 +1,6 @@
 """`falsify distill [--teacher DIR] [--config FILE] [--resume [DIR]] [key=value ...]`
 
-Knowledge distillation (impl/llm/distill.py): a frozen teacher trains a smaller student with
+Knowledge distillation (falsify/llm/distill.py): a frozen teacher trains a smaller student with
 L = α·T²·KL(teacher ‖ student at temperature T) + (1 − α)·CE, through the fused linear-KD kernel
 (the student's logits are never built). The run is the pretraining run — same data pipeline,
 preflight, schedule, checkpoints, resume, Andon stops — and takes every `falsify train` config
@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 
 def cmd_distill(args) -> int:
-    from falsify.impl.llm import distill as D
+    from falsify.llm import distill as D
 
     if args.teacher is not None:
         args.overrides = [*args.overrides, f"teacher={args.teacher}"]

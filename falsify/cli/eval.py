@@ -1,7 +1,7 @@
 """`falsify eval [--model BASE] [--adapter DIR] [--samples N] [--k 1,5] ...`
 
-Held-out perplexity and pass@k on the shipped code problems (impl/llm/evaluate.py), each
-completion run in the sandbox (impl/llm/sandbox.py). Without --model or --adapter it evaluates
+Held-out perplexity and pass@k on the shipped code problems (falsify/llm/evaluate.py), each
+completion run in the sandbox (falsify/llm/sandbox.py). Without --model or --adapter it evaluates
 the built-in base (the pretraining loop's tiny preset on the stdlib, trained once and cached,
 as `falsify finetune` uses). Before any model is scored the harness proves itself on this
 machine: every canonical solution must pass and every `return None` body fail, or the command
@@ -68,8 +68,8 @@ def _settings(args) -> list[int]:
 
 
 def _load(args, console):
-    from falsify.impl.llm import data as data_mod
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import data as data_mod
+    from falsify.llm import finetune as FT
 
     if args.adapter:
         from falsify.cli.merge import load_adapted
@@ -83,10 +83,10 @@ def _load(args, console):
 
 
 def cmd_eval(args) -> int:
-    from falsify.impl.llm import evaluate as EV
-    from falsify.impl.llm.config import ConfigError
-    from falsify.impl.llm.data import DataError
-    from falsify.impl.llm.sandbox import Limits, SandboxError
+    from falsify.llm import evaluate as EV
+    from falsify.llm.config import ConfigError
+    from falsify.llm.data import DataError
+    from falsify.llm.sandbox import Limits, SandboxError
 
     console = Console(stderr=args.format == "json")
     ks = _settings(args)
@@ -117,7 +117,7 @@ def cmd_eval(args) -> int:
     except SandboxError as e:
         console.print(f"[bold red]error:[/] {e}")
         return 1
-    from falsify.impl.llm.sandbox import run_python
+    from falsify.llm.sandbox import run_python
 
     containment = run_python("pass\n", limits).containment
     report = {"model": source, "problems": len(problems), "samples": args.samples,

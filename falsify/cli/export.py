@@ -3,7 +3,7 @@
 Writes a model others load, from anything falsify produced:
 
 - a pretraining run, one of its checkpoints, or `falsify merge`'s `ours` output → DIR in the
-  Hugging Face LLaMA layout (impl/llm/hf.py): weights, config.json, generation_config.json and
+  Hugging Face LLaMA layout (falsify/llm/hf.py): weights, config.json, generation_config.json and
   the tokenizer files, so `AutoModelForCausalLM.from_pretrained(DIR)` and
   `AutoTokenizer.from_pretrained(DIR)` work unchanged;
 - an adapter written by `falsify finetune` → DIR/base, the HF-layout base with the weights the
@@ -12,7 +12,7 @@ Writes a model others load, from anything falsify produced:
   `AutoPeftModelForCausalLM.from_pretrained(DIR/adapter)` works unchanged.
 
 - a pretraining run, checkpoint or merge output with `--format gguf` (or `--gguf`) → one
-  llama.cpp GGUF LLaMA file (impl/llm/gguf_io.py): weights as f32, f16 or q8_0 (`--gguf-type`;
+  llama.cpp GGUF LLaMA file (falsify/llm/gguf_io.py): weights as f32, f16 or q8_0 (`--gguf-type`;
   norms stay f32), config and tokenizer in the metadata, so `llama-cli -m FILE` loads it.
 
 DIR (or FILE) appears whole or not at all (written beside it, then renamed into place). The
@@ -62,8 +62,8 @@ def _tensors_equal(a: dict, b: dict) -> list[str]:
 
 
 def _export_model(src: Path, out: Path, tokenizer: str | None, console) -> int:
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import hf
+    from falsify.llm import finetune as FT
+    from falsify.llm import hf
 
     base = FT.load_base(src, "torch", need_tokenizer=False)
     if base.layout == "hf":
@@ -80,8 +80,8 @@ def _export_model(src: Path, out: Path, tokenizer: str | None, console) -> int:
 
 
 def _export_gguf(src: Path, out: Path, tokenizer: str | None, gtype: str, console) -> int:
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import gguf_io
+    from falsify.llm import finetune as FT
+    from falsify.llm import gguf_io
 
     base = FT.load_base(src, "torch", need_tokenizer=False)
     tok = tokenizer or base.tokenizer_path
@@ -95,9 +95,9 @@ def _export_gguf(src: Path, out: Path, tokenizer: str | None, gtype: str, consol
 
 def _export_adapter(src: Path, out: Path, tokenizer: str | None, console) -> int:
     from falsify.cli.merge import load_adapted
-    from falsify.impl.llm import hf
-    from falsify.impl.llm import lora_model as LM
-    from falsify.impl.llm.checkpoint import atomic_dir
+    from falsify.llm import hf
+    from falsify.llm import lora_model as LM
+    from falsify.llm.checkpoint import atomic_dir
 
     model, base, side = load_adapted(src, None, "torch", console)
     tok = tokenizer or (str(src / "tokenizer.json") if (src / "tokenizer.json").is_file()
@@ -132,11 +132,11 @@ def _verdict(bad: list[str], console) -> int:
 
 
 def cmd_export(args) -> int:
-    from falsify.impl.llm import lora_model as LM
-    from falsify.impl.llm.checkpoint import CheckpointError
-    from falsify.impl.llm.config import ConfigError
-    from falsify.impl.llm.data import DataError
-    from falsify.impl.llm.model import ModelConfigError
+    from falsify.llm import lora_model as LM
+    from falsify.llm.checkpoint import CheckpointError
+    from falsify.llm.config import ConfigError
+    from falsify.llm.data import DataError
+    from falsify.llm.model import ModelConfigError
 
     console = Console()
     src, out = Path(args.src), Path(args.out)
@@ -151,7 +151,7 @@ def cmd_export(args) -> int:
         raise UsageError(f"falsify export: --tokenizer {args.tokenizer}: no such file")
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise UsageError(f"falsify export: --out {out} lies inside SRC {src}")
-    from falsify.impl.llm.gguf_io import GGUFError
+    from falsify.llm.gguf_io import GGUFError
 
     try:
         if fmt == "gguf":

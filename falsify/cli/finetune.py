@@ -3,11 +3,11 @@
 
 With no arguments: trains (or reuses from .falsify/cache/finetune-base/) a tiny base with
 the pretraining loop on the standard library, then QLoRA-fine-tunes it on the shipped
-docstring -> body dataset (impl/llm/sft/stdlib-docstrings.jsonl) for 60 steps, printing the
+docstring -> body dataset (falsify/llm/sft/stdlib-docstrings.jsonl) for 60 steps, printing the
 loss and the held-out loss before and after, and samples from the base and the adapted model
 (the demo's settings, `DEMO`, are printed and each can be overridden).
 `--method grpo` with no data: GRPO on the shipped toy code problems
-(impl/llm/evalset/toy-code-problems.jsonl) with unit-test rewards (`DEMO_GRPO`), printing the
+(falsify/llm/evalset/toy-code-problems.jsonl) with unit-test rewards (`DEMO_GRPO`), printing the
 mean reward per step, its first and last steps' means, and the curve as OUT/reward.png.
 Flags are shorthands for config fields (`--rank 16` is `lora_r=16`); `key=value` overrides come
 last and win. `--model` takes our checkpoints, an HF LLaMA directory or a llama.cpp GGUF LLaMA
@@ -29,15 +29,15 @@ from rich.table import Table
 from rich.text import Text
 
 from falsify.cli.train import add_launch_args, leave_rank
-from falsify.impl.llm import checkpoint as ckpt_mod
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm.config import ConfigError, parse_overrides, read_yaml_config
-from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
-from falsify.impl.llm.data import DataError
-from falsify.impl.llm.lora_model import LoraConfigError
-from falsify.impl.llm.preflight import PreflightError
-from falsify.impl.llm.rewards import RewardConfigError, RewardFailed
-from falsify.impl.llm.trainer import AndonStop
+from falsify.llm import checkpoint as ckpt_mod
+from falsify.llm import finetune as FT
+from falsify.llm.config import ConfigError, parse_overrides, read_yaml_config
+from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
+from falsify.llm.data import DataError
+from falsify.llm.lora_model import LoraConfigError
+from falsify.llm.preflight import PreflightError
+from falsify.llm.rewards import RewardConfigError, RewardFailed
+from falsify.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
 # built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
@@ -185,7 +185,7 @@ def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResu
     from pathlib import Path
 
     from falsify.cli import charts
-    from falsify.impl.llm.grpo import reward_summary
+    from falsify.llm.grpo import reward_summary
 
     s = reward_summary(r.rewards)
     console.print(f"[bold]mean reward {s['first']:.4f} -> {s['last']:.4f}[/] (mean of the "
@@ -211,7 +211,7 @@ def _clip(text: str, lines: int = 12) -> str:
 
 
 def cmd_finetune(args) -> int:
-    from falsify.impl.llm import distributed
+    from falsify.llm import distributed
 
     launching = (args.nproc > 1 or args.nnodes > 1) and distributed.launched_world_size() == 1
     rank = int(os.environ.get("RANK", "0"))  # in a data-parallel job rank 0 reports
@@ -227,8 +227,8 @@ def _launch(args, console: Console) -> int:
     """The launcher's side of `--nproc N`: the config is checked once, the built-in base is
     trained (or found cached) once, here, then every rank runs this command without the
     launcher's options."""
-    from falsify.impl.llm import distributed
-    from falsify.impl.llm.finetune_base import builtin_base
+    from falsify.llm import distributed
+    from falsify.llm.finetune_base import builtin_base
 
     try:
         cfg = resolve_config(args, console)
@@ -252,7 +252,7 @@ def _finetune(args, console: Console) -> int:
         cfg = resolve_config(args, console)
         shipped = FT.SHIPPED
         if cfg.method == "grpo":
-            from falsify.impl.llm.grpo import shipped_toy_problems
+            from falsify.llm.grpo import shipped_toy_problems
 
             shipped = shipped_toy_problems()
         console.print(f"[bold]falsify finetune[/]: method={cfg.method} base="

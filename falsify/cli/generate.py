@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from falsify.impl.llm import data as data_mod
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm.config import ConfigError
-from falsify.impl.llm.data import DataError
-from falsify.impl.llm.model import generate
+from falsify.llm import data as data_mod
+from falsify.llm import finetune as FT
+from falsify.llm import lora_model as LM
+from falsify.llm.config import ConfigError
+from falsify.llm.data import DataError
+from falsify.llm.model import generate
 
 
 def register(sub) -> None:

@@ -5,13 +5,14 @@
 With --adapter: writes a merged full-precision model: every adapted projection becomes
 W' = deq(W) + (α/r)·B·A (deq = the NF4 dequantization the adapter was trained against, for
 QLoRA), in our checkpoint layout (OUT/ours: model.safetensors + state.json, loadable as a
-`--model` base) and/or the Hugging Face LLaMA layout (OUT/hf, impl/hf.py). Without --model the
+`--model` base) and/or the Hugging Face LLaMA layout (OUT/hf, falsify/llm/hf.py). Without --model
+the
 base recorded in the adapter is used; either way the base's fingerprint must equal the one the
 adapter was trained on. The command then checks its own output: merged logits vs base+adapter
 logits on a probe batch, against the fp32 op-order tolerance.
 
 With --method: merges whole models (ours or HF layout, one architecture) tensor by tensor with
-the contract-checked merging kernels (impl/llm/model_merge.py): linear (--weights), slerp from
+the contract-checked merging kernels (falsify/llm/model_merge.py): linear (--weights), slerp from
 the first model to the second (--t), TIES (--base, --density, --lambda, --weights) or
 DARE-linear (--base, --drop, --seed, --weights); it reports the perplexity on held-out code of
 every input and of the result. --models may instead name adapter directories trained on one
@@ -37,13 +38,13 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from falsify.impl.llm import data as data_mod
-from falsify.impl.llm import finetune as FT
-from falsify.impl.llm import hf
-from falsify.impl.llm import lora_model as LM
-from falsify.impl.llm.checkpoint import atomic_dir
-from falsify.impl.llm.config import ConfigError
-from falsify.impl.llm.data import DataError
+from falsify.llm import data as data_mod
+from falsify.llm import finetune as FT
+from falsify.llm import hf
+from falsify.llm import lora_model as LM
+from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.config import ConfigError
+from falsify.llm.data import DataError
 
 U32 = 2.0**-24
 
@@ -198,7 +199,7 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
     """--method over adapter directories: task vectors on their shared base (model_merge.
     merge_adapters). --base, if given, names that base; otherwise the one the first adapter
     records. Every adapter must have been trained on it (fingerprints)."""
-    from falsify.impl.llm import model_merge as MM
+    from falsify.llm import model_merge as MM
 
     try:
         spec.validate(len(args.models), True)  # the shared base is the task vectors' origin
@@ -252,7 +253,7 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
     if tok_path is None:
         console.print("note: no tokenizer found for these adapters: no perplexity reported")
         return 0
-    from falsify.impl.llm import evaluate as EV
+    from falsify.llm import evaluate as EV
 
     tok = data_mod.load_tokenizer(tok_path)
     texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
@@ -265,8 +266,8 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
 
 
 def merge_models_cmd(args, layouts: list[str], console) -> int:
-    from falsify.impl.llm import evaluate as EV
-    from falsify.impl.llm import model_merge as MM
+    from falsify.llm import evaluate as EV
+    from falsify.llm import model_merge as MM
 
     try:
         weights = ([float(w) for w in args.weights.split(",")] if args.weights else [])

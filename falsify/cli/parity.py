@@ -6,9 +6,10 @@ backends against the float64 numpy reference, op by op.
                    [--format table|json] [--plot FILE.png] [--grad] [--bisect]
                    [--bind KERNEL.BACKEND=module:function] [--train [--steps N]]
 
-The bounds are model-parity-v1's (contracts/model-parity-v1.yaml): every layer's error growth
+The bounds are model-parity-v1's (falsify/contracts/model-parity-v1.yaml): every layer's error
+growth
 ≤ G = 4 over max(inherited, β), and 1 − cos(logits) ≤ ½ρ² with ρ = β·((4^L − 1)/3 + 1), β the
-rounding one fp32 layer may add at this config (impl/llm/parity.layer_budget). Exit codes: 0
+rounding one fp32 layer may add at this config (falsify/llm/parity.layer_budget). Exit codes: 0
 every backend within them, 1 one is not (or, with --train, the runs separate within the
 horizon), 2 bad input.
 """
@@ -76,7 +77,7 @@ def _overrides(items: list[str]) -> dict:
 def _backends(spec: str | None) -> list[str]:
     """The compared backends (reference excluded: it is the trusted side). Named backends must
     run; the default takes every one that can and says which it left out."""
-    from falsify.impl.llm.ops import BackendUnavailableError, resolve_backend
+    from falsify.llm.ops import BackendUnavailableError, resolve_backend
 
     if spec is None:
         chosen = []
@@ -124,7 +125,7 @@ def _binds(items: list[str]) -> dict[str, dict]:
 
 
 def _setup(args):
-    from falsify.impl.llm import parity as P
+    from falsify.llm import parity as P
 
     over = _overrides(args.overrides)
     if args.checkpoint:
@@ -139,7 +140,7 @@ def _setup(args):
 
 # ------------------------------------------------------------------------------ run
 def cmd_parity(args) -> int:
-    from falsify.impl.llm import parity as P
+    from falsify.llm import parity as P
 
     if args.tokens < 1:
         raise UsageError(f"--tokens {args.tokens}: must be >= 1")
@@ -178,7 +179,7 @@ def cmd_parity(args) -> int:
             ok &= gpass
             out["backends"][b].update(grad=gr, passed=passed and gpass)
     if args.bisect:
-        from falsify.impl.llm import parity_bisect as B
+        from falsify.llm import parity_bisect as B
 
         out["bisect"] = {b: B.bisect(setup, ops[b], b) for b, r in out["backends"].items()
                          if not r["passed"]}
@@ -246,7 +247,7 @@ def _table(out: dict, args) -> None:
 
 
 def _train(args, setup, ops) -> int:
-    from falsify.impl.llm import parity_train as T
+    from falsify.llm import parity_train as T
 
     if len(ops) != 2:
         raise UsageError(f"--train compares exactly two backends; --backends gives "

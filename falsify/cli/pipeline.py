@@ -1,7 +1,7 @@
 """`falsify pipeline [--config FILE] [--out DIR]`
 
 The whole chain pretrain -> distill -> finetune -> merge -> prune -> quantize -> eval from one
-YAML file (impl/llm/pipeline.py), each stage the real `falsify` command reading the previous
+YAML file (falsify/llm/pipeline.py), each stage the real `falsify` command reading the previous
 stage's model. Stages are content-hashed: rerunning skips every stage whose settings and input
 are unchanged, so a killed or edited pipeline resumes where it must. Without --config it runs
 the built-in tiny preset on the stdlib (minutes on 2 CPU cores).
@@ -46,8 +46,8 @@ def _mb(n: int) -> str:
 
 
 def cmd_pipeline(args) -> int:
-    from falsify.impl.llm import pipeline as PL
-    from falsify.impl.llm.config import ConfigError
+    from falsify.llm import pipeline as PL
+    from falsify.llm.config import ConfigError
 
     console = Console()
     try:

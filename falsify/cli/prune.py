@@ -1,7 +1,7 @@
 """`falsify prune [--model BASE] [--method wanda|magnitude] [--sparsity 0.5 | --pattern 2:4]
 --out DIR`
 
-Prunes every attention and MLP projection of a model per output row (impl/llm/prune.py), with
+Prunes every attention and MLP projection of a model per output row (falsify/llm/prune.py), with
 the masks from the contract-checked kernel (pruning-kernel-v1). WANDA's activation norms come
 from calibration windows of the shipped fine-tuning text. Writes OUT/ours (our layout, a
 `--model` for every other command) and OUT/hf (the HF layout), each with masks.safetensors (the
@@ -52,13 +52,13 @@ def expected_sparsity(plan, n_in: int) -> float:
 
 def cmd_prune(args) -> int:
     from falsify.cli.merge import write_ours
-    from falsify.impl.llm import evaluate as EV
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import hf
-    from falsify.impl.llm import lora_model as LM
-    from falsify.impl.llm import prune as P
-    from falsify.impl.llm.config import ConfigError
-    from falsify.impl.llm.data import DataError
+    from falsify.llm import evaluate as EV
+    from falsify.llm import finetune as FT
+    from falsify.llm import hf
+    from falsify.llm import lora_model as LM
+    from falsify.llm import prune as P
+    from falsify.llm.config import ConfigError
+    from falsify.llm.data import DataError
 
     console = Console()
     sparsity = 0.5 if args.sparsity is None and args.pattern is None else args.sparsity

@@ -2,7 +2,7 @@
 [--asymmetric] [--double-quant] --out DIR`
 
 Weight-only quantization of every attention and MLP projection with the contract-checked
-kernels (impl/llm/quantize_model.py has the layout). Writes OUT/quantized (the codes, scales and
+kernels (falsify/llm/quantize_model.py has the layout). Writes OUT/quantized (the codes, scales and
 zero points, with `quantization.json`) and OUT/ours (the dequantized float32 model, a `--model`
 for every other command), and reports the held-out perplexity of the original and the
 dequantized model and the sizes on disk. Without --model it quantizes the built-in base.
@@ -52,14 +52,14 @@ def cmd_quantize(args) -> int:
     import torch
 
     from falsify.cli.merge import write_ours
-    from falsify.impl.llm import evaluate as EV
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import quantize_model as Q
-    from falsify.impl.llm.config import ConfigError
-    from falsify.impl.llm.data import DataError
-    from falsify.impl.llm.prune import projection_weights
-    from falsify.impl.torch import nf4 as nf4_kernel
-    from falsify.impl.torch import quantize as q_kernel
+    from falsify.kernels.torch import nf4 as nf4_kernel
+    from falsify.kernels.torch import quantize as q_kernel
+    from falsify.llm import evaluate as EV
+    from falsify.llm import finetune as FT
+    from falsify.llm import quantize_model as Q
+    from falsify.llm.config import ConfigError
+    from falsify.llm.data import DataError
+    from falsify.llm.prune import projection_weights
 
     console = Console()
     spec = Q.QuantSpec(args.method, args.group, not args.asymmetric, args.double_quant)

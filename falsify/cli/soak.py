@@ -4,7 +4,8 @@ Each round runs one contract's checks (round-robin, so every contract comes roun
 seed in a child pytest, with the time left as its budget: the child is stopped at the deadline,
 so the soak ends within the minutes given. A failing check is reported with the one command
 that reproduces it (`falsify run CONTRACT --seed N -k TEST`): with a fixed seed every check
-draws the same examples again (harness/runtime.py `check_settings`). Each round keeps its own
+draws the same examples again (falsify/harness/runtime.py `check_settings`). Each round keeps its
+own
 example database: a failure one round saved is not replayed in the next, where it would be
 reported under a seed that does not reproduce it.
 

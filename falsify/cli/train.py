@@ -17,21 +17,21 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from falsify.impl.llm import checkpoint as ckpt_mod
-from falsify.impl.llm.checkpoint import CheckpointError
-from falsify.impl.llm.config import (
+from falsify.llm import checkpoint as ckpt_mod
+from falsify.llm.checkpoint import CheckpointError
+from falsify.llm.config import (
     ConfigError,
     TrainConfig,
     model_config,
     parse_overrides,
     read_yaml_config,
 )
-from falsify.impl.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
-from falsify.impl.llm.data import DataError
-from falsify.impl.llm.model import param_count
-from falsify.impl.llm.preflight import PreflightError
-from falsify.impl.llm.run import find_resume_checkpoint, train
-from falsify.impl.llm.trainer import AndonStop
+from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
+from falsify.llm.data import DataError
+from falsify.llm.model import param_count
+from falsify.llm.preflight import PreflightError
+from falsify.llm.run import find_resume_checkpoint, train
+from falsify.llm.trainer import AndonStop
 
 
 def register(sub) -> None:
@@ -86,7 +86,7 @@ def _resume_config(args, cls=TrainConfig) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
-    from falsify.impl.llm import distributed
+    from falsify.llm import distributed
 
     if (args.nproc > 1 or args.nnodes > 1) and distributed.launched_world_size() == 1:
         if not args.resume:  # a bad field is refused once, here, not by every rank
@@ -110,7 +110,7 @@ def leave_rank(code: int) -> int:
     are fsynced) and its process group is gone; the interpreter's own teardown after an FSDP
     run on gloo aborted now and then ("terminate called without an active exception",
     SIGABRT), which the launcher reports as a failed rank. Leave without it."""
-    from falsify.impl.llm import distributed
+    from falsify.llm import distributed
 
     if distributed.launched_world_size() > 1:
         sys.stdout.flush()

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import math
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch.adamw import check_tensors
-from falsify.impl.triton.adamw import launch_config
+from falsify.kernels.torch.adamw import check_tensors
+from falsify.kernels.triton.adamw import launch_config
 from falsify.reference.adamw import check_hyperparameters
 
 
@@ -73,7 +73,7 @@ def _recycled_block(like: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
 def uninitialised_state(param, grads, lr, beta1, beta2, eps, weight_decay):
     """adamw_run whose optimizer state comes from torch.empty (recycled memory, here the first
     gradient's bytes) instead of torch.zeros."""
-    from falsify.impl.torch.adamw import adamw_multi
+    from falsify.kernels.torch.adamw import adamw_multi
 
     check_hyperparameters(1, lr, beta1, beta2, eps, weight_decay)
     p = param.detach().clone()
@@ -110,7 +110,7 @@ def triton_ignores_strides(param, grad, m, v, step, lr, beta1, beta2, eps, weigh
                            out=None, m_out=None, v_out=None):
     """Triton AdamW that indexes every tensor as if contiguous: right on fresh tensors, wrong
     (reads and writes outside the view) on strided views such as a parameter slice."""
-    from falsify.impl.torch.adamw import step_scalars
+    from falsify.kernels.torch.adamw import step_scalars
 
     step = check_hyperparameters(step, lr, beta1, beta2, eps, weight_decay)
     check_tensors(param, grad, m, v)
@@ -146,7 +146,7 @@ def triton_loop_update_step_stuck(param, grads, lr, beta1, beta2, eps, weight_de
     class with `adamw_multi`, no contract check reached this function and the bug survived."""
     from unittest import mock
 
-    from falsify.impl.triton import adamw as ta
+    from falsify.kernels.triton import adamw as ta
 
     real = ta.adamw_multi
 

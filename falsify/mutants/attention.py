@@ -3,7 +3,7 @@ the bound `attention(q, k, v, causal=True, scale=None, out=None)`."""
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import math
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import attention as ta
-from falsify.impl.triton import attention as xa
+from falsify.kernels.torch import attention as ta
+from falsify.kernels.triton import attention as xa
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def _backward_dk_unscaled(q, k, v, o, lse, do, dlse, causal, scale):
 
 
 def _flash_function(backward):
-    """The project's tiled torch autograd.Function (impl/torch/attention.py) with another
+    """The project's tiled torch autograd.Function (falsify/kernels/torch/attention.py) with another
     `backward(q, k, v, o, lse, do, dlse, causal, scale) -> (dq, dk, dv)`."""
 
     class _Flash(torch.autograd.Function):

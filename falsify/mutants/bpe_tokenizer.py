@@ -1,7 +1,8 @@
-"""Buggy variants of the byte-level BPE tokenizer's bindings (falsify.impl.torch.bpe_tokenizer);
+"""Buggy variants of the byte-level BPE tokenizer's bindings (falsify.kernels.torch.bpe_tokenizer);
 each has the signature of the function it replaces.
 
-The merge-order mutants run the classic loop of reference/bpe_tokenizer.py on the same trained
+The merge-order mutants run the classic loop of falsify/reference/bpe_tokenizer.py on the same
+trained
 tokenizer.json with the pair choice changed: the bug is in the loop, not in the data. The
 recipe mutants train with the project's settings but one thing dropped.
 """
@@ -12,8 +13,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from falsify.impl.llm import data
-from falsify.impl.torch import bpe_tokenizer as impl
+from falsify.kernels.torch import bpe_tokenizer as impl
+from falsify.llm import data
 from falsify.reference.bpe_tokenizer import ByteLevelBPE
 
 

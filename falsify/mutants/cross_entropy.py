@@ -3,15 +3,15 @@ and the online-logsumexp rescale bug."""
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import cross_entropy as tce
-from falsify.impl.triton import cross_entropy as xce
+from falsify.kernels.torch import cross_entropy as tce
+from falsify.kernels.triton import cross_entropy as xce
 
 
 class _Mutant(torch.autograd.Function):

@@ -1,11 +1,12 @@
-"""Mutants of the distillation loop (contracts/distill-v1.yaml): buggy variants of the loop's
-swappable pieces (impl/llm/distill.DistillParts), each a bug seen in distillation code. The
+"""Mutants of the distillation loop (falsify/contracts/distill-v1.yaml): buggy variants of the
+loop's
+swappable pieces (falsify/llm/distill.DistillParts), each a bug seen in distillation code. The
 contract's run functions (falsify/probes/distill.py) build the real loop with whatever the
 harness binds."""
 
 from __future__ import annotations
 
-from falsify.impl.llm import distill as D
+from falsify.llm import distill as D
 
 
 def freeze_train_mode(module) -> None:

@@ -1,11 +1,12 @@
-"""Mutants of data-parallel training (contracts/distributed-train-v1.yaml): buggy variants of
-impl/llm/distributed.DistParts, each a bug seen in hand-rolled data-parallel loops. The probes
+"""Mutants of data-parallel training (falsify/contracts/distributed-train-v1.yaml): buggy variants
+of
+falsify/llm/distributed.DistParts, each a bug seen in hand-rolled data-parallel loops. The probes
 (falsify/probes/distributed.py) hand each rank the bound piece, so the variant runs inside the
 real DistributedTrainer on every rank."""
 
 from __future__ import annotations
 
-from falsify.impl.llm import distributed as D
+from falsify.llm import distributed as D
 
 
 def shard_same_rows(micro_batches: list, rank: int, size: int) -> list:
@@ -32,7 +33,7 @@ def clip_gradients_local_shard(params, max_norm: float, ops) -> float:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from falsify.impl.llm.trainer import CLIP_EPS
+    from falsify.llm.trainer import CLIP_EPS
 
     grads = [p.grad for p in params if p.grad is not None]
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
@@ -50,7 +51,7 @@ def checkpoint_local_shards(model, optimizer, names: list[str]) -> dict:
     1/W of the model, and every rank's claims the same names."""
     from torch.distributed.tensor import DTensor
 
-    from falsify.impl.llm.sharded_checkpoint import dcp_state
+    from falsify.llm.sharded_checkpoint import dcp_state
 
     state = dcp_state(model, optimizer, names)
     return {part: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in d.items()}

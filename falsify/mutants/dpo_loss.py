@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from falsify.impl.torch.dpo_loss import check_dpo_args
+from falsify.kernels.torch.dpo_loss import check_dpo_args
 
 
 def _parts(pc, pr, rc, rr, beta):

@@ -1,15 +1,15 @@
 """Embedding mutants: the bugs the embedding contract's checks must catch (same signatures as
 the bindings they replace)."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import embedding as emb_torch
-from falsify.impl.triton import embedding as emb_triton
+from falsify.kernels.torch import embedding as emb_torch
+from falsify.kernels.triton import embedding as emb_triton
 
 
 def off_by_one_id(ids, table, out=None):

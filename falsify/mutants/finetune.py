@@ -1,6 +1,7 @@
 """Fine-tuning mutants: bugs in the swappable pieces of the QLoRA loop (loss mask, reward
 weighting, LoRA init, freezing, DPO pairing, merge scale, PEFT names) that the checks of
-contracts/qlora-finetune-v1.yaml must catch. Each has the signature of the binding it replaces.
+falsify/contracts/qlora-finetune-v1.yaml must catch. Each has the signature of the binding it
+replaces.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import math
 
 def sft_loss_on_prompt(logits, labels, mask, weights):
     """MUT: the response mask is ignored — loss on prompt tokens too."""
-    from falsify.impl.llm.finetune import sft_loss
+    from falsify.llm.finetune import sft_loss
 
     return sft_loss(logits, labels, labels != -100, weights)
 
 
 def sft_loss_reward_ignored(logits, labels, mask, weights):
     """MUT: every sample weighs 1 whatever its reward."""
-    from falsify.impl.llm.finetune import sft_loss
+    from falsify.llm.finetune import sft_loss
 
     return sft_loss(logits, labels, mask, weights.new_ones(weights.shape))
 
@@ -25,7 +26,7 @@ def sft_loss_reward_ignored(logits, labels, mask, weights):
 def sft_loss_mean_of_means(logits, labels, mask, weights):
     """MUT: each sample's mean CE, averaged, presented as a token sum: long samples are
     under-weighted (the gradient-accumulation normalisation bug, per sample)."""
-    from falsify.impl.llm.finetune import sft_loss
+    from falsify.llm.finetune import sft_loss
 
     sums = [sft_loss(logits[i:i + 1], labels[i:i + 1], mask[i:i + 1], weights[i:i + 1])
             for i in range(logits.shape[0])]
@@ -38,7 +39,7 @@ def lora_init_nonzero_b(in_features, out_features, r, seed, dtype=None):
     """MUT: B initialised like A (non-zero): the adapted model differs from the base at step 0."""
     import torch
 
-    from falsify.impl.torch.lora import lora_init
+    from falsify.kernels.torch.lora import lora_init
 
     a, _ = lora_init(in_features, out_features, r, seed)
     g = torch.Generator().manual_seed(int(seed) + 1)
@@ -54,14 +55,14 @@ def freeze_nothing(model):
 
 def dpo_swapped(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
     """MUT: chosen and rejected swapped (a data-loader bug): the policy learns the rejected."""
-    from falsify.impl.llm.finetune import dpo_loss
+    from falsify.llm.finetune import dpo_loss
 
     return dpo_loss(policy_rejected, policy_chosen, ref_rejected, ref_chosen, beta)
 
 
 def merge_scale_alpha(w, a, b, scale):
     """MUT: merged with α instead of α/r (scale·r): the merged model over-applies the adapter."""
-    from falsify.impl.llm.lora_model import merge_weights
+    from falsify.llm.lora_model import merge_weights
 
     r = a.shape[0]
     return merge_weights(w, a, b, scale * r)
@@ -70,7 +71,7 @@ def merge_scale_alpha(w, a, b, scale):
 def merge_masked_drops_mask(w, a, b, scale, mask):
     """MUT: a masked adapter merged as a plain one: the dense delta refills the pruned
     weights."""
-    from falsify.impl.llm.lora_model import merge_weights
+    from falsify.llm.lora_model import merge_weights
 
     return merge_weights(w, a, b, scale)
 
@@ -84,6 +85,6 @@ def reward_weights_unclipped(rewards):
 def peft_state_our_names(model):
     """MUT: adapter tensors saved under our names, without PEFT's base_model.model.model.
     prefix: PEFT loads nothing and silently keeps B = 0."""
-    from falsify.impl.llm.lora_model import adapter_parameters
+    from falsify.llm.lora_model import adapter_parameters
 
     return {k: v.detach().float().contiguous() for k, v in adapter_parameters(model).items()}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from falsify.impl.torch import cross_entropy as ce
-from falsify.impl.torch.fused_linear_cross_entropy import (
+from falsify.kernels.torch import cross_entropy as ce
+from falsify.kernels.torch.fused_linear_cross_entropy import (
     _FLCE,
     _block,
     _check_labels,

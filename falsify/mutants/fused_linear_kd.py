@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from falsify.impl.torch.fused_linear_kd import (
+from falsify.kernels.torch.fused_linear_kd import (
     _chunk,
     check_args,
     check_teacher,

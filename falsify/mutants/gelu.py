@@ -1,13 +1,13 @@
 """GELU mutants: the bugs the gelu contract's checks must catch (same signatures as the
 bindings they replace)."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 
-from falsify.impl.torch import gelu as gelu_torch
-from falsify.impl.triton import gelu as gelu_triton
+from falsify.kernels.torch import gelu as gelu_torch
+from falsify.kernels.triton import gelu as gelu_triton
 
 
 def tanh_form_for_exact(x, approximate, out=None):

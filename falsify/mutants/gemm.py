@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch.gemm import check_args
-from falsify.impl.triton import gemm as tg
+from falsify.kernels.torch.gemm import check_args
+from falsify.kernels.triton import gemm as tg
 
 
 def triton_nk_swapped_ldc(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
@@ -159,7 +159,7 @@ class _HalfBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, c, alpha, beta, trans_a, trans_b):
-        from falsify.impl.torch.gemm import gemm
+        from falsify.kernels.torch.gemm import gemm
 
         ctx.save_for_backward(a, b)
         ctx.cfg = (alpha, beta, trans_a, trans_b)
@@ -182,7 +182,7 @@ class _HalfBackward(torch.autograd.Function):
 
 def torch_backward_fp16_tensor_cores(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False,
                                      trans_b=False, out=None):
-    from falsify.impl.torch.gemm import gemm
+    from falsify.kernels.torch.gemm import gemm
 
     check_args(a, b, c, alpha, beta, trans_a, trans_b, out)
     if out is not None or not torch.is_grad_enabled():

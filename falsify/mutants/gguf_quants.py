@@ -3,15 +3,15 @@ checks must catch. Each has the signature of the function it replaces."""
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
+import falsify.kernels.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import gguf_quants as _t
-from falsify.impl.triton import gguf_quants as _x
+from falsify.kernels.torch import gguf_quants as _t
+from falsify.kernels.triton import gguf_quants as _x
 from falsify.reference.gguf_quants import Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK8_0, QK_K
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from falsify.impl.torch.grad_accumulation import head_loss_sum
-from falsify.impl.torch.grad_clip import clip_grad_norm_, total_norm
+from falsify.kernels.torch.grad_accumulation import head_loss_sum
+from falsify.kernels.torch.grad_clip import clip_grad_norm_, total_norm
 from falsify.reference.grad_accumulation import check_accumulation_args, micro_batch_slices
 
 

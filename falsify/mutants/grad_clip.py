@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch.grad_clip import check_grads, total_norm
-from falsify.impl.triton import grad_clip as tg
+from falsify.kernels.torch.grad_clip import check_grads, total_norm
+from falsify.kernels.triton import grad_clip as tg
 from falsify.reference.grad_clip import check_clip_args
 
 

@@ -1,6 +1,7 @@
-"""GRPO loop mutants: bugs in the swappable pieces of impl/llm/grpo.py (reference model, old
+"""GRPO loop mutants: bugs in the swappable pieces of falsify/llm/grpo.py (reference model, old
 log-probs, sampler seeding, reward failures, reward sign) that the checks of
-contracts/grpo-finetune-v1.yaml must catch. Each has the signature of the binding it replaces.
+falsify/contracts/grpo-finetune-v1.yaml must catch. Each has the signature of the binding it
+replaces.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ def reference_is_policy(model, x):
     """MUT: the reference is the current policy (adapters left on)."""
     import torch
 
-    from falsify.impl.llm.grpo import token_logps
+    from falsify.llm.grpo import token_logps
 
     was = model.training
     model.eval()
@@ -23,7 +24,7 @@ def reference_is_policy(model, x):
 def old_logps_after_update(trainer, batch):
     """MUT: π_old recomputed from the policy as it is now, i.e. after the batch's earlier
     updates."""
-    from falsify.impl.llm.grpo import policy_logps
+    from falsify.llm.grpo import policy_logps
 
     return policy_logps(trainer.model, batch.x)
 
@@ -38,7 +39,7 @@ def sample_group_unseeded(model, prompt, n, max_new, temperature, top_p, generat
     """MUT: the sampler ignores the run's generator and draws from one seeded by entropy."""
     import torch
 
-    from falsify.impl.llm.grpo import sample_group
+    from falsify.llm.grpo import sample_group
 
     g = torch.Generator(device=generator.device)
     g.seed()
@@ -47,7 +48,7 @@ def sample_group_unseeded(model, prompt, n, max_new, temperature, top_p, generat
 
 def score_rewards_errors_as_zero(reward, problems, completions, on_error):
     """MUT: a raising reward function silently scores 0 (nothing counted or reported)."""
-    from falsify.impl.llm.rewards import Scored, UnitTestReward
+    from falsify.llm.rewards import Scored, UnitTestReward
 
     if isinstance(reward, UnitTestReward):
         return Scored(reward.score(problems, completions))
@@ -62,7 +63,7 @@ def score_rewards_errors_as_zero(reward, problems, completions, on_error):
 
 def score_rewards_negated(reward, problems, completions, on_error):
     """MUT: rewards with the wrong sign."""
-    from falsify.impl.llm.rewards import score_rewards
+    from falsify.llm.rewards import score_rewards
 
     s = score_rewards(reward, problems, completions, on_error)
     s.rewards = [-r for r in s.rewards]

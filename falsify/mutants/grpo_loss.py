@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from falsify.impl.torch.grpo_loss import check_advantage_args, check_grpo_args
+from falsify.kernels.torch.grpo_loss import check_advantage_args, check_grpo_args
 
 
 def batch_std_advantages(rewards, group_size, eps):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from falsify.impl.torch.kd_loss import _finish, check_kd_args
+from falsify.kernels.torch.kd_loss import _finish, check_kd_args
 
 
 def _kd(student_logits, teacher_logits, labels, temperature, alpha, ignore_index, *,

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from falsify.impl.torch import lora as _t
-from falsify.impl.triton import lora as _x
+from falsify.kernels.torch import lora as _t
+from falsify.kernels.triton import lora as _x
 from falsify.reference.lora import lora_scale
 
 

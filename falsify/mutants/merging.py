@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from falsify.impl.torch import merging as torch_merging
+from falsify.kernels.torch import merging as torch_merging
 from falsify.reference.merging import dare_keep
 
 

@@ -3,16 +3,16 @@ Each has the signature of the function it replaces."""
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
+import falsify.kernels.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of
-from falsify.impl.torch import nf4 as _t
-from falsify.impl.triton import nf4 as _x
+from falsify.kernels.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of
+from falsify.kernels.torch import nf4 as _t
+from falsify.kernels.triton import nf4 as _x
 
 
 def nibble_order_swapped(w, blocksize=64, double_quant=False, out=None):

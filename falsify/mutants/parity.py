@@ -1,9 +1,10 @@
-"""Mutants of the model's kernels (contracts/model-parity-v1.yaml): each is a small numerical
+"""Mutants of the model's kernels (falsify/contracts/model-parity-v1.yaml): each is a small
+numerical
 bug of the kind that passes a loose per-kernel check and shows up only once a whole model has
 run through it. Each replaces one equation's torch binding; the parity probe builds the
 model's Ops from the contract's bindings, so the model runs the mutant.
 
-Same signatures as the model's `Ops` fields (impl/llm/ops.py)."""
+Same signatures as the model's `Ops` fields (falsify/llm/ops.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from falsify.impl.torch.attention import attention as _attention
-from falsify.impl.torch.rmsnorm import rmsnorm as _rmsnorm
-from falsify.impl.torch.rope import rope as _rope
+from falsify.kernels.torch.attention import attention as _attention
+from falsify.kernels.torch.rmsnorm import rmsnorm as _rmsnorm
+from falsify.kernels.torch.rope import rope as _rope
 
 _FP16_TILE = 16  # a tensor core's k-step: fp32 products summed 16 at a time, then fp16
 _target: weakref.ref | None = None

@@ -1,9 +1,9 @@
 """pass@k mutants: estimator bugs the pass-at-k contract's checks must catch. Each has the
-signature of falsify.impl.llm.evaluate:pass_at_k."""
+signature of falsify.llm.evaluate:pass_at_k."""
 
 from __future__ import annotations
 
-from falsify.impl.llm.evaluate import pass_at_k as _pass_at_k
+from falsify.llm.evaluate import pass_at_k as _pass_at_k
 from falsify.reference.pass_at_k import check_args
 
 

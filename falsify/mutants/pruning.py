@@ -1,7 +1,7 @@
 """Pruning mutants: the bugs the pruning contract's checks must catch.
 
 Each has the signature of the torch function it replaces (`wanda`, `n_m`) and differs from
-falsify.impl.torch.pruning in one decision only: the set the threshold is taken over, the
+falsify.kernels.torch.pruning in one decision only: the set the threshold is taken over, the
 score or its precision, the tie rule, the grouping, the rounding of k, or the sign of the
 pruned zeros.
 """
@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from falsify.impl.torch.pruning import _check, _prune_lowest
-from falsify.impl.torch.pruning import n_m as torch_n_m
+from falsify.kernels.torch.pruning import _check, _prune_lowest
+from falsify.kernels.torch.pruning import n_m as torch_n_m
 from falsify.reference.pruning import n_pruned
 
 

@@ -3,18 +3,18 @@ Each keeps qlora_linear's signature."""
 
 from __future__ import annotations
 
-import falsify.impl.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
+import falsify.kernels.triton  # noqa: F401  (interpreter switch: must run before `import triton`)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import lora as _tl
-from falsify.impl.torch import nf4 as _n
-from falsify.impl.torch import qlora as _t
-from falsify.impl.triton import lora as _xl
-from falsify.impl.triton import qlora as _x
+from falsify.kernels.torch import lora as _tl
+from falsify.kernels.torch import nf4 as _n
+from falsify.kernels.torch import qlora as _t
+from falsify.kernels.triton import lora as _xl
+from falsify.kernels.triton import qlora as _x
 from falsify.reference.lora import lora_scale
 
 

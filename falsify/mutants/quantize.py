@@ -1,21 +1,21 @@
 """Quantization mutants: the bugs the quantize contract's checks must catch.
 
 Each has the signature of the torch function it replaces (`int8_per_channel`,
-`int4_groupwise`) and differs from falsify.impl.torch.quantize in one decision only: the
+`int4_groupwise`) and differs from falsify.kernels.torch.quantize in one decision only: the
 rounding of the codes, the rounding of the zero point, the statistic the scale comes from,
 the axis the groups run along, or the number of steps the asymmetric range is divided into.
 """
 
 import torch
 
-from falsify.impl.torch.quantize import (
+from falsify.kernels.torch.quantize import (
     INT4_ASYM,
     INT8_MAX,
     _check_group,
     _check_w,
     _codes,
 )
-from falsify.impl.torch.quantize import int4_groupwise as torch_int4_groupwise
+from falsify.kernels.torch.quantize import int4_groupwise as torch_int4_groupwise
 
 
 @torch.no_grad()

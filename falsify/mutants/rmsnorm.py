@@ -2,7 +2,7 @@
 
 Each has the signature of the binding it replaces (rmsnorm(x, w, eps, out=None))."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import itertools
@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import rmsnorm as rmsnorm_torch
-from falsify.impl.triton import rmsnorm as tri
+from falsify.kernels.torch import rmsnorm as rmsnorm_torch
+from falsify.kernels.triton import rmsnorm as tri
 
 
 def eps_outside_sqrt(x, w, eps, out=None):
@@ -131,7 +131,7 @@ def triton_backward_seed_formula(x, w, eps, out=None):
 def inv_rms_with_graph(x, w, eps, out=None):
     """rmsnorm_forward whose inv_rms comes back with an autograd graph: the backward still takes
     no gradient for it, so a loss built on inv_rms silently loses that part of its gradient."""
-    from falsify.impl.torch import rmsnorm as tr
+    from falsify.kernels.torch import rmsnorm as tr
 
     class _WithGraph(tr._RMSNormFunction):
         @staticmethod

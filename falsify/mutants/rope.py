@@ -1,13 +1,13 @@
 """RoPE mutants: the bugs the rope contract's checks must catch (same signatures as the
 bindings they replace)."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 
-from falsify.impl.torch import rope as rope_torch
-from falsify.impl.triton import rope as rope_triton
+from falsify.kernels.torch import rope as rope_torch
+from falsify.kernels.triton import rope as rope_triton
 
 
 def sin_sign_flipped(x, pos, theta, out=None):

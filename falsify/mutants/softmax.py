@@ -1,15 +1,15 @@
 """Softmax mutants: the bugs the softmax contract's checks must catch."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.launch import next_power_of_2
-from falsify.impl.torch import softmax as torch_softmax
-from falsify.impl.triton import softmax as tri_softmax
+from falsify.kernels.launch import next_power_of_2
+from falsify.kernels.torch import softmax as torch_softmax
+from falsify.kernels.triton import softmax as tri_softmax
 
 
 def no_max_subtraction(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,7 @@ def unstable_when_compiled(x: torch.Tensor) -> torch.Tensor:
     subtraction on the belief that Inductor's softmax lowering stabilises it (it does not
     for a hand-written exp/sum): exp overflows for logits above 88 and the row becomes NaN.
     Every eager check passes; only compiled code takes the branch."""
-    from falsify.impl.torch.softmax import softmax
+    from falsify.kernels.torch.softmax import softmax
 
     if torch.compiler.is_compiling():
         e = torch.exp(x.float())

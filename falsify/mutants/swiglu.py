@@ -1,15 +1,15 @@
 """SwiGLU / SiLU mutants: the bugs the swiglu contract's checks must catch (same signatures as
 the bindings they replace)."""
 
-import falsify.impl.triton  # noqa: F401  (selects the interpreter before triton is imported)
+import falsify.kernels.triton  # noqa: F401  (selects the interpreter before triton is imported)
 
 # isort: split
 import torch
 import triton
 import triton.language as tl
 
-from falsify.impl.torch import swiglu as swg_torch
-from falsify.impl.triton import swiglu as swg_triton
+from falsify.kernels.torch import swiglu as swg_torch
+from falsify.kernels.triton import swiglu as swg_triton
 
 
 def sigmoid_instead_of_silu(gate, up, out=None):

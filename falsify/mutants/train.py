@@ -1,5 +1,6 @@
-"""Mutants of the pretraining loop (contracts/train-loop-v1.yaml): buggy variants of the loop's
-swappable pieces (impl/llm/trainer.LoopParts), each one a bug seen in real training code. The
+"""Mutants of the pretraining loop (falsify/contracts/train-loop-v1.yaml): buggy variants of the
+loop's
+swappable pieces (falsify/llm/trainer.LoopParts), each one a bug seen in real training code. The
 contract's run functions (falsify/probes/train.py) build the real loop with whatever the
 harness binds, so each variant runs inside the real Trainer / train()."""
 
@@ -7,12 +8,12 @@ from __future__ import annotations
 
 import math
 
-from falsify.impl.llm import config as LC
-from falsify.impl.llm import data as D
-from falsify.impl.llm import preflight as PF
-from falsify.impl.llm import trainer as TR
-from falsify.impl.llm.model import ModelConfig, param_count
-from falsify.impl.torch.adamw import AdamW
+from falsify.kernels.torch.adamw import AdamW
+from falsify.llm import config as LC
+from falsify.llm import data as D
+from falsify.llm import preflight as PF
+from falsify.llm import trainer as TR
+from falsify.llm.model import ModelConfig, param_count
 
 
 # ---------------------------------------------------------------------------- optimizer
@@ -154,7 +155,7 @@ def memory_estimate_one_moment(mcfg, batch_size, seq_len, activation_checkpointi
 def load_checkpoint_without_rng(ckpt, model, optimizer, param_names):
     """Resume restores weights and AdamW state and returns state.json, but every global RNG
     stays where it was: bit-identical resume breaks at the first dropout or unseeded draw."""
-    from falsify.impl.llm import checkpoint as C
+    from falsify.llm import checkpoint as C
 
     js, tensors = C.rng_state()
     state = C.load_checkpoint(ckpt, model, optimizer, param_names)

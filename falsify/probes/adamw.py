@@ -23,7 +23,7 @@ SHAPES = ((7, 13), (64,), (1,), (3, 1, 5))  # non-power-of-2, size-1 and 3-d par
 def _impl(backend: str):
     if backend not in ("torch", "triton"):
         raise ValueError(f"backend={backend!r}: this run compares torch or triton")
-    return importlib.import_module(f"falsify.impl.{backend}.adamw")
+    return importlib.import_module(f"falsify.kernels.{backend}.adamw")
 
 
 def _grad_stream(steps: int, seed: int, dev: str = "cpu"):
@@ -49,7 +49,7 @@ def vs_torch_adamw(backend, dtype, steps, lr, beta1, beta2, eps, weight_decay, s
     if dtype != "float32":
         raise ValueError("the torch.optim comparison runs fp32 parameters (optimizer states are "
                          "fp32 on every backend)")
-    from falsify.impl.torch.adamw import init_state
+    from falsify.kernels.torch.adamw import init_state
 
     impl = _impl(backend)
     dev = device(backend)  # torch.optim runs on the same device as ours
@@ -125,7 +125,7 @@ def hyperparameter_contract(backend, dtype):
             impl.adamw_step(p, g, m, v, **kw)
         except ValueError:
             rejected += 1
-    from falsify.impl.torch.adamw import AdamW
+    from falsify.kernels.torch.adamw import AdamW
 
     w = torch.nn.Parameter(torch.randn(4, dtype=torch.float32).to(dev))
     opt = AdamW([w], lr=3e-4, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1,

@@ -79,7 +79,7 @@ def memory_probe(backend, dtype="float32", b=1, hkv=2, g=2, d=64, s_small=512, s
     `scores_large` is the size of one fp32 [B, Hq, S, S] score tensor at s_large."""
     import torch
 
-    from falsify.impl.torch.attention import attention_naive
+    from falsify.kernels.torch.attention import attention_naive
 
     if device(backend) != "cpu":
         raise ValueError(f"backend={backend!r} runs on {device(backend)}: this probe measures "

@@ -21,7 +21,7 @@ def vs_torch_functional(backend, dtype):
     from falsify.harness import backends, runtime
 
     fn = backends.function(runtime.contract("cross-entropy-kernel-v1"), "cross_entropy", backend)
-    importlib.import_module(f"falsify.impl.{backend}.cross_entropy")
+    importlib.import_module(f"falsify.kernels.{backend}.cross_entropy")
     dev = device(backend)  # F.cross_entropy runs on the same device as ours
     gen = torch.Generator().manual_seed(0)
     worst_loss = worst_grad = 0.0

@@ -1,9 +1,10 @@
-"""Run functions for contracts/distill-v1.yaml (`training`-kind checks of the distillation loop,
-impl/llm/distill.py).
+"""Run functions for falsify/contracts/distill-v1.yaml (`training`-kind checks of the distillation
+loop,
+falsify/llm/distill.py).
 
 Every run drives the real loop (DistillRun: the pretraining run with the KD step) on the tiny
 synthetic config of the pretraining loop contract (2 layers, hidden 64, vocab 512, seq 32), with
-the loop's swappable pieces (impl/llm/distill.DistillParts: freezing the teacher, what the
+the loop's swappable pieces (falsify/llm/distill.DistillParts: freezing the teacher, what the
 teacher reads, the micro-batch numerator, the teacher check) looked up through the harness at
 call time, so when `falsify mutants` swaps a binding the loop under test runs the mutant. The
 teacher is a tiny model with sharper logits (init_std 0.2) so the KD term is far from zero.
@@ -32,14 +33,14 @@ def _bound(equation: str):
 
 
 def _parts():
-    from falsify.impl.llm.distill import DistillParts
+    from falsify.llm.distill import DistillParts
 
     return DistillParts(**{field: _bound(eq) for eq, field in PARTS.items()})
 
 
 def _config(out: Path, **over):
-    from falsify.impl.llm import run as R
-    from falsify.impl.llm.distill import DistillConfig
+    from falsify.llm import run as R
+    from falsify.llm.distill import DistillConfig
     from falsify.probes import device
 
     d = {**R.TINY_TEST, "out_dir": str(out), "max_steps": 4, "warmup_steps": 0,
@@ -53,8 +54,8 @@ def _config(out: Path, **over):
 
 
 def _teacher(vocab: int = 512, seed: int = 1):
-    from falsify.impl.llm.distill import Teacher
-    from falsify.impl.llm.model import ModelConfig, build_model
+    from falsify.llm.distill import Teacher
+    from falsify.llm.model import ModelConfig, build_model
 
     mcfg = ModelConfig(vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4,
                        num_kv_heads=2, intermediate_size=192, max_seq_len=32, init_std=0.2)
@@ -63,9 +64,9 @@ def _teacher(vocab: int = 512, seed: int = 1):
 
 def _run(cfg, teacher=None, steps=None):
     """A DistillRun through its stages; returns (run, result)."""
-    from falsify.impl.llm import run as R
-    from falsify.impl.llm.distill import DistillRun
-    from falsify.impl.llm.trainer import LoopParts
+    from falsify.llm import run as R
+    from falsify.llm.distill import DistillRun
+    from falsify.llm.trainer import LoopParts
 
     with R.torch_threads(cfg.threads):
         run = DistillRun(cfg, LoopParts(), _parts(), teacher or _teacher())
@@ -98,9 +99,9 @@ def frozen_teacher_run(backend: str = "torch", dtype: str = "float32", steps: in
 
 
 def alpha_zero_run(backend: str = "torch", dtype: str = "float32", steps: int = 4) -> dict:
-    """α = 0 against plain pretraining (impl/llm/run.py:train) on the same data, seed and
+    """α = 0 against plain pretraining (falsify/llm/run.py:train) on the same data, seed and
     config: per-step losses and the final student weights."""
-    from falsify.impl.llm import run as R
+    from falsify.llm import run as R
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(Path(tmp) / "kd", max_steps=steps, alpha=0.0, backend=backend)
@@ -125,8 +126,8 @@ def first_step_reference_run(backend: str = "torch", dtype: str = "float32",
     teacher's forward on the same input blocks)."""
     import torch
 
-    from falsify.impl.llm import data as D
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import data as D
+    from falsify.llm.model import build_model
     from falsify.reference import kd_loss as KD
 
     teacher = _teacher()
@@ -167,7 +168,7 @@ def vocab_mismatch_run(backend: str = "torch", dtype: str = "float32",
             _run(cfg, _teacher(vocab=teacher_vocab))
             return {"refused": False, "error": None, "message": "", "metrics_written": True}
         except Exception as e:  # noqa: BLE001 - the check inspects what was raised
-            from falsify.impl.llm.distill import DistillConfigError
+            from falsify.llm.distill import DistillConfigError
 
             metrics = out / "metrics.jsonl"
             return {"refused": isinstance(e, DistillConfigError), "error": type(e).__name__,

@@ -1,4 +1,4 @@
-"""distributed-train-v1's probes: the real DistributedTrainer (impl/llm/distributed.py) in W
+"""distributed-train-v1's probes: the real DistributedTrainer (falsify/llm/distributed.py) in W
 spawned processes on gloo, against one process running the plain Trainer on the same global
 batches.
 
@@ -29,7 +29,7 @@ def _refs() -> dict:
 
 
 def _config():
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import run as RUN
 
     # clip and Andon out of reach: the pre-clip norm is compared, and AdamW sees the gradient
     return RUN.tiny_config("unused", max_steps=10, warmup_steps=0, grad_clip=1e9,
@@ -43,7 +43,7 @@ def global_batches(steps: int, world: int, rows: int, grad_accum: int, seq: int,
     is where a mean of per-rank means departs from the token-weighted loss."""
     import torch
 
-    from falsify.impl.llm.trainer import IGNORE_INDEX
+    from falsify.llm.trainer import IGNORE_INDEX
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -60,7 +60,7 @@ def global_batches(steps: int, world: int, rows: int, grad_accum: int, seq: int,
 
 def _digest(trainer) -> str:
     """sha256 of every parameter and AdamW moment (whole, under FSDP), in optimizer order."""
-    from falsify.impl.llm.distributed import full
+    from falsify.llm.distributed import full
 
     h = hashlib.sha256()
     for p in trainer.params:
@@ -91,10 +91,10 @@ def _rank_parts(rank: int, world: int, refs: dict, parallel: str):
     import torch
 
     from falsify.harness import backends
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import distributed as D
-    from falsify.impl.llm.model import build_model
-    from falsify.impl.llm.trainer import LoopParts
+    from falsify.llm import config as LC
+    from falsify.llm import distributed as D
+    from falsify.llm.model import build_model
+    from falsify.llm.trainer import LoopParts
 
     pieces = {k: backends.resolve(v) for k, v in refs.items()}
     clip = pieces.pop("clip_gradients")
@@ -118,7 +118,7 @@ _MADE: list = []  # this rank's trainers, released before the group goes (_leave
 
 def _leave() -> None:
     """Release every trainer this rank made, then destroy the group (distributed.leave)."""
-    from falsify.impl.llm import distributed as D
+    from falsify.llm import distributed as D
 
     while _MADE:
         _MADE.pop().release()
@@ -130,7 +130,7 @@ def _rank_main(rank: int, world: int, tmp: str, refs: dict, steps: int, rows: in
     """One rank: join the group, train `steps` steps on its shards, save what it saw."""
     import torch
 
-    from falsify.impl.llm import distributed as D
+    from falsify.llm import distributed as D
 
     _join(rank, world, tmp)
     try:
@@ -158,9 +158,9 @@ def _single(steps: int, world: int, rows: int, seed: int) -> dict:
     """The plain Trainer in this process on the same global batches."""
     import torch
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm.model import build_model
-    from falsify.impl.llm.trainer import LoopParts, Trainer
+    from falsify.llm import config as LC
+    from falsify.llm.model import build_model
+    from falsify.llm.trainer import LoopParts, Trainer
 
     cfg = _config()
     mcfg = LC.model_config(cfg)
@@ -238,7 +238,7 @@ def _equivalence(refs: dict, world: int, steps: int, rows: int, seed: int,
 # --------------------------------------------------------------------------- checkpoints
 def _whole_state(trainer) -> dict:
     """Every parameter and AdamW tensor, whole (gathered under FSDP: collective)."""
-    from falsify.impl.llm.distributed import full
+    from falsify.llm.distributed import full
 
     out = {}
     for name, p in zip(trainer.param_names, trainer.params, strict=True):
@@ -258,8 +258,8 @@ def _ckpt_rank_main(rank: int, world: int, tmp: str, refs: dict, rows: int, seed
     import torch
     import torch.distributed as dist
 
-    from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm import sharded_checkpoint as SC
+    from falsify.llm import checkpoint as C
+    from falsify.llm import sharded_checkpoint as SC
 
     _join(rank, world, tmp)
     out = {"lost": [], "damage": None, "load_error": None}
@@ -320,10 +320,10 @@ def _single_load(ckpt: Path) -> dict:
     process's RNG states are put back afterwards (loading a checkpoint sets them)."""
     import torch
 
-    from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm.model import build_model
-    from falsify.impl.llm.trainer import LoopParts, Trainer
+    from falsify.llm import checkpoint as C
+    from falsify.llm import config as LC
+    from falsify.llm.model import build_model
+    from falsify.llm.trainer import LoopParts, Trainer
 
     cfg = _config()
     js, tensors = C.rng_state()

@@ -14,7 +14,7 @@ def preference_step(backend, dtype, steps, lr, beta, seed):
     import torch
 
     from falsify.harness import backends, runtime
-    from falsify.impl.torch.dpo_loss import sequence_logps
+    from falsify.kernels.torch.dpo_loss import sequence_logps
 
     fn = backends.function(runtime.contract("dpo-loss-kernel-v1"), "dpo_loss", backend)
     dev = device(backend)

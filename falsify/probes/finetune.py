@@ -1,10 +1,11 @@
-"""Run functions for contracts/qlora-finetune-v1.yaml (`training`-kind checks).
+"""Run functions for falsify/contracts/qlora-finetune-v1.yaml (`training`-kind checks).
 
 Every run function builds a tiny model (2 layers, hidden 64, vocab 512, seq 32) with weights far
 from the near-zero init (so a convention error moves logits by O(1)), runs a few steps of the
-real loop (impl/llm/finetune.py), and compares against something the loop did not compute: a
+real loop (falsify/llm/finetune.py), and compares against something the loop did not compute: a
 snapshot of the base taken before training and the NF4 bytes recomputed by the numpy reference,
-the un-adapted Transformer, float64 numpy losses (reference/finetune.py), per-sample forwards,
+the un-adapted Transformer, float64 numpy losses (falsify/reference/finetune.py), per-sample
+forwards,
 the non-checkpointed gradients, ln 2, the PEFT library's own loading of the exported adapter.
 
 The swappable pieces (loss, DPO loss, reward weights, LoRA init, freezing, merge, PEFT names)
@@ -39,7 +40,7 @@ def _bound(equation: str, backend: str):
 
 
 def _objectives(backend: str):
-    from falsify.impl.llm.finetune import Objectives
+    from falsify.llm.finetune import Objectives
 
     return Objectives(sft_loss=_bound("sft_loss", backend), dpo_loss=_bound("dpo_loss", backend),
                       reward_weights=_bound("reward_weights", backend),
@@ -52,7 +53,7 @@ def tiny_base(seed: int = 0, scale: float = 0.08, **cfg):
     [0.5, 1.5]."""
     import torch
 
-    from falsify.impl.llm.model import ModelConfig, build_model
+    from falsify.llm.model import ModelConfig, build_model
 
     m = build_model(ModelConfig(**{**TINY, **cfg}), "torch", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -68,8 +69,8 @@ def tiny_base(seed: int = 0, scale: float = 0.08, **cfg):
 def synthetic_sft(n: int = 48, seed: int = 0, rewards: bool = False):
     """Prompt/response examples over ids 4..511: the response is a fixed function of the first
     prompt token (learnable in a few steps), lengths vary so padding and token weighting
-    matter. Token 0 is the EOS separator, as in impl/sft_data."""
-    from falsify.impl.llm.sft_data import SFTExample
+    matter. Token 0 is the EOS separator, as in falsify/llm/sft_data.py."""
+    from falsify.llm.sft_data import SFTExample
 
     rng = np.random.default_rng([seed, 17])
     out = []
@@ -84,7 +85,7 @@ def synthetic_sft(n: int = 48, seed: int = 0, rewards: bool = False):
 
 
 def synthetic_pairs(n: int = 16, seed: int = 0):
-    from falsify.impl.llm.sft_data import PreferenceExample, SFTExample
+    from falsify.llm.sft_data import PreferenceExample, SFTExample
 
     rng = np.random.default_rng([seed, 23])
     out = []
@@ -101,7 +102,7 @@ def synthetic_pairs(n: int = 16, seed: int = 0):
 
 
 def _cfg(**kw):
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import finetune as FT
 
     d = dict(method="qlora", lora_r=4, lora_alpha=8.0, batch_size=4, grad_accum=2, epochs=50,
              max_steps=4, warmup_steps=0, lr=1e-2, lr_min=1e-3, val_split=0.0, progress=False,
@@ -118,9 +119,9 @@ class Run:
                  prune: float | None = None, **kw):
         import torch
 
-        from falsify.impl.llm import finetune as FT
-        from falsify.impl.llm import lora_model as LM
-        from falsify.impl.llm import sft_data as SD
+        from falsify.llm import finetune as FT
+        from falsify.llm import lora_model as LM
+        from falsify.llm import sft_data as SD
 
         torch.manual_seed(seed)
         self.cfg = FT.resolve_steps(_cfg(seed=seed, **kw), len(examples))
@@ -131,7 +132,7 @@ class Run:
         self.model = tiny_base(seed)
         self.masks = None
         if prune is not None:  # magnitude-prune the base first and train with its masks kept
-            from falsify.impl.llm import prune as P
+            from falsify.llm import prune as P
 
             self.masks = {}
             P.prune(self.model, P.parse_plan("magnitude", prune, None), None, self.masks)
@@ -151,7 +152,7 @@ class Run:
                                          self.cfg.grad_accum, self.cfg.epochs, seed, True)
 
     def micro(self, idx_lists):
-        from falsify.impl.llm import finetune as FT
+        from falsify.llm import finetune as FT
 
         return [FT.make_micro(self.examples, idx, self.kind, 0, self.weights)
                 for idx in idx_lists]
@@ -172,7 +173,7 @@ def frozen_base_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
     independent computation); no base tensor holds a gradient; every adapter did change."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps)
@@ -210,7 +211,7 @@ def zero_init_run(backend, dtype="float32", method="qlora", seed=0):
     test_hf.py uses: 8·(2L+1)·√K·u·max|logits|, K = max(hidden, intermediate)."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
     run = Run(backend, synthetic_sft(8, seed), seed=seed, method=method)
@@ -248,7 +249,7 @@ def sft_loss_mask_run(backend, dtype="float32", seed=0):
     The loop's loss is also compared with the float64 numpy loss of the same logits."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=8, grad_accum=1)
     run.step()  # B != 0: gradients reach A as well
@@ -305,7 +306,7 @@ def loss_decreases_run(backend, dtype="float32", method="qlora", steps=40, seed=
 def gradient_flow_run(backend, dtype="float32", method="qlora", seed=0):
     """QFT-GRD-001. Step 1 (B = 0): ∂L/∂B ≠ 0 for every adapter and ∂L/∂A = 0 exactly (the
     LoRA backward dA = s·(g·B)ᵀ·x); after it ‖B‖ > 0; step 2: ∂L/∂A ≠ 0 for every adapter."""
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method)
     run.step()
@@ -328,7 +329,7 @@ def batch_loss_run(backend, dtype="float32", seed=0):
     (no padding, batch 1): token-weighted, not a mean of per-sample (or per-micro) means."""
     import torch
 
-    from falsify.impl.llm import sft_data as SD
+    from falsify.llm import sft_data as SD
 
     run = Run(backend, synthetic_sft(16, seed), seed=seed, batch_size=3, grad_accum=2)
     run.step()
@@ -360,7 +361,7 @@ def checkpointing_run(backend, dtype="float32", method="qlora", seed=0):
     """QFT-CKP-001. Adapter gradients of one step with activation checkpointing (each block
     recomputed in backward) equal those without it: the recompute runs the same ops on the
     same inputs, so they are bit-identical on CPU; the tolerance allows a few ulps anyway."""
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     runs = {}
     for ckpt in (False, True):
@@ -386,7 +387,7 @@ def reward_run(backend, dtype="float32", seed=0):
     equals the numpy Σ w_i·CE_i / Σ n_i for mixed weights."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     ex = synthetic_sft(16, seed, rewards=True)
     run = Run(backend, ex, seed=seed, batch_size=8, grad_accum=1)
@@ -504,7 +505,7 @@ def dpo_reference_parity_run(backend, dtype="float32", seed=0):
 
 def export_import_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
     """QFT-EXP-001. Train a few steps, export the adapter (PEFT format) and the base (HF
-    layout, impl/hf.py), then: the safetensors hold exactly our adapter tensors under PEFT's
+    layout, falsify/llm/hf.py), then: the safetensors hold exactly our adapter tensors under PEFT's
     names, bit for bit; our `load_adapter` round trip reproduces them bit for bit; and
     peft.PeftModel.from_pretrained on transformers' LlamaForCausalLM loads the same values and
     reproduces our logits within the HF-parity tolerance of tests/test_hf.py (the HF base gets
@@ -512,8 +513,8 @@ def export_import_run(backend, dtype="float32", method="qlora", steps=3, seed=0)
     import torch
     from safetensors.torch import load_file
 
-    from falsify.impl.llm import hf
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import hf
+    from falsify.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps)
     for _ in range(steps):
@@ -573,7 +574,7 @@ def _peft_logits(hf_dir, adapter_dir, x, ours):
                                                attn_implementation="eager")
         pm = PeftModel.from_pretrained(hfm, str(adapter_dir)).eval()
     sd = {k.replace(".default", ""): v for k, v in pm.state_dict().items() if "lora_" in k}
-    from falsify.impl.llm.lora_model import PEFT_PREFIX
+    from falsify.llm.lora_model import PEFT_PREFIX
 
     loaded = len(sd)
     equal = loaded == len(ours) and all(
@@ -589,7 +590,7 @@ def merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
     more than that (so a merge that dropped or mis-scaled the adapter cannot pass)."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps,
               lr=3e-2)
@@ -617,8 +618,8 @@ def masked_merge_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
     the mask refills them)."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
-    from falsify.impl.llm import prune as P
+    from falsify.llm import lora_model as LM
+    from falsify.llm import prune as P
 
     run = Run(backend, synthetic_sft(32, seed), seed=seed, method=method, max_steps=steps,
               lr=3e-2, prune=0.5)
@@ -653,8 +654,8 @@ def memory_run(backend, dtype="float32", double_quant=True):
     + 4·n/64 absmax bytes (fp32), or with double quantization n/64 uint8 codes + 4·⌈n/64/256⌉
     second-level absmax + 4 offset bytes; per weight 4.5 (≈4.127) bits, i.e. ≈ 1/7.1 (≈ 1/7.75)
     of fp32."""
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import finetune as FT
+    from falsify.llm import lora_model as LM
 
     m = tiny_base(0)
     cfg = _cfg(double_quant=double_quant)

@@ -1,4 +1,5 @@
-"""The peak-memory run of contracts/fused-linear-cross-entropy-kernel-v1.yaml: ours vs the naive
+"""The peak-memory run of falsify/contracts/fused-linear-cross-entropy-kernel-v1.yaml: ours vs the
+naive
 F.cross_entropy(x @ W.T, y), against the analytic bound. (The side-by-side speed and memory
 benchmark is `falsify bench kernels`.)
 

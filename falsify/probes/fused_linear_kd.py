@@ -1,7 +1,7 @@
-"""The runs of contracts/fused-linear-kd-kernel-v1.yaml that a single call cannot express:
+"""The runs of falsify/contracts/fused-linear-kd-kernel-v1.yaml that a single call cannot express:
 peak memory against the naive formulation, the teacher's (absent) gradient, and the top-k form
 against the full one (k = V equality, and the renormalisation error bound of
-reference/fused_linear_kd.py:topk_renorm_bound). Every function under test is looked up
+falsify/reference/fused_linear_kd.py:topk_renorm_bound). Every function under test is looked up
 through the harness bindings, so `falsify mutants` reaches it.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def topk_vs_full(backend, dtype):
     """The top-k form against the full one on the same student and teacher:
     - k = V: (L, KL, CE) and the gradients (at α = 0.5) agree (`max_kV_diff`,
       `max_kV_grad_diff`, against fp32 rounding in the predicate);
-    - k < V: |KL_k − KL| ≤ the derived renormalisation bound (reference/fused_linear_kd.py)
+    - k < V: |KL_k − KL| ≤ the derived renormalisation bound (falsify/reference/fused_linear_kd.py)
       plus both sides' rounding: `worst_excess` = max(|KL_k − KL| − bound − rounding), ≤ 0
       when the bound holds; `ref_excess` the same for the float64 reference (exact math);
       `max_rel_gap` = max |KL_k − KL| / bound (≤ 1; reported to show the bound is not vacuous

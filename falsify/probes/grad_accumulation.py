@@ -2,7 +2,7 @@
 
 The runs look the accumulation step up through the harness's binding resolution, so a mutant
 (or `falsify run --bind`) of `accumulation_step` is what they exercise; the expectation is the
-float64 full-batch gradient from reference/grad_accumulation.py, computed independently.
+float64 full-batch gradient from falsify/reference/grad_accumulation.py, computed independently.
 """
 
 from __future__ import annotations

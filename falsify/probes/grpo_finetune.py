@@ -1,6 +1,6 @@
-"""Run functions for contracts/grpo-finetune-v1.yaml (`training`-kind checks).
+"""Run functions for falsify/contracts/grpo-finetune-v1.yaml (`training`-kind checks).
 
-Each builds the GRPO loop of impl/llm/grpo.py on a tiny Transformer (2 layers, hidden 64,
+Each builds the GRPO loop of falsify/llm/grpo.py on a tiny Transformer (2 layers, hidden 64,
 vocab 512, context 64) with a byte-level BPE trained on the shipped toy problems' text, and a
 cheap deterministic reward written here (no sandbox: seconds per check). The loop's swappable
 pieces (sampler, reference and old log-probs, reward scoring) are looked up through the
@@ -28,7 +28,7 @@ def _bound(equation: str, backend: str):
 
 
 def _parts(backend: str):
-    from falsify.impl.llm.grpo import GrpoParts
+    from falsify.llm.grpo import GrpoParts
 
     return GrpoParts(sample_group=_bound("sample_group", backend),
                      reference_logps=_bound("reference_logps", backend),
@@ -38,17 +38,17 @@ def _parts(backend: str):
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
-    from falsify.impl.llm import data as data_mod
-    from falsify.impl.llm.evaluate import load_problems
-    from falsify.impl.llm.grpo import shipped_toy_problems
+    from falsify.llm import data as data_mod
+    from falsify.llm.evaluate import load_problems
+    from falsify.llm.grpo import shipped_toy_problems
 
     ps = load_problems(shipped_toy_problems())
     return data_mod.train_tokenizer([p.prompt + p.canonical_solution for p in ps] * 4, 512)
 
 
 def _problems(n: int = 8):
-    from falsify.impl.llm.evaluate import load_problems
-    from falsify.impl.llm.grpo import shipped_toy_problems
+    from falsify.llm.evaluate import load_problems
+    from falsify.llm.grpo import shipped_toy_problems
 
     return load_problems(shipped_toy_problems())[:n]
 
@@ -56,7 +56,7 @@ def _problems(n: int = 8):
 def _base(seed: int, scale: float = 0.08):
     """The tiny Transformer with weights N(0, scale), norm gains in [0.5, 1.5] (far from the
     near-zero init, so the policy's choices differ from token to token)."""
-    from falsify.impl.llm.finetune_base import Base
+    from falsify.llm.finetune_base import Base
     from falsify.probes.finetune import tiny_base
 
     return Base(tiny_base(seed, scale, **TINY), _tokenizer(), None, "probe tiny base", "memory")
@@ -81,7 +81,7 @@ def flaky_reward(prompt, completion, problem) -> float:
 
 
 def _config(out: str, seed: int, **kw):
-    from falsify.impl.llm import finetune as FT
+    from falsify.llm import finetune as FT
 
     d = dict(method="grpo", policy="qlora", lora_r=4, lora_alpha=8.0, group_size=4,
              prompts_per_step=2, max_new_tokens=6, max_steps=3, warmup_steps=0, lr=2e-2,
@@ -95,10 +95,10 @@ def _config(out: str, seed: int, **kw):
 def _run(backend: str, seed: int = 0, before=None, **kw):
     """(run, result, error) of a GRPO run in a temporary directory; `before(run)` is called
     after the run is built and before its first step."""
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import run as R
-    from falsify.impl.llm.grpo import GrpoRun
-    from falsify.impl.llm.rewards import RewardFailed
+    from falsify.llm import finetune as FT
+    from falsify.llm import run as R
+    from falsify.llm.grpo import GrpoRun
+    from falsify.llm.rewards import RewardFailed
 
     # one thread: tiny matrices, and a loaded machine makes more threads much slower
     with R.torch_threads(1), tempfile.TemporaryDirectory(prefix="falsify-grpo-") as d:
@@ -132,8 +132,8 @@ def frozen_reference_run(backend, dtype="float32", method="qlora", steps=4, seed
     bit for bit, and the policy's own log-probs moved (so the comparison has power)."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
-    from falsify.impl.llm.grpo import policy_logps
+    from falsify.llm import lora_model as LM
+    from falsify.llm.grpo import policy_logps
 
     x = _fixed_tokens(seed)
     seen = {}
@@ -172,7 +172,7 @@ def determinism_run(backend, dtype="float32", steps=3, seed=0):
     seed: other samples (so identity is not vacuous)."""
     import torch
 
-    from falsify.impl.llm import lora_model as LM
+    from falsify.llm import lora_model as LM
 
     def once(s):
         run, _, _, _ = _run(backend, s, max_steps=steps)
@@ -219,9 +219,9 @@ def update_direction_run(backend, dtype="float32", steps=4, seed=0):
     completion that starts with a space (about a quarter do at first)."""
     import torch
 
-    from falsify.impl.llm import finetune as FT
-    from falsify.impl.llm import run as R
-    from falsify.impl.llm.grpo import GrpoRun, policy_logps
+    from falsify.llm import finetune as FT
+    from falsify.llm import run as R
+    from falsify.llm.grpo import GrpoRun, policy_logps
 
     corr = []
     with R.torch_threads(1), tempfile.TemporaryDirectory(prefix="falsify-grpo-") as d:

@@ -11,7 +11,7 @@ import torch
 def config_validation(backend, dtype):
     """Configurations the schedule must refuse, with the reason they are wrong; returns how
     many raised ValueError (all must), and that a valid one does not."""
-    mod = importlib.import_module(f"falsify.impl.{backend}.lr_schedule"
+    mod = importlib.import_module(f"falsify.kernels.{backend}.lr_schedule"
                                   if backend != "reference" else "falsify.reference.lr_schedule")
     bad = [
         dict(warmup=2000, total=43),   # ALB-060: warmup never completes

@@ -1,6 +1,6 @@
 """model-parity-v1's probes: one small model, one seeded batch, through the backend's kernels
 (built from the contract's bindings, so a bound mutant is what the model runs) and through the
-float64 reference model (reference/model.py).
+float64 reference model (falsify/reference/model.py).
 
 Several checks read one run: the forward comparison, the gradient comparison and greedy
 decoding are memoised on (backend, config, seed, every binding), so a run with a mutant bound
@@ -24,7 +24,7 @@ def _refs(backend: str) -> dict:
 
 def _setup(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
            vocab: int, tokens: int, init_std: float, seed: int):
-    from falsify.impl.llm import parity as P
+    from falsify.llm import parity as P
 
     cfg = P.config_from("tiny", dict(
         vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
@@ -57,7 +57,7 @@ def model_parity_run(backend: str = "torch", dtype: str = "float32", layers: int
 
 def _run(backend: str, refs: dict, setup, seed: int, greedy: int) -> dict:
     from falsify.harness import backends
-    from falsify.impl.llm import parity as P
+    from falsify.llm import parity as P
 
     ops = P.ops_for(backend, {eq: backends.resolve(ref) for eq, ref in refs.items()})
     fwd = P.forward_parity(setup, {backend: ops})[backend]

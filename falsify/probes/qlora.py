@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # torch 2.13 imports triton on its first matmul (torch/_native/ops); the interpreter switch must
 # come first or the probes' Triton kernels look for a GPU driver.
-import falsify.impl.triton  # noqa: F401
+import falsify.kernels.triton  # noqa: F401
 from falsify.probes import device
 
 CONTRACT = "qlora-kernel-v1"

@@ -1,10 +1,11 @@
-"""Run functions for contracts/train-loop-v1.yaml (`training`-kind checks of the pretraining loop
-impl/llm/run.py and impl/llm/trainer.py) and the reference-loop parity harness that
+"""Run functions for falsify/contracts/train-loop-v1.yaml (`training`-kind checks of the pretraining
+loop
+falsify/llm/run.py and falsify/llm/trainer.py) and the reference-loop parity harness that
 tests/test_reference_loop.py also uses.
 
 Every run drives the real loop (Trainer, train(), run_steps, resume_equivalence) on the tiny
 synthetic config (2 layers, hidden 64, vocab 512, seq 32: small enough that a 100-step run fits
-in a check) with the loop's swappable pieces (impl/llm/trainer.LoopParts: optimizer builder,
+in a check) with the loop's swappable pieces (falsify/llm/trainer.LoopParts: optimizer builder,
 gradient clip, micro-batch divisors, batch sampler, config algebra, resume position) looked up
 through the harness at call time (`parts`), so when `falsify mutants` swaps a binding the loop
 under test runs the mutant. Each compares against something the loop did not compute: the config
@@ -51,8 +52,8 @@ LOOP_EQUATIONS = {"optimizer": "build_optimizer", "clip": "clip_gradients",
 
 
 def parts():
-    """impl/llm/trainer.LoopParts with every piece taken from the contract's current bindings."""
-    from falsify.impl.llm.trainer import LoopParts
+    """falsify/llm/trainer.LoopParts with every piece taken from the contract's current bindings."""
+    from falsify.llm.trainer import LoopParts
 
     return LoopParts(**{field: _bound(eq) for eq, field in LOOP_EQUATIONS.items()})
 
@@ -76,7 +77,7 @@ def _placement(backend: str) -> dict:
 
 
 def _steps_run(steps: int, seed: int, backend: str) -> dict:
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import run as RUN
 
     return _memo(("run_steps", steps, seed, backend),
                  lambda: RUN.run_steps(steps=steps, seed=seed, parts=parts(), **HYPER,
@@ -102,9 +103,9 @@ def gradient_flow_run(backend, dtype="float32", steps=100, seed=0):
     """TL-GRD-001: after step 1 every parameter of the model (from the model, not from the
     optimizer) has a gradient with max |g| > 0, every one is in exactly one optimizer group,
     and every one changed over the run."""
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm.model import param_tensor_count
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm.model import param_tensor_count
 
     r = _steps_run(steps, seed, backend)
     in_opt = [n for g in r["optimizer_groups"] for n in g["param_names"]]
@@ -121,7 +122,7 @@ def hyperparameter_run(backend, dtype="float32", steps=100, seed=0):
     """TL-HYP-001: every optimizer group holds the configured lr (the schedule's value of the
     last update), betas, eps; the decay group holds weight_decay and exactly the projection
     matrices, the no-decay group 0 and exactly the norm gains and the embedding."""
-    from falsify.impl.llm import trainer as TR
+    from falsify.llm import trainer as TR
 
     r = _steps_run(steps, seed, backend)
     groups = r["optimizer_groups"]
@@ -161,10 +162,10 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
     exactly max_steps steps, crossing epoch boundaries; (2) the same data with one epoch too few
     is refused by preflight before step 1 (no metrics written), the message naming the
     achievable steps and the epochs needed; (3) the ALB-060 numbers are refused."""
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import data as D
-    from falsify.impl.llm import preflight as PF
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import config as LC
+    from falsify.llm import data as D
+    from falsify.llm import preflight as PF
+    from falsify.llm import run as RUN
 
     p = parts()
     out: dict = {}
@@ -208,9 +209,9 @@ def param_count_run(backend, dtype="float32"):
     """TL-MEM-001: the closed-form count (bound `param_count`) equals the number of elements of
     the real module instantiated on the meta device (no memory), for every preset and the tiny
     test config; 350m also equals Albor's published 398,509,056."""
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm.model import PRESETS, meta_param_count
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm.model import PRESETS, meta_param_count
 
     count = _bound("param_count")
     cfgs = dict(PRESETS)
@@ -234,10 +235,10 @@ def memory_run(backend, dtype="float32", steps=3):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm import trainer as TR
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model
 
     estimate = _bound("memory")
     threads = torch.get_num_threads()
@@ -287,7 +288,7 @@ def memory_run(backend, dtype="float32", steps=3):
 def resume_run(backend, dtype="float32", total=8, kill_at=3):
     """TL-RES-001: a run killed after `kill_at` steps and resumed from its checkpoint continues
     bit-identically: the loss of every step, the final weights."""
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import run as RUN
 
     with tempfile.TemporaryDirectory() as tmp:
         r = RUN.resume_equivalence(total, kill_at, tmp, parts=parts(), val_fraction=0.0,
@@ -306,10 +307,10 @@ def accumulation_run(backend, dtype="float32", seed=0):
     gradients compared are the accumulated ones."""
     import torch
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm import trainer as TR
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model
 
     p = parts()
     g = torch.Generator().manual_seed(seed)
@@ -344,8 +345,8 @@ def determinism_run(backend, dtype="float32", steps=6):
     """TL-DET-001: two runs with the same seed write checkpoints whose tensors (weights, AdamW
     state, RNG states) hash identically; a run with another seed hashes differently (so the
     hash does see the weights)."""
-    from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm import run as RUN
+    from falsify.llm import checkpoint as C
+    from falsify.llm import run as RUN
 
     def digest(ckpt: Path) -> str:
         h = hashlib.sha256()
@@ -372,10 +373,10 @@ def clipping_run(backend, dtype="float32", seed=0):
     away from 1 so that clipping by any power of the norm gives another result."""
     import torch
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm import trainer as TR
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(4, 512, (4, 32), generator=g)
@@ -423,17 +424,18 @@ SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermed
 
 def parity_setup(backend: str = "torch", steps: int = 12, small: bool = False,
                  loop_parts=None) -> dict:
-    """The torch loop (impl/llm/trainer.Trainer, fp32, model kernels of `backend`) for `steps` steps
+    """The torch loop (falsify/llm/trainer.Trainer, fp32, model kernels of `backend`) for `steps`
+    steps
     with grad_accum 2, ignored targets (micro-batches carry different token counts), warmup +
     cosine and active clipping; returns its per-step stats, initial and final weights, and what
     the numpy loop needs to replay the same steps (`reference()` runs it)."""
     import torch
 
-    from falsify.impl.llm import config as LC
-    from falsify.impl.llm import data as D
-    from falsify.impl.llm import run as RUN
-    from falsify.impl.llm import trainer as TR
-    from falsify.impl.llm.model import build_model
+    from falsify.llm import config as LC
+    from falsify.llm import data as D
+    from falsify.llm import run as RUN
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model
     from falsify.reference import model as RM
     from falsify.reference import train as RT
 
@@ -486,7 +488,7 @@ def param_rel(final: dict, ref: dict, init: dict) -> dict:
 
 def reference_parity_run(backend, dtype="float32", steps=12, small=False):
     """TL-REF-001: per-step loss, pre-clip grad norm and LR, and the final parameters of the
-    torch loop against reference/train.py from the same weights on the same batches."""
+    torch loop against falsify/reference/train.py from the same weights on the same batches."""
     run = parity_setup(backend, steps, small, parts())
     params, state, losses, norms, lrs = run["reference"]()
     stats = run["stats"]
@@ -555,11 +557,11 @@ def rng_resume_run(backend, dtype="float32"):
 
     import torch
 
-    from falsify.impl.llm import checkpoint as C
-    from falsify.impl.llm.config import model_config
-    from falsify.impl.llm.model import build_model
-    from falsify.impl.llm.run import tiny_config
-    from falsify.impl.llm.trainer import Trainer
+    from falsify.llm import checkpoint as C
+    from falsify.llm.config import model_config
+    from falsify.llm.model import build_model
+    from falsify.llm.run import tiny_config
+    from falsify.llm.trainer import Trainer
 
     load = _bound("checkpoint_rng")
     outer = _rng_snapshot()

@@ -79,7 +79,7 @@ def launch_claims():
 
     Bit-vector multiplication is hard for z3, so the claims are split over the eleven possible
     block sizes (first proved to be the only ones); each case multiplies by a constant."""
-    from falsify.impl.triton.adamw import MAX_BLOCK, launch_config
+    from falsify.kernels.triton.adamw import MAX_BLOCK, launch_config
 
     n, i = z3.BitVec("numel", 64), z3.BitVec("i", 64)
     block, grid = (x.e for x in launch_config(U(n)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import z3
 
-from falsify.impl.triton.attention import MAX_HEAD_DIM, launch_config
+from falsify.kernels.triton.attention import MAX_HEAD_DIM, launch_config
 from falsify.proofs.bitvec import U
 from falsify.proofs.gemm import LIM, bv, pow2_in, tiles_cover
 

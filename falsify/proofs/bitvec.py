@@ -1,4 +1,4 @@
-"""Unsigned z3 bit-vectors that run the launch arithmetic of impl/launch.py unchanged.
+"""Unsigned z3 bit-vectors that run the launch arithmetic of falsify/kernels/launch.py unchanged.
 
 z3's BitVecRef has no `//` and its `>>` is arithmetic; launch functions are written with
 `+ - * // | & >>` on Python ints. Wrapping the symbolic inputs in `U` maps `//` to UDiv and `>>`
@@ -10,7 +10,8 @@ import z3
 
 
 class U:
-    """An unsigned z3 bit-vector that supports the operators impl/launch.py uses (`//` is UDiv,
+    """An unsigned z3 bit-vector that supports the operators falsify/kernels/launch.py uses (`//` is
+    UDiv,
     `>>` is a logical shift), so the launch functions run unchanged on symbolic input."""
 
     __slots__ = ("e",)

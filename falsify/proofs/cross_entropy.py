@@ -56,7 +56,7 @@ def launch_claims():
     `for c0 in range(0, V, BLOCK_V)` with mask `offs < V` reaches every column j < V in
     iteration j // BLOCK_V, which exists (j // BLOCK_V · BLOCK_V < V), and no lane offset
     c0 + BLOCK_V − 1 reaches 2^31 (int32 `offs` never wraps)."""
-    from falsify.impl.triton.cross_entropy import MAX_BLOCK_V, launch_config
+    from falsify.kernels.triton.cross_entropy import MAX_BLOCK_V, launch_config
 
     T, V, j = z3.BitVec("T", 64), z3.BitVec("V", 64), z3.BitVec("j", 64)
     grid, block = launch_config(U(T), U(V))

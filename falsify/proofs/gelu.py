@@ -2,7 +2,7 @@
 
 import z3
 
-from falsify.impl.triton.gelu import MAX_BLOCK, launch_config
+from falsify.kernels.triton.gelu import MAX_BLOCK, launch_config
 from falsify.proofs.bitvec import U
 
 

@@ -1,6 +1,6 @@
 """Symbolic facts behind the gemm contract: z3 claims over the kernel's own launch arithmetic.
 
-The z3 claims run `launch_config` and `span` from impl/triton/gemm.py on 64-bit vectors
+The z3 claims run `launch_config` and `span` from falsify/kernels/triton/gemm.py on 64-bit vectors
 (unsigned: `//` is UDiv, `>>` a logical shift), for every M, N, K, stride below 2^31, so they are
 facts about the functions the wrapper calls, not about a re-statement of them.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import z3
 
-from falsify.impl.triton.gemm import MAX_EXTENT, launch_config, span
+from falsify.kernels.triton.gemm import MAX_EXTENT, launch_config, span
 from falsify.proofs.bitvec import U
 
 W = 64  # bit width: products of two values < 2^31 fit, so no claim is an overflow artefact

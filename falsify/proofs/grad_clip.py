@@ -70,7 +70,7 @@ def launch_claims():
     (progs − 1)·BLOCK, BLOCK a power of two ≤ MAX_BLOCK), lane offsets stay < 2^31, the second
     tensor's partials start right after the first's, and the total is progs₀ + progs₁ (so the
     partials buffer of 3·total floats is written exactly once per slot)."""
-    from falsify.impl.triton.grad_clip import MAX_BLOCK, launch_config
+    from falsify.kernels.triton.grad_clip import MAX_BLOCK, launch_config
 
     n0, n1 = z3.BitVec("n0", 64), z3.BitVec("n1", 64)
     plan, total = launch_config([U(n0), U(n1)])

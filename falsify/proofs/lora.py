@@ -5,7 +5,7 @@ falsify/probes/lora.py.)
   dB = s·gᵀ·(x·Aᵀ) are the adjoint of the forward's differential, as a polynomial identity over
   the reals for symbolic matrices (m=2, in=3, out=2, r=2, symbolic s). This proves the formulas
   the contract and the kernels implement, not the float code.
-* `tiling_claims`: impl/triton/lora.py's `launch_config` itself, run on z3 bit-vectors.
+* `tiling_claims`: falsify/kernels/triton/lora.py's `launch_config` itself, run on z3 bit-vectors.
 """
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ def init_claims(m=2, n_in=3, n_out=2, r=2):
 
 
 def tiling_claims():
-    """`launch_config` of impl/triton/lora.py run on symbolic sizes 1 ≤ M, N, K < 2^31: every
+    """`launch_config` of falsify/kernels/triton/lora.py run on symbolic sizes 1 ≤ M, N, K < 2^31:
+    every
     tile is a power of two in [16, 64] (tl.dot needs ≥ 16) and ≥ min(size, 64); the grid
     cdiv(size, tile) covers all rows / columns with no idle program; the K loop
     `range(0, K, BK)` visits each k < K exactly once (k0 = ⌊k/BK⌋·BK < K, lane k − k0 < BK)."""
-    from falsify.impl.triton.lora import BLOCK_K, MAX_TILE, MIN_TILE, launch_config
+    from falsify.kernels.triton.lora import BLOCK_K, MAX_TILE, MIN_TILE, launch_config
 
     m, n, k1, k2, k = var("m"), var("n"), var("k1"), var("k2"), var("k")
     cfg = launch_config(m, n, k1, k2)

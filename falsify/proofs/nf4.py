@@ -1,6 +1,7 @@
 """Symbolic facts behind the nf4 contract (z3), proved about the functions the kernels use.
 
-The packing helpers (`nf4_byte_of`, `nf4_shift_of`, `nf4_block_of`, `cdiv` in impl/launch.py)
+The packing helpers (`nf4_byte_of`, `nf4_shift_of`, `nf4_block_of`, `cdiv` in
+falsify/kernels/launch.py)
 and the Triton `launch_config` are plain Python integer code. `U` below wraps a z3 bit-vector so
 that this very code runs symbolically: `//`, `%` and `>>` become unsigned division, remainder
 and logical shift, comparisons become unsigned. Sizes are 48-bit vectors with n < 2^31: every
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import z3
 
-from falsify.impl.launch import cdiv, nf4_block_of, nf4_byte_of, nf4_shift_of
+from falsify.kernels.launch import cdiv, nf4_block_of, nf4_byte_of, nf4_shift_of
 from falsify.reference.nf4 import BLOCKSIZES, DQ_BLOCKSIZE
 
 WIDTH = 48
@@ -140,11 +141,12 @@ def absmax_index_claims():
 
 
 def launch_claims():
-    """`launch_config` (impl/triton/nf4.py), run on symbolic n for each blocksize: the quantize
+    """`launch_config` (falsify/kernels/triton/nf4.py), run on symbolic n for each blocksize: the
+    quantize
     grid covers every block exactly once with no idle program, the tile is a power of two, the
     store masks `2·pair < n` and `blk < nblocks` select exactly the cdiv(n, 2) bytes and
     cdiv(n, bs) blocks, and the dequantize and absmax-decode grids cover their buffers."""
-    from falsify.impl.triton.nf4 import launch_config
+    from falsify.kernels.triton.nf4 import launch_config
 
     n, p, g, pair = var("n"), var("p"), var("g"), var("pair")
     claims = []

@@ -1,6 +1,7 @@
 """Symbolic facts behind the qlora contract (the loop-level probes are in falsify/probes/qlora.py).
 
-* `addressing_claims` (z3): the on-the-fly dequantization in impl/triton/qlora.py addresses the
+* `addressing_claims` (z3): the on-the-fly dequantization in falsify/kernels/triton/qlora.py
+addresses the
   NF4 weight through virtual strides (sbk, sbn) = (1, in) for the forward (W̃ᵀ) and (in, 1) for
   dx (W̃). For every unmasked lane the flat index is the row-major index of the intended W̃
   element and stays inside the weight; its byte and absmax indices stay inside their buffers.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import z3
 
-from falsify.impl.triton.rmsnorm import MAX_BWD_PROGRAMS, launch_config
+from falsify.kernels.triton.rmsnorm import MAX_BWD_PROGRAMS, launch_config
 from falsify.proofs.bitvec import U
 
 N = 3  # symbolic row length for the real-arithmetic claims

@@ -8,7 +8,7 @@ unsigned bit-vectors.
 
 import z3
 
-from falsify.impl.triton.rope import GROUP, launch_config
+from falsify.kernels.triton.rope import GROUP, launch_config
 from falsify.proofs.bitvec import U
 
 

@@ -2,7 +2,7 @@
 
 import z3
 
-from falsify.impl.triton.softmax import launch_config
+from falsify.kernels.triton.softmax import launch_config
 
 
 def online_merge_claims():

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6d772296ec2c1257710127cc0cf068712bde047806a58cb39e96ed4d4ea8ae43"
+SHA256 = "9137a6227661f93b8b1a23d657234c53a0b3d692c8275b30fc9e09d84a988a88"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

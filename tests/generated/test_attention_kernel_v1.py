@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "50df166e8b2ccb5d1d16c5a2b76508964764337f5c5762af60c9e25eef355e88"
+SHA256 = "704d5f97a2adf08b0a96ecc7c63136b9cb8aa8fe0b831f612290d3ac8c9146e4"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 

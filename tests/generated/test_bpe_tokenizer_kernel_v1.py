@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c11882bea8b108f4645b40f41c0a080da93cc0b8c3d9184bee8986c73d2e6bd3"
+SHA256 = "2d07976e116cb2029920971d64112eac85c9362f4ecc4c8472696a9c9cd23231"
 CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "3f10a466673062f89ffa326256b3f0027fdd9a8966797d7c6a1d29b81c8f27fc"
+SHA256 = "0377c272ad71a745eb1ffd21dc54db3aec76cd8c58b873cb5fd7224280bc6b82"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

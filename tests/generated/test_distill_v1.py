@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "07e2d9d7858c74fc4cc67f1483154b687a8c5bcf120c99aca57eb8847a25e27a"
+SHA256 = "8537d468447cc4ff59803de141a1175931864d5100d5cae1c2c098b24d3f12fe"
 CONTRACT = rt.library_contract("distill-v1.yaml", SHA256)
 
 

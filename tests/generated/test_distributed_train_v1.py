@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5157983cde777e5fd9b3df40a99f9eab1344dda92f6ce3824cc3760ea78ce3ff"
+SHA256 = "2a2485fd482a4c76c2520966b6f5fd73540ee16a236154dd194437b55ab0e0d5"
 CONTRACT = rt.library_contract("distributed-train-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7f3d749824cf1f68263d782058cce9aeb530ea9c78c1e04e958f313645dbe46c"
+SHA256 = "af2803e96c7281075b8c2189ab260fba3b5bc425431b7e978b41317844487d66"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a6e6cb214e81fd87e48c5594ea11f622a2dc70dbf5b9932cda100d4bfda81a5d"
+SHA256 = "e52f118f80e7c5a3cb3e8631b87712fc65347ca4438cfcf8662eacfc805cf574"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 

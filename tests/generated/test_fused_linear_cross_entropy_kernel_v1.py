@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5beb74fd0656a239d5d0f71150e570f3a9771333f5f429e3188bcec1f2bfd971"
+SHA256 = "0802ab9b4340ee22ce70908bf8794080c8462c321d197a7b053a43dacdb52163"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "aaf08662b2eea0ed40e7886e7569c0ff5644bb9bde99dffaff0707184e44bd9f"
+SHA256 = "046bc3a65d9b74c25d5cecc42f4d5a3f0c9f71eb166b3fd2ebf7746b397c1efa"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a411df94a159cab21c86385a66f68ad09865533495223198d8f9f8a89b330e65"
+SHA256 = "756161808ba8d412c0a7350754f5432eb4a1e112bd648ae24517c0ab0f0fe4b7"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "28a6a139d2734aa106ddf376787ce7fa4f9a57771db1de7d365491f23a86e7fc"
+SHA256 = "a331e218bf625f94986979ee772cbc2bc74a77e564e12491a87531f2f908c9ea"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

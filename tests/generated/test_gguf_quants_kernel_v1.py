@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "84d7acac9eb4831639e7b45da28018d0128da43d3851ea2988b528f34fcf7aca"
+SHA256 = "0ee32c60587609e9597a9f40a205e58cf679995397fd53467b15d375a37e94f5"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "60663a754b08de06237ffb9d76576035e1ea68c1fd9d4fac47aaf4eec579d7bf"
+SHA256 = "eacc15ce47f7f7b66b1fed8916f1b51c925758cecceea9a05d73383057c3455f"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

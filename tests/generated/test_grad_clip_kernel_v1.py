@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "30751c8d2023c18c90171c0d45283d7087431abef9ee99ab5b0dc358ef963f2a"
+SHA256 = "e69a9ee05ab915dae5f263b15df941a5bc72cc4416a12a84b00350343ec324d5"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d694f81e5a4da0aae31bb21da37d30e032a99481c70f051820101d862c38e749"
+SHA256 = "0b142fa243c16e8266b1dfa2b605a70638415b5c52f41d04eb12774045e230be"
 CONTRACT = rt.library_contract("grpo-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8364465ca22ac5bf1af13a66bf537280bd73515c719cedc0ae564a353a83e4da"
+SHA256 = "52aebec47e8be10d6d7f207375882eb1703c00498bf4f4fadd7ef73542333c4e"
 CONTRACT = rt.library_contract("grpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "692823b6f7423ccc1cb1dd2086434c4b38394ff85c017bf872fd12c7b98f2fab"
+SHA256 = "b6d91997c9df1770c3a116f6e51681092e8d8670e0a348a4c0186e49e23471dc"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 

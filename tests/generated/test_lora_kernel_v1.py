@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "5d7500bcad3399b11fde9f5c110a7e1f0ea50722e812be8f81780c3704234115"
+SHA256 = "b8740da24d5d58f87b736bc82334e401ebc5b85a27b96eb3f82921a869077031"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ec205cad63a52eb8d6a8c6b7f995d9c4016316cf45cf7e11abe54f1d288f58ef"
+SHA256 = "71992f41b7ecd65b37755f830518d9ad0dce3661c6e41bdd943f1fd8506c762c"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

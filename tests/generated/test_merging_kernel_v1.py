@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2baee003bdd437facd43eefce3cd92fd1d386bc67006958b24e8794edbd24495"
+SHA256 = "ad02cf1d5a76096263929592aeebf5f4cf12354c6c629d5bdbd21713884e3bf2"
 CONTRACT = rt.library_contract("merging-kernel-v1.yaml", SHA256)
 
 

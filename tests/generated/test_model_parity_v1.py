@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "256340ce960123968cc06fc3328204986e8a4729ba7d42c2a80f60d115309fd6"
+SHA256 = "7a2d1b26a6273fa27000b9a6cd12ddcd02bcf36cac0bfc2be6b3d1bb9c0ef575"
 CONTRACT = rt.library_contract("model-parity-v1.yaml", SHA256)
 
 

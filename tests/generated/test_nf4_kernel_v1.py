@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a877406f134e8170792ddc80c63ea04da56a5368828a1946161d630510dc5704"
+SHA256 = "642ea24a815fef60fd8b76fb4a17618e41a6ce3721149ee95e47f5a2d4871f20"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b5bd55930c52c11686c2726c47ee1a9e4f74b0952279941a10b9577777fca5ca"
+SHA256 = "e27e5586aecf791a2af8a8c7c45b1ddda66374f75bd06a669ddb1afe7616a444"
 CONTRACT = rt.library_contract("pass-at-k-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2da3efa92df82b6d68e2766ff4d01c4d8628ad9cb81ec855ee8621c45b408fc0"
+SHA256 = "8459d39f7c11d38df8b15d9afa746d17651b6dbbf0f79c2c6e03fd58bf8bd9fb"
 CONTRACT = rt.library_contract("pruning-kernel-v1.yaml", SHA256)
 
 

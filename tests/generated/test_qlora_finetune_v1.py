@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1f3ea5e173a7e7371c17423bfb5c78ebe83111018a425c500a84c2ae3c283906"
+SHA256 = "0c44d5252a4e7c7af5d6f0c1baa38550766bb73edcf55bb80f57d5e0665d40dd"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1dd15782902ea41c8041cd5e02cd0ad2a6cc856e7aac2850332ffd1cd3c80976"
+SHA256 = "045033c048fb37915c786a6042f754e2b8ce33a4302e8183b17fb3a5ba574a22"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 

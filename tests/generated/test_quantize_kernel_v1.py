@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6f27dabc7e50c109428f3780111d55b06db62b865fca164d269b233ff538f644"
+SHA256 = "91e2f7db407a7d554c3ebd18fdcce3b33724f3a647dd38dd238d056e913baf83"
 CONTRACT = rt.library_contract("quantize-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "4dafd854882590fd92be04bccc384dfad9ccb8083888648458e16ad5b52598a6"
+SHA256 = "653be074357410d87a48a131b0af93a4fe7d5a231e0e9c90a084e1e839eae2dd"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 

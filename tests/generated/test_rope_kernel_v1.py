@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c485eeafde96e04a48fb2dc515a3078e19ba20fc834a69d67995ddce039695fc"
+SHA256 = "8fd9771742b302c3bda85a51c73d81aee99cbb1b2345e7ae5ebbbe44a8da8ff5"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 

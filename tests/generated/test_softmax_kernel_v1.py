@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "64349f8f5c9f93fce093efbbb7e01f3937cccbb02576348bfff8d388554e9681"
+SHA256 = "a69529515bb46e906e2f2d2479557b5a4a608e353f06036e369e95afe852bc91"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0cebdc06eb27ccf67a16a087568eebaa1738219f799e7dc25ab4350ce383dc78"
+SHA256 = "c7bb3b0bec562e3421cf80f3c8bd6058dceaa201cad4d517481434b67d466092"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 

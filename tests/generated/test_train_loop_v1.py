@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "052310b2894f2063c19244ec848426774a9850a3a5e53309f7427c21cf2eee0d"
+SHA256 = "ddc48a61ccc7f88ce5e67e98cf7408b282006bbc73025890feb6b4fed6523f89"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 

@@ -1,0 +1,2 @@
+"""Optimized implementations: PyTorch (`falsify.kernels.torch`) and Triton kernels
+(`falsify.kernels.triton`)."""

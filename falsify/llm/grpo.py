@@ -1,0 +1,462 @@
+"""GRPO fine-tuning (`falsify finetune --method grpo`): group-relative policy optimisation of a
+LoRA / QLoRA policy on code problems scored by a reward (Shao et al. 2024, DeepSeekMath §4.1).
+
+One batch (every `grpo_iterations` optimizer steps):
+  1. P = prompts_per_step problems (a seeded permutation per epoch);
+  2. G = group_size completions of each, sampled from the current policy with the rollout
+     temperature and top-p, from a generator seeded by (seed, batch, prompt): a run is a
+     function of its seed, and a resumed run draws what the uninterrupted one drew;
+  3. rewards (falsify/llm/rewards.py), group advantages A = (r − mean_g) / (std_g + eps);
+  4. the old policy's per-token log-probs, ONCE, before any update on the batch (so the first
+     update's ratio π/π_old is exactly 1), and the reference's: the frozen base, adapters off;
+then `grpo_iterations` optimizer steps, each minimising the clipped-ratio objective with
+β·KL(k3) against the reference (the grpo-loss kernel), through the shared trainer (clip,
+AdamW, schedule, Andon), checkpoints, metrics.jsonl and resume.
+
+The swappable pieces (`GrpoParts`: sampler, reference and old log-probs, reward scoring, the
+kernel functions) are what falsify/contracts/grpo-finetune-v1.yaml binds and its mutants replace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import typing
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from falsify.llm import data as data_mod
+from falsify.llm import finetune as FT
+from falsify.llm import lora_model as LM
+from falsify.llm import rewards as RW
+from falsify.llm import run as R
+from falsify.llm.config import FinetuneConfigError
+from falsify.llm.evaluate import EvalError, load_problems
+from falsify.llm.preflight import check_warmup
+from falsify.llm.sft_data import SFTExample
+
+log = logging.getLogger("falsify.finetune.grpo")
+
+ADV_EPS = 1e-4  # std + eps in the advantage: a group of equal rewards gets A = 0, not 0/0
+
+
+def shipped_toy_problems():
+    from importlib import resources
+    from pathlib import Path
+
+    return Path(str(resources.files("falsify.llm") / "evalset" /
+                    "toy-code-problems.jsonl"))
+
+
+# ------------------------------------------------------------------------------ sampling
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter of logits [n, V]: keep the smallest set of most likely tokens whose
+    probability reaches top_p (the most likely token always), the rest −inf. Ties in the sort
+    are broken by token id (a stable sort), so the kept set is a function of the logits."""
+    if top_p >= 1.0:
+        return logits
+    srt, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+    p = torch.softmax(srt, dim=-1)
+    drop = (p.cumsum(-1) - p) >= top_p  # the mass before this token already reaches top_p
+    srt = srt.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, idx, srt)
+
+
+@torch.no_grad()
+def sample_group(model, prompt: list[int], n: int, max_new: int, temperature: float,
+                 top_p: float, generator: torch.Generator, stop_id: int,
+                 stop_ids: torch.Tensor | None = None) -> list[list[int]]:
+    """n completions (token lists, each ending at its first stop token, which it keeps:
+    stop_id, or one of `stop_ids`) of one prompt, drawn with `generator` only. A finished row
+    is padded with stop_id. No KV cache: the tiny models recompute the window."""
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    x = torch.tensor([prompt] * n, device=dev)
+    done = torch.zeros(n, dtype=torch.bool, device=dev)
+    lengths = torch.zeros(n, dtype=torch.long, device=dev)
+    for _ in range(max_new):
+        logits = model(x[:, -model.cfg.max_seq_len:])[:, -1, :].float() / temperature
+        probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        nxt = torch.where(done, torch.full_like(nxt, stop_id), nxt)
+        x = torch.cat([x, nxt[:, None]], dim=1)
+        ends = nxt == stop_id
+        if stop_ids is not None:
+            ends |= torch.isin(nxt, stop_ids)
+        lengths = torch.where(done, lengths, lengths + 1)
+        done |= ends
+        if bool(done.all()):
+            break
+    model.train(was)
+    return [row[:k] for row, k in zip(x[:, len(prompt):].tolist(), lengths.tolist())]
+
+
+def rollout_seed(seed: int, batch: int, prompt: int) -> int:
+    return int(np.random.SeedSequence([seed, batch, prompt]).generate_state(1)[0])
+
+
+# ------------------------------------------------------------------------------ log-probs
+def token_logps(model, x: torch.Tensor) -> torch.Tensor:
+    """log π(x_t | x_<t) for t ≥ 1: [B, S−1], fp32."""
+    logits = model(x[:, :-1])
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp.gather(-1, x[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def reference_logps(model, x: torch.Tensor) -> torch.Tensor:
+    """The reference policy: the frozen base (every adapter off), in eval mode."""
+    was = model.training
+    model.eval()
+    with LM.adapters_disabled(model):
+        out = token_logps(model, x)
+    model.train(was)
+    return out
+
+
+def old_logps(trainer, batch: Rollout) -> torch.Tensor:
+    """π_old of an update on `batch`: the policy's log-probs taken once when the batch was
+    sampled, before any update on it (so the first update's ratio is exactly 1)."""
+    return batch.old_logp
+
+
+@torch.no_grad()
+def policy_logps(model, x: torch.Tensor) -> torch.Tensor:
+    """The current policy's log-probs without a graph, in the mode the loss forward uses
+    (train mode; lora_dropout is 0 for GRPO, so both passes are the same function)."""
+    was = model.training
+    model.train()
+    out = token_logps(model, x)
+    model.train(was)
+    return out
+
+
+def _kernel(name: str):
+    def call(*args, **kw):
+        from falsify.kernels.torch import grpo_loss as K
+
+        return getattr(K, name)(*args, **kw)
+
+    call.__name__ = name
+    return call
+
+
+@dataclass
+class GrpoParts:
+    """The swappable pieces (contract bindings; mutants replace one at a time)."""
+
+    sample_group: typing.Callable = sample_group
+    reference_logps: typing.Callable = reference_logps
+    old_logps: typing.Callable = old_logps
+    score_rewards: typing.Callable = RW.score_rewards
+    group_advantages: typing.Callable = field(default_factory=lambda: _kernel("group_advantages"))
+    grpo_loss: typing.Callable = field(default_factory=lambda: _kernel("grpo_loss"))
+
+
+# ------------------------------------------------------------------------------ batches
+@dataclass
+class Rollout:
+    """One batch: P·G sequences (prompt + completion, right-padded with EOS), the completion
+    mask on targets [B, S−1], rewards, advantages, old and reference log-probs."""
+
+    x: torch.Tensor
+    mask: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor
+    completions: list[str]
+    tokens: list[list[int]]
+    task_ids: list[str]
+    errors: int = 0
+    first_error: str | None = None
+    batch: int = 0
+
+
+class ProblemSampler:
+    """Which P problems batch b uses: a seeded permutation per epoch, batches in order; the
+    state is the batch counter alone."""
+
+    def __init__(self, n: int, per_step: int, epochs: int, seed: int):
+        self.n, self.per_step, self.epochs, self.seed = n, per_step, epochs, seed
+        self.steps_per_epoch = n // per_step
+        self.batch = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.batch // self.steps_per_epoch
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self.batch % self.steps_per_epoch
+
+    def indices(self, batch: int) -> list[int]:
+        e, k = divmod(batch, self.steps_per_epoch)
+        order = np.random.default_rng([self.seed, e, 31]).permutation(self.n)
+        return [int(i) for i in order[k * self.per_step:(k + 1) * self.per_step]]
+
+    def next_batch(self) -> tuple[int, list[int]]:
+        b = self.batch
+        self.batch += 1
+        return b, self.indices(b)
+
+    def state_dict(self) -> dict:
+        return {"batch": self.batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch = int(state["batch"])
+
+
+# ------------------------------------------------------------------------------ trainer
+class GrpoTrainer(FT.FinetuneTrainer):
+    """The shared step (clip, AdamW, schedule, Andon) with the GRPO loss as its micro-batch
+    hook: one micro-batch per step (the whole rollout), normalised by the kernel itself."""
+
+    def __init__(self, model, cfg, device, autocast_dtype, parts: GrpoParts,
+                 objectives: FT.Objectives | None = None):
+        super().__init__(model, cfg, device, autocast_dtype, "grpo", objectives)
+        self.grpo = parts
+
+    def count(self, micro) -> int:
+        return 1
+
+    def micro_loss(self, batch: Rollout) -> tuple[torch.Tensor, dict]:
+        c = self.cfg
+        with self._autocast():
+            logp = token_logps(self.model, batch.x)
+        old = self.grpo.old_logps(self, batch)
+        loss = self.grpo.grpo_loss(logp, old, batch.ref_logp, batch.advantages, batch.mask,
+                                    c.clip_eps, c.kl_beta)
+        with torch.no_grad():
+            m = batch.mask.bool()
+            d = (logp.detach() - old)[m]
+            ratio = torch.exp(d)
+            r = (batch.ref_logp - logp.detach())[m]
+            kl = (torch.exp(r) - r - 1).mean()
+            clipped = ((ratio - 1).abs() > c.clip_eps).float().mean()
+        return loss, {"ratio_dev": float(d.abs().max()), "kl": float(kl),
+                      "clip_frac": float(clipped)}
+
+
+# ------------------------------------------------------------------------------ the run
+def check_config(cfg) -> None:
+    """What GRPO needs of the shared fields (each error names its field)."""
+    need = [(cfg.grad_accum == 1, "grad_accum", "GRPO takes one rollout batch per step "
+             "(prompts_per_step x group_size sequences); set grad_accum=1"),
+            (cfg.lora_dropout == 0, "lora_dropout", "GRPO needs the same policy function when "
+             "it samples, takes the old log-probs and trains (ratio 1 at the first update); "
+             "set lora_dropout=0"),
+            (cfg.max_steps is None or cfg.max_steps % cfg.grpo_iterations == 0, "max_steps",
+             f"must be a multiple of grpo_iterations={cfg.grpo_iterations} (a batch's updates "
+             "are not split)"),
+            (cfg.save_every % cfg.grpo_iterations == 0, "save_every",
+             f"must be a multiple of grpo_iterations={cfg.grpo_iterations} (a checkpoint "
+             "falls between batches)")]
+    for ok, name, why in need:
+        if not ok:
+            raise FinetuneConfigError(f"config field {name}={getattr(cfg, name)!r}: {why}")
+
+
+class GrpoRun(FT.FinetuneRun):
+    """A fine-tuning run whose data are code problems and whose step is a GRPO update."""
+
+    def __init__(self, cfg, obj: FT.Objectives, parts: GrpoParts | None = None):
+        super().__init__(cfg, obj)
+        check_config(cfg)
+        self.parts = parts or GrpoParts()
+        self.reward = RW.load_reward(cfg.reward)
+        self.on_error = RW.parse_reward_error(cfg.reward_error)
+        self.rollout: Rollout | None = None
+        self.history: list[dict] = []  # per batch: rewards, completions (probes, the summary)
+
+    def load(self, base, problems, console) -> None:
+        cfg = self.cfg
+        if base is None:
+            base = FT.load_base(cfg.model, cfg.backend) if cfg.model else \
+                FT.builtin_base(cfg, console)
+        if base.tokenizer is None:
+            raise FinetuneConfigError(f"base {base.source} has no tokenizer: GRPO samples text")
+        self.base, tok = base, base.tokenizer
+        self.eos = tok.token_to_id(data_mod.EOS)
+        self.stop_ids = None
+        if cfg.stop_at_newline:  # every token whose text holds a newline ends a completion
+            self.stop_ids = torch.tensor([i for i in range(tok.get_vocab_size())
+                                          if "\n" in data_mod.decode(tok, [i])],
+                                         device=self.device)
+        files = cfg.data or [str(shipped_toy_problems())]
+        if problems is None:
+            problems = []
+            for f in files:
+                try:
+                    problems += load_problems(f)
+                except EvalError as e:
+                    raise FinetuneConfigError(f"config field data: {e}") from None
+        self.problems = problems
+        self.files = files
+        ctx = base.model.cfg.max_seq_len
+        self.prompts = []
+        for p in problems:
+            ids = [self.eos] + data_mod.encode(tok, p.prompt)
+            if len(ids) + cfg.max_new_tokens > ctx:
+                raise FinetuneConfigError(
+                    f"problem {p.task_id}: prompt of {len(ids)} tokens + max_new_tokens="
+                    f"{cfg.max_new_tokens} exceeds the base's context of {ctx} tokens")
+            self.prompts.append(ids)
+        if len(problems) < cfg.prompts_per_step:
+            raise FinetuneConfigError(f"config field prompts_per_step={cfg.prompts_per_step}: "
+                                      f"only {len(problems)} problem(s) in {', '.join(files)}")
+        # the examples the end-of-run samples print: prompt + canonical body as the reference
+        self.train_ex = [SFTExample(ids + data_mod.encode(tok, p.canonical_solution),
+                                    [False] * len(ids) + [True] * len(
+                                        data_mod.encode(tok, p.canonical_solution)), None,
+                                    p.task_id) for ids, p in zip(self.prompts, problems)]
+        self.val_ex = []
+        self.sampler = ProblemSampler(len(problems), cfg.prompts_per_step, cfg.epochs, cfg.seed)
+        # max_steps null: `epochs` passes over the problems; set, the problems cycle as needed
+        max_steps = cfg.max_steps if cfg.max_steps is not None else \
+            cfg.epochs * self.sampler.steps_per_epoch * cfg.grpo_iterations
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max_steps // 20
+        check_warmup(max_steps, warmup)
+        self.rcfg = replace(cfg, max_steps=max_steps, warmup_steps=warmup)
+        self.dataset = _ProblemSet(files)
+
+    def data_info(self) -> dict:
+        return {"files": self.files, "kind": "grpo", "problems": len(self.problems),
+                "batches_per_epoch": self.sampler.steps_per_epoch,
+                "train": len(self.problems), "val": 0, "truncated": 0, "dropped": 0,
+                "reward": self.cfg.reward, "reward_error": self.cfg.reward_error}
+
+    def make_trainer(self) -> GrpoTrainer:
+        return GrpoTrainer(self.model, self.rcfg, self.device, self.autocast, self.parts,
+                           self.obj)
+
+    # one batch -----------------------------------------------------------------------
+    def make_rollout(self) -> Rollout:
+        cfg, tok, model = self.cfg, self.base.tokenizer, self.model
+        b, idx = self.sampler.next_batch()
+        G = cfg.group_size
+        seqs, masks, comps, toks, probs, tids = [], [], [], [], [], []
+        for j, i in enumerate(idx):
+            g = torch.Generator(device=self.device).manual_seed(rollout_seed(cfg.seed, b, j))
+            outs = self.parts.sample_group(model, self.prompts[i], G, cfg.max_new_tokens,
+                                           cfg.rollout_temperature, cfg.rollout_top_p, g,
+                                           self.eos, self.stop_ids)
+            for o in outs:
+                seqs.append(self.prompts[i] + o)
+                masks.append((len(self.prompts[i]), len(o)))
+                toks.append(o)
+                comps.append(data_mod.decode(tok, [t for t in o if t != self.eos]))
+                probs.append(self.problems[i])
+                tids.append(self.problems[i].task_id)
+        S = max(len(s) for s in seqs)
+        x = torch.full((len(seqs), S), self.eos, dtype=torch.long)
+        m = torch.zeros((len(seqs), S - 1), dtype=torch.float32)
+        for r, (s, (lp, lc)) in enumerate(zip(seqs, masks)):
+            x[r, :len(s)] = torch.tensor(s)
+            m[r, lp - 1:lp - 1 + lc] = 1.0  # target t+1 is read at position t
+        x, m = x.to(self.device), m.to(self.device)
+        scored = self.parts.score_rewards(self.reward, probs, comps, self.on_error)
+        rewards = torch.tensor(scored.rewards, dtype=torch.float32, device=self.device)
+        adv = (self.parts.group_advantages(rewards, G, ADV_EPS) if scored.errors == 0 or
+               self.on_error is not None else torch.zeros_like(rewards))
+        with self.trainer._autocast():
+            old = policy_logps(model, x)
+            ref = self.parts.reference_logps(model, x)
+        return Rollout(x, m, rewards, adv, old, ref, comps, toks, tids, scored.errors,
+                       scored.first_error, b)
+
+    def loop(self, stop_after: int | None, keep_model: bool) -> FT.FinetuneResult:
+        cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
+        mf = self.metrics_path.open("a", buffering=1) if self.writes else \
+            open(os.devnull, "w")
+        t_loop, tokens = time.perf_counter(), 0
+        try:
+            while tr.step < rcfg.max_steps:
+                t0 = time.perf_counter()
+                it = tr.step % cfg.grpo_iterations
+                if it == 0:
+                    self.rollout = self.make_rollout()
+                    ro = self.rollout
+                    self.history.append({"batch": ro.batch, "rewards": ro.rewards.tolist(),
+                                         "tokens": ro.tokens, "task_ids": ro.task_ids,
+                                         "completions": ro.completions,
+                                         "errors": ro.errors, "first_error": ro.first_error})
+                    if ro.errors:
+                        what = ("stopping after this step" if self.on_error is None else
+                                f"scored {self.on_error} (reward_error={cfg.reward_error})")
+                        log.warning("batch %d: the reward function failed on %d of %d "
+                                    "completions (first: %s); %s", ro.batch, ro.errors,
+                                    len(ro.completions), ro.first_error, what)
+                    if ro.errors and self.on_error is None:
+                        mf.write(json.dumps({"step": tr.step + 1, "batch": ro.batch,
+                                             "reward_errors": ro.errors,
+                                             "first_reward_error": ro.first_error,
+                                             "update": False}) + "\n")
+                        raise RW.RewardFailed(
+                            f"the reward function {cfg.reward} failed on {ro.errors} of "
+                            f"{len(ro.completions)} completions of batch {ro.batch} (first: "
+                            f"{ro.first_error}); no update was applied. Fix it, or set "
+                            "reward_error=score:<number> to score failures")
+                ro = self.rollout
+                t1 = time.perf_counter()
+                st = R.step_or_andon(tr, [ro], self.out)
+                tokens += int(ro.mask.sum())
+                tps = tokens / (time.perf_counter() - t_loop)
+                rmean = float(ro.rewards.mean())
+                if it == 0:
+                    result.rewards.append(rmean)
+                self.record_grpo(st, ro, it, time.perf_counter() - t0, t1 - t0, tps, mf)
+                if self.writes:
+                    log.info("step %d/%d  reward %.3f  loss %.4f  kl %.4f", st.step,
+                             rcfg.max_steps, rmean, st.loss, st.extra["kl"])
+                if self.after_step(st, [], mf, stop_after):
+                    break
+        finally:
+            mf.close()
+        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
+
+    def after_step(self, st, vb, mf, stop_after):
+        # a checkpoint only between batches, so a resume re-samples nothing
+        if (st.step % self.cfg.grpo_iterations) != 0:
+            return False
+        return super().after_step(st, vb, mf, stop_after)
+
+    def record_grpo(self, st, ro: Rollout, it: int, dt: float, rollout_s: float, tps: float,
+                    mf) -> None:
+        r = self.result
+        r.steps.append(st.step)
+        r.losses.append(st.loss)
+        r.grad_norms.append(st.grad_norm)
+        r.lrs.append(st.lr)
+        rw = ro.rewards
+        rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
+               "batch": ro.batch, "iteration": it, "reward_mean": float(rw.mean()),
+               "reward_std": float(rw.std()) if len(rw) > 1 else 0.0,
+               "reward_errors": ro.errors, "first_reward_error": ro.first_error,
+               "completion_tokens": int(ro.mask.sum()), "kl": st.extra["kl"],
+               "clip_frac": st.extra["clip_frac"], "ratio_dev": st.extra["ratio_dev"],
+               "step_s": dt, "rollout_s": rollout_s, "tok_s": tps, "epoch": self.sampler.epoch}
+        mf.write(json.dumps(rec) + "\n")
+
+
+class _ProblemSet:
+    """What FinetuneRun reads of a dataset: its kind (for the summary)."""
+
+    kind = "grpo"
+    reward_weighted = False
+
+    def __init__(self, files):
+        self.files = files
+
+
+def reward_summary(rewards: list[float]) -> dict:
+    """Mean reward of the first and last k batches (k = a fifth of the run, 1..10)."""
+    if not rewards:
+        return {}
+    k = max(1, min(10, len(rewards) // 5))
+    return {"k": k, "first": sum(rewards[:k]) / k, "last": sum(rewards[-k:]) / k}

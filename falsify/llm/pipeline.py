@@ -1,0 +1,223 @@
+"""`falsify pipeline`: the whole post-training chain from one YAML file,
+
+    pretrain -> distill -> finetune -> merge -> prune -> quantize -> eval
+
+each stage the real `falsify` command (in this process), each reading the previous stage's
+model. A stage's directory OUT/<stage> is finished when OUT/<stage>/stage.json exists: it names
+the stage's key — sha256 of the stage's settings and of its input model's content hash — and
+the content hash of what the stage wrote. A rerun skips a stage whose key is unchanged and whose
+output still hashes to what was recorded, and reruns it (after removing its directory) otherwise;
+so editing one stage's settings reruns that stage and everything after it, and a run killed
+mid-stage resumes at that stage. stage.json is written last and atomically.
+
+The report holds, per stage: wall time, perplexity of the stage's model on the shipped code
+problems' canonical solutions (the same held-out text `falsify eval` uses, so the column is
+comparable down the chain), pass@1 (the eval stage), and the size on disk of what the stage
+produced (checkpoint weights, adapter, quantized layout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ("pretrain", "distill", "finetune", "merge", "prune", "quantize", "eval")
+# the data fields the distillation student inherits from pretraining: one corpus, one tokenizer
+SHARED_DATA = ("corpus", "max_bytes", "max_files", "val_fraction", "vocab_size", "seq_len",
+               "cache_dir")
+
+# The built-in default: the tiny preset on the stdlib, minutes on 2 CPU cores.
+TINY = {
+    "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000,
+                 "max_steps": 500, "warmup_steps": 25, "batch_size": 8, "eval_interval": 500,
+                 "eval_batches": 4, "save_interval": 500, "sample_tokens": 0},
+    "distill": {"max_steps": 300, "warmup_steps": 15, "batch_size": 8, "eval_interval": 300,
+                "eval_batches": 4, "save_interval": 300},
+    "finetune": {"max_steps": 60, "method": "qlora"},
+    "merge": {},
+    "prune": {"method": "wanda", "sparsity": 0.5},
+    "quantize": {"method": "int8"},
+    "eval": {"samples": 2, "k": "1", "limit": 10, "max_new_tokens": 48},
+}
+
+
+class PipelineError(ValueError):
+    """A bad pipeline file or a failed stage; the message names the stage or field."""
+
+
+@dataclass
+class StageResult:
+    stage: str
+    skipped: bool
+    seconds: float
+    model: str | None  # what the next stage reads
+    size_bytes: int
+    perplexity: float | None
+    pass_at_1: float | None
+
+
+def load_spec(path: str | Path | None) -> dict:
+    """The pipeline file: a mapping stage -> settings (a mapping); unknown stages are errors,
+    a stage left out runs with the built-in settings, a stage set to null is an error (the
+    chain has no optional links: each stage reads the previous one's model)."""
+    if path is None:
+        return {k: dict(v) for k, v in TINY.items()}
+    from falsify.llm.config_file import read_config_file
+
+    raw = read_config_file(path)
+    spec = {k: dict(v) for k, v in TINY.items()}
+    for stage, settings in raw.items():
+        if stage not in STAGES:
+            raise PipelineError(f"{path}: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+        if not isinstance(settings, dict):
+            raise PipelineError(f"{path}: stage {stage!r} must be a mapping of settings, got "
+                                f"{settings!r}")
+        spec[stage] = {**spec[stage], **settings}
+    return spec
+
+
+def _overrides(settings: dict) -> list[str]:
+    return [f"{k}={'null' if v is None else v}" for k, v in settings.items()]
+
+
+def _flags(settings: dict) -> list[str]:
+    out = []
+    for k, v in settings.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is not False and v is not None:
+            out += [flag, str(v)]
+    return out
+
+
+# ------------------------------------------------------------------ what each stage runs
+def _argv(stage: str, settings: dict, d: Path, prev: str | None, spec: dict) -> list[str]:
+    if stage == "pretrain":
+        return ["train", *_overrides(settings), f"out_dir={d}"]
+    if stage == "distill":
+        shared = {k: spec["pretrain"][k] for k in SHARED_DATA if k in spec["pretrain"]}
+        return ["distill", "--teacher", prev, *_overrides({**shared, **settings}),
+                f"out_dir={d}"]
+    if stage == "finetune":
+        return ["finetune", "--model", prev, "--out", str(d), *_overrides(settings)]
+    if stage == "merge":
+        return ["merge", "--adapter", prev, "--out", str(d), *_flags(settings)]
+    if stage in ("prune", "quantize"):
+        return [stage, "--model", prev, "--out", str(d), *_flags(settings)]
+    return ["eval", "--model", prev, "--format", "json", *_flags(settings)]
+
+
+def _output(stage: str, d: Path) -> tuple[str | None, list[Path]]:
+    """(the model the next stage reads, the files whose size the report shows)."""
+    if stage in ("pretrain", "distill"):
+        from falsify.llm import checkpoint as ckpt_mod
+
+        ck = ckpt_mod.latest_checkpoint(d)
+        return str(d), [ck / "model.safetensors"]
+    if stage == "finetune":
+        return str(d / "adapter"), sorted((d / "adapter").glob("*.safetensors"))
+    if stage in ("merge", "prune"):
+        return str(d / "ours"), [d / "ours" / "model.safetensors"]
+    if stage == "quantize":
+        return str(d / "ours"), sorted((d / "quantized").rglob("*.safetensors"))
+    return None, []
+
+
+def content_hash(path: Path) -> str:
+    """sha256 over every file under `path` (relative names and bytes), sorted."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        h.update(str(f.relative_to(path) if f != path else f.name).encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _perplexity(stage: str, model: str | None, backend: str) -> float | None:
+    from falsify.llm import evaluate as EV
+
+    if model is None:
+        return None
+    texts = [p.prompt + p.canonical_solution for p in EV.load_problems(None)]
+    if stage == "finetune":
+        from falsify.cli.merge import load_adapted
+
+        m, base, _ = load_adapted(model, None, backend, None)
+        tok = base.tokenizer
+    else:
+        from falsify.llm.finetune_base import load_base
+
+        b = load_base(model, backend)
+        m, tok = b.model, b.tokenizer
+    return EV.perplexity(m, tok, texts)["perplexity"]
+
+
+# ------------------------------------------------------------------------------ the run
+def run(spec: dict, out: Path, backend: str = "auto",
+        say: Callable[[str], None] = print) -> list[StageResult]:
+    from falsify.cli import main as falsify_main
+
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[StageResult] = []
+    prev, prev_hash = None, ""
+    for stage in STAGES:
+        settings = spec[stage]
+        d = out / stage
+        key = hashlib.sha256(json.dumps([stage, settings, prev_hash, backend],
+                                        sort_keys=True, default=str).encode()).hexdigest()
+        record, work = d / "stage.json", d / "output"
+        done = json.loads(record.read_text()) if record.is_file() else None
+        if done is not None and done["key"] == key and work.exists() and \
+                done["output_hash"] == content_hash(work):
+            say(f"{stage}: unchanged (key {key[:12]}), skipped")
+            results.append(StageResult(stage, True, done["seconds"], done["model"],
+                                       done["size_bytes"], done["perplexity"],
+                                       done["pass_at_1"]))
+            prev, prev_hash = done["model"], done["output_hash"]
+            continue
+        if d.exists():  # changed inputs, a killed run or an edited output: redo the stage
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        argv = _argv(stage, settings, work, prev, spec)
+        say(f"{stage}: falsify {' '.join(argv)}")
+        t0 = time.perf_counter()
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf) if stage == "eval" else contextlib.nullcontext():
+            rc = falsify_main(argv)
+        seconds = time.perf_counter() - t0
+        if rc != 0:
+            raise PipelineError(f"stage {stage}: `falsify {' '.join(argv)}` exited {rc}; "
+                                f"fix it and rerun (finished stages are kept)")
+        pass1 = None
+        if stage == "eval":
+            report = json.loads(buf.getvalue())
+            work.mkdir()
+            (work / "eval.json").write_text(json.dumps(report, indent=1))
+            pass1 = float(report["pass_at_k"]["1"])
+            # the column's own held-out text (eval's may be cut by its --limit)
+            model, sizes = prev, []
+            ppl = _perplexity(stage, model, backend)
+        else:
+            model, sizes = _output(stage, work)
+            ppl = _perplexity(stage, model, backend)
+        size = sum(p.stat().st_size for p in sizes)
+        out_hash = content_hash(work)
+        rec = {"stage": stage, "key": key, "argv": argv, "output_hash": out_hash,
+               "seconds": seconds, "model": model, "size_bytes": size, "perplexity": ppl,
+               "pass_at_1": pass1}
+        tmp = record.with_name(".stage.json.tmp")
+        tmp.write_text(json.dumps(rec, indent=1))
+        tmp.replace(record)
+        results.append(StageResult(stage, False, seconds, model, size, ppl, pass1))
+        prev, prev_hash = model, out_hash
+    return results

@@ -1,1 +1,0 @@
-"""Optimized implementations: PyTorch (`impl.torch`) and Triton kernels (`impl.triton`)."""
