@@ -219,3 +219,27 @@ def test_concurrent_ledger_writers_lose_nothing(tmp_path):
         assert p.exitcode == 0
     data = ledger.load(path)
     assert len(data["runs"]) == 160
+
+
+def test_a_mutant_run_stops_at_its_first_falsifying_example(monkeypatch):
+    """A kill needs one failure, not the smallest: after the first falsifying call hypothesis
+    only replays that example to report it, instead of shrinking (dozens of calls more under
+    the Triton interpreter)."""
+    from falsify.harness import runtime
+
+    calls, failed_at = [], []
+    execute = runtime.execute
+
+    def counting(*a, **kw):
+        calls.append(a[1])
+        try:
+            return execute(*a, **kw)
+        except Exception:
+            failed_at.append(len(calls))
+            raise
+
+    monkeypatch.setattr(runtime, "execute", counting)
+    r = runtime.kill_mutant(runtime.library_contract("softmax-kernel-v1.yaml"), "MUT-SM-007")
+    assert r.killed, r
+    assert failed_at, "the mutant never failed a check"
+    assert len(calls) - failed_at[0] <= 2, (len(calls), failed_at)

@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 from falsify.harness import backends, cases, expr, handover, project
 from falsify.harness.model import Check, Contract, load_contract
@@ -411,9 +411,11 @@ def _pin_local_constants() -> None:
     providers._falsify_pinned = True
 
 
-def check_settings(contract_ref: str | Contract, check_id: str, backend: str):
+def check_settings(contract_ref: str | Contract, check_id: str, backend: str,
+                   shrink: bool = True):
     """The check's hypothesis settings, as a decorator; with FALSIFY_SEED it also fixes the
-    seed (hypothesis' `@seed`), so a seeded run draws the same examples every time."""
+    seed (hypothesis' `@seed`), so a seeded run draws the same examples every time. Without
+    `shrink`, the shrink phase is left out (a mutant run: see `run_with_hypothesis`)."""
     from hypothesis import seed as fix_seed
 
     c = contract(contract_ref)
@@ -430,6 +432,7 @@ def check_settings(contract_ref: str | Contract, check_id: str, backend: str):
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                HealthCheck.filter_too_much, HealthCheck.large_base_example],
         print_blob=True,
+        **({} if shrink else {"phases": [p for p in Phase if p is not Phase.shrink]}),
     )
     if n is None:
         return s
@@ -459,9 +462,12 @@ def uses_hypothesis(kind: str) -> bool:
 
 
 def run_with_hypothesis(contract_ref: str | Contract, check_id: str, backend: str,
-                        variant: str) -> None:
+                        variant: str, shrink: bool = True) -> None:
     """Run one check over its pinned examples and a hypothesis search, in-process (used by
-    `kill_mutant`; generated tests use @given directly)."""
+    `kill_mutant`; generated tests use @given directly). With `shrink=False` the first
+    falsifying example is reported as found: a mutant's kill needs a failure, not the
+    smallest one, and shrinking under the Triton interpreter costs many more calls than
+    finding did."""
     c = contract(contract_ref)
     t = _check(c, check_id)
     if not uses_hypothesis(t.kind):
@@ -470,12 +476,11 @@ def run_with_hypothesis(contract_ref: str | Contract, check_id: str, backend: st
     for ex in examples(c, check_id, variant):
         execute(c, check_id, backend, variant, ex)
 
-    @check_settings(c, check_id, backend)
-    @given(case=strategy(c, check_id, variant))
     def search(case):
         execute(c, check_id, backend, variant, case)
 
-    search()
+    search = given(case=strategy(c, check_id, variant))(search)
+    check_settings(c, check_id, backend, shrink=shrink)(search)()
 
 
 @dataclass
@@ -501,7 +506,7 @@ def kill_mutant(contract_ref: str | Contract, mutant_id: str) -> MutantResult:
                 label = f"{t.id}/{r.backend}/{r.variant}"
                 tried.append(label)
                 try:
-                    run_with_hypothesis(c, t.id, r.backend, r.variant)
+                    run_with_hypothesis(c, t.id, r.backend, r.variant, shrink=False)
                 except Exception as e:
                     if not is_falsification(e):
                         raise  # a harness or contract error is not a kill
