@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 BASELINE_FORMAT = "falsify-bench-kernels-baseline-v1"
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 MODEL = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
              intermediate_size=192, max_seq_len=32)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SIZES = {

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from falsify.bench.finetune import TARGETS, _status
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=384,
              vocab_size=1024, max_seq_len=128)

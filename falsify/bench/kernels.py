@@ -36,7 +36,7 @@ import torch
 
 from falsify.bench.baseline import BASELINE_FORMAT, load_baseline
 from falsify.bench.kernel_cases import Case, cases, coverage_lines
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 FAIL_GROWTH = 1.10  # ratio ours/eager grown by more than this fails --check
 WARN_GROWTH = 1.05  # ... by more than this warns

@@ -57,7 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 U32 = 2.0**-24
 PROFILE_STEPS = 3

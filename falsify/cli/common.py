@@ -1,4 +1,5 @@
-"""What every command module shares: the usage error, the parser class, the exit codes, the
+"""What every command module shares: the usage error (defined in falsify.errors, a leaf every
+layer may raise it from), the parser class, the exit codes, the
 contract-reading options and output of the `pv` verbs, and the one way a command line is
 parsed and dispatched.
 
@@ -17,11 +18,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from falsify.errors import UsageError
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # 1: a check failed, a violation, a survivor
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 FORMATS = ("hf", "gguf")
 GGUF_TYPES = ("f32", "f16", "q8_0")

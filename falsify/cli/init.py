@@ -17,7 +17,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 from falsify.harness.generate import atomic_write
 
 KERNEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a Python module name and a contract equation

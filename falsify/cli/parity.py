@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 KERNELS = ("linear", "rmsnorm", "rope", "attention", "swiglu", "embedding")
 G = 4.0

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 
 def register(sub) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from falsify.cli.common import UsageError, add_common, emit
+from falsify.cli.common import add_common, emit
+from falsify.errors import UsageError
 
 
 def _load(paths, mode=None):

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from falsify.cli.common import EXIT_FAILED as EXIT_VIOLATIONS
-from falsify.cli.common import EXIT_OK, UsageError, add_common, contract_mode, emit
+from falsify.cli.common import EXIT_OK, add_common, contract_mode, emit
+from falsify.errors import UsageError
 from falsify.harness.audit import INVARIANCE_KINDS, MATRIX_KINDS, declared
 
 

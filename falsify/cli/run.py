@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 SYMBOLIC = ("z3", "crosshair")
 

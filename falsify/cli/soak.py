@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 SEED_ENV = "FALSIFY_SEED"
 # pytest -v prints one line per test: "path::test_name PASSED [ 12%]"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jsonschema
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 from falsify.harness import yamlio
 from falsify.harness.project import find_project, library_dir, resolve_id
 

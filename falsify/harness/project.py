@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jsonschema
 
-from falsify.cli.common import UsageError
+from falsify.errors import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib

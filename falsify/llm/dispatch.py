@@ -189,7 +189,7 @@ def load_timings(path: Path | None, gpu: str | None) -> dict | None:
     if path is None:
         return None
     from falsify.bench.baseline import load_baseline
-    from falsify.cli.common import UsageError
+    from falsify.errors import UsageError
 
     try:
         doc = load_baseline(Path(path))
