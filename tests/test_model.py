@@ -70,7 +70,7 @@ def test_forward_shape_and_initial_loss():
     logits = m(ids)
     assert logits.shape == (3, 16, SMALL.vocab_size)
     s, n = loss_sum(logits[:, :-1], ids[:, 1:])
-    # init std 0.02 makes logits ~0: the loss starts at ln V (Albor: 10.39 for V=32768)
+    # init std 0.02 makes logits ~0: the loss starts at ln V (10.39 for V=32768)
     assert abs(float(s.detach()) / n - torch.log(torch.tensor(float(SMALL.vocab_size)))) < 0.05
 
 
@@ -92,7 +92,7 @@ def test_sequence_longer_than_max_is_an_error():
 
 
 def test_every_parameter_gets_a_gradient():
-    """C-GRADFLOW-001: one backward on a non-trivial batch reaches all 9L+2 tensors."""
+    """Gradient flow: one backward on a non-trivial batch reaches all 9L+2 tensors."""
     m = build_model(SMALL, "torch", seed=0)
     ids = torch.randint(0, SMALL.vocab_size, (2, 16))
     s, n = loss_sum(m(ids)[:, :-1], ids[:, 1:])

@@ -557,7 +557,7 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
 
 def _check_hyperparameters(ckpt: Path, optimizer, state: dict) -> None:
     """The scheduler owns lr; every other hyperparameter must be the saved one
-    (C-HYPERPARAMS-001: nothing may silently replace a configured value on resume)."""
+    (nothing may silently replace a configured value on resume)."""
     for g, saved in zip(optimizer.param_groups, state["optimizer_groups"]):
         for k in ("betas", "eps", "weight_decay"):
             if list(np.atleast_1d(g[k])) != list(np.atleast_1d(saved[k])):

@@ -2,12 +2,12 @@
 (falsify/llm/finetune.py's `FinetuneConfig`) extend, with one set of parsing and value rules.
 
 A config is a flat dataclass: an unknown field, a wrong type or an impossible value is an error
-naming the field, never a silent default (Albor ALB-070: a YAML key read from the wrong name;
-ALB-034: max_steps ignored). A field typed `X | None` takes null, meaning what its comment says
-(automatic, off, the preset's value); every value rule skips null and only null. Architecture
-fields of TrainConfig left as null come from the named `model` preset; that is the only source
-of values not written in the config, and the effective config (with the resolved architecture)
-is saved with every run and every checkpoint.
+naming the field, never a silent default (a YAML key read under the wrong name, or max_steps
+ignored, otherwise trains the wrong run without a word). A field typed `X | None` takes null,
+meaning what its comment says (automatic, off, the preset's value); every value rule skips null
+and only null. Architecture fields of TrainConfig left as null come from the named `model`
+preset; that is the only source of values not written in the config, and the effective config
+(with the resolved architecture) is saved with every run and every checkpoint.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _is_optional(tp) -> tuple[bool, object]:
 
 def _finite(name: str, x: int | float) -> float:
     """Every float field must be finite. inf passes each `> 0` check yet means "off"
-    (`grad_clip=inf` silently skipped clipping, the seeds' ALB-071) or fails only once training
+    (`grad_clip=inf` silently skipped clipping) or fails only once training
     starts (`lr=inf`: the schedule's error at step 1, after the data is built); a NaN fails every
     comparison, so a field without a range check would let it through."""
     try:
@@ -184,7 +184,7 @@ class LoopConfig:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     weight_decay: float = 0.1
-    grad_clip: float = 1.0  # always applied (ALB-071: a safety clip that can be off is a bug)
+    grad_clip: float = 1.0  # always applied (a safety clip that can be off is a bug)
     # Andon stops
     andon_grad_norm: float = 100.0  # pre-clip global grad norm above this stops the run
     andon_loss_max: float | None = None  # loss above this stops the run (null: only non-finite)
@@ -288,8 +288,8 @@ class TrainConfig(LoopConfig):
     max_bytes: int | None = None  # null: no limit
     val_fraction: float = 0.05
     synthetic_tokens: int = 200_000
-    fim_rate: float = 0.0  # Albor used 0.5 PSM; off by default so val ppl is plain left-to-right
-    # steps (Albor §6.1 optimizer values; lr scaled up for the tiny model)
+    fim_rate: float = 0.0  # [bavarian2022] uses 0.5 PSM; off here so val ppl is left-to-right
+    # steps (lr scaled up for the tiny model)
     max_steps: int = 300
     warmup_steps: int = 30
     memory_budget_gb: float | None = None  # null: the machine's RAM (CPU) / GPU memory

@@ -374,7 +374,7 @@ def prepare_data(spec: DataSpec, cache_dir: str | Path = ".falsify/cache") -> Pr
         tok = train_tokenizer([d.text for d in train_docs], spec.vocab_size)
         if tok.get_vocab_size() != spec.vocab_size:
             # BPE stops early when the corpus has fewer distinct merges than requested; a model
-            # whose vocab disagrees with its tokenizer is the Albor plan-check failure.
+            # whose vocab disagrees with its tokenizer fails the plan check.
             raise DataError(f"vocab_size={spec.vocab_size}: the corpus only supports "
                             f"{tok.get_vocab_size()} tokens; use a smaller vocab or more data")
         for t, i in special.items():
@@ -449,7 +449,7 @@ def num_blocks(stream_len: int, seq_len: int) -> int:
 
 
 def steps_per_epoch(n_blocks: int, batch_size: int, grad_accum: int) -> int:
-    """C-TRAINCFG-001: floor(sequences / batch / grad_accum)."""
+    """Steps per epoch: floor(sequences / batch / grad_accum)."""
     return n_blocks // (batch_size * grad_accum)
 
 

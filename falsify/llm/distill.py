@@ -55,8 +55,8 @@ class DistillConfigError(ConfigError):
 @dataclass
 class DistillConfig(TrainConfig):
     """TrainConfig (the student and its data) plus the teacher and the KD loss. Defaults: the
-    seeds' KD recipe (T = 4, α = 0.5) and a student half the tiny preset's width and depth,
-    on the built-in base's corpus so that teacher and student share its tokenizer."""
+    usual KD recipe (T = 4, α = 0.5, [hinton2015]), a student half the tiny preset's width and
+    depth, on the built-in base's corpus so that teacher and student share its tokenizer."""
 
     error: ClassVar[type[ConfigError]] = DistillConfigError
 

@@ -109,7 +109,7 @@ class FinetuneConfig(LoopConfig):
     batch_size: int = 8
     max_steps: int | None = None  # null: epochs x steps_per_epoch
     warmup_steps: int | None = None  # null: 5 % of max_steps (rounded down)
-    # optimizer (seed §26.4.4 betas/eps/decay; the lr suits the tiny built-in base)
+    # optimizer (the lr suits the tiny built-in base)
     lr: float = 2e-3
     lr_min: float = 2e-4
     beta2: float = 0.999

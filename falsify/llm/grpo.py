@@ -1,5 +1,5 @@
 """GRPO fine-tuning (`falsify finetune --method grpo`): group-relative policy optimisation of a
-LoRA / QLoRA policy on code problems scored by a reward (Shao et al. 2024, DeepSeekMath §4.1).
+LoRA / QLoRA policy on code problems scored by a reward ([shao2024] §4.1).
 
 One batch (every `grpo_iterations` optimizer steps):
   1. P = prompts_per_step problems (a seeded permutation per epoch);

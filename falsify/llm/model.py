@@ -1,4 +1,4 @@
-"""A pre-norm LLaMA-style decoder (Albor §3.1): RMSNorm, RoPE (rotate-half, like HF LLaMA), GQA
+"""A pre-norm LLaMA-style decoder: RMSNorm, RoPE (rotate-half, like HF LLaMA), GQA
 causal attention, SwiGLU FFN, tied input/output embeddings, no biases.
 
 Parameter names are the HF LLaMA names without the leading "model." so that export/import is a
@@ -40,7 +40,7 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
     def validate(self) -> None:
-        """Architecture sanity (Albor plan check): raises ModelConfigError naming the field."""
+        """Architecture sanity (plan check): raises ModelConfigError naming the field."""
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -62,7 +62,7 @@ class ModelConfig:
         return asdict(self)
 
 
-# Presets. `350m` is Albor's final model (§3.1); `50m` the pipeline-validation rung (§3.2; with
+# Presets. `350m` is a 24-layer 350M-parameter model; `50m` a pipeline-validation rung (with
 # vocab 32768 the formula gives ~62M); `tiny` trains in minutes on 2 CPU cores.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4,
@@ -83,7 +83,7 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Exact parameter count, Albor training-memory contract (tied embeddings, no biases):
+    """Exact parameter count, as the training-memory estimate needs it (tied embeddings, no biases):
     P_embed = V·H; P_layer = 2H + 2H² + 2H·D_kv + 3H·I; P_total = P_embed + L·P_layer + H,
     with D_kv = num_kv_heads·head_dim. 350m: 398,509,056."""
     h, i = cfg.hidden_size, cfg.intermediate_size
@@ -95,7 +95,7 @@ def param_count(cfg: ModelConfig) -> int:
 
 def param_tensor_count(cfg: ModelConfig) -> int:
     """9 tensors per layer (q, k, v, o, gate, up, down, 2 norms) + embedding + final norm
-    (Albor: 218 for 350m, 110 for 50m)."""
+    (218 for 350m, 110 for 50m)."""
     return 9 * cfg.num_layers + 2
 
 

@@ -198,7 +198,7 @@ def logit_metrics(y: np.ndarray, r: np.ndarray) -> dict:
 
 def layer_budget(cfg: ModelConfig, tokens: int) -> float:
     """β: the normwise relative rounding error one fp32 decoder layer may add, in the
-    random-walk model of rounding (√K·u for a length-K reduction, u = 2⁻²⁴; Higham §3.5): the
+    random-walk model of rounding (√K·u for a length-K reduction, u = 2⁻²⁴; [higham2002] §3.5): the
     q/k/v, o, gate and up GEMMs reduce over H, the down GEMM over I, attention over d (the
     scores) and s (the P·V sum), plus 10·u for the two norms, RoPE and SwiGLU's elementwise
     roundings."""

@@ -1,13 +1,13 @@
 """Preflight: every check that can refuse a run before step 1, in two stages.
 
 `preflight_config` needs only the config (and the device): architecture divisibility, the
-warmup fraction of C-TRAINCFG-001 (warmup <= 10 % of the steps) and the training-memory
+warmup fraction (warmup <= 10 % of the steps) and the training-memory
 estimate against the machine. The run driver calls it before preparing any data, so a config
 that cannot run is refused in milliseconds, not after minutes of tokenizing.
 
 `preflight` adds what needs the prepared data: tokenizer vocab == model vocab, the config
-algebra (max_steps reachable with the configured epochs: the seeds' "epochs=1 ran 43 of 5000
-steps"), and a validation split that holds at least one block.
+algebra (max_steps reachable with the configured epochs: epochs=1 must not silently run 43 of
+5000 steps), and a validation split that holds at least one block.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class PreflightError(RuntimeError):
 # ------------------------------------------------------------------------- config algebra
 def config_algebra(n_sequences: int, batch_size: int, grad_accum: int, epochs: int,
                    max_steps: int, warmup_steps: int, seq_len: int = 1) -> dict:
-    """C-TRAINCFG-001's equations on plain ints (z3/CrossHair-friendly).
+    """The step and warmup equations on plain ints (z3/CrossHair-friendly).
 
     steps_per_epoch = floor(n_sequences / batch_size / grad_accum)
     achievable      = epochs · steps_per_epoch        (must be >= max_steps)
@@ -85,7 +85,7 @@ def check_config_algebra(n_sequences: int, batch_size: int, grad_accum: int, epo
 # --------------------------------------------------------------------------------- memory
 # Bytes of saved activations per token per layer, fp32, for our block (what autograd keeps):
 # norm inputs 2H, norm outputs 2H, q and attention output 2·Hq·d = 2H, k and v 2·D_kv,
-# gate and up 2I, SwiGLU output I; i.e. (6H + 2·D_kv + 3I) floats. Albor's K=10·H per layer
+# gate and up 2I, SwiGLU output I; i.e. (6H + 2·D_kv + 3I) floats. A K=10·H per layer rule
 # undercounts the FFN when I = 4H; we report both and budget with ours.
 def memory_estimate(mcfg: ModelConfig, batch_size: int, seq_len: int,
                     activation_checkpointing: bool = False, act_bytes: int = 4,

@@ -51,7 +51,7 @@ def lr_at(step: int, lr: float, lr_min: float, warmup_steps: int, max_steps: int
     """LR of update `step` (0-based: the number of updates already applied), from the
     contract-checked schedule falsify/kernels/torch/lr_schedule.py: linear warmup lr·step/W (so
     update W
-    is the first at the peak; Albor: 3e-4·43/2000 = 6.45e-6), then cosine from lr at W to
+    is the first at the peak; W = 2000: 3e-4·43/2000 = 6.45e-6), then cosine from lr at W to
     lr_min at max_steps. Like HF's get_cosine_schedule_with_warmup, update 0 has lr 0 when
     W > 0 (it still fills AdamW's moments)."""
     return lr_schedule.lr_at_step(step, warmup_steps, max_steps, lr, lr_min)
@@ -66,8 +66,8 @@ def is_no_decay(name: str) -> bool:
 
 
 def build_optimizer(model: Transformer, cfg: LoopConfig):
-    """AdamW over the trainable parameters with every hyperparameter explicit from the config
-    (C-HYPERPARAMS-001), running the model backend's contract-checked update (`model.ops`);
+    """AdamW over the trainable parameters with every hyperparameter explicit from the config,
+    running the model backend's contract-checked update (`model.ops`);
     returns (optimizer, parameter names in optimizer order)."""
     decay, no_decay, dn, nn_ = [], [], [], []
     for name, p in model.named_parameters():
@@ -84,7 +84,7 @@ def build_optimizer(model: Transformer, cfg: LoopConfig):
 
 
 def clip_gradients(params: list[torch.Tensor], max_norm: float, ops) -> float:
-    """Global-norm clip of the gradients in place, on every step (ALB-071: a safety clip behind
+    """Global-norm clip of the gradients in place, on every step (a safety clip behind
     an optional setting is a bug), by the backend's contract-checked clip (`ops.grad_clip`):
     coef = min(1, c / (‖g‖ + 1e-6)), as torch's clip_grad_norm_, with an overflow-safe norm.
     Returns the norm before clipping; a non-finite norm leaves the gradients untouched (the

@@ -1,6 +1,6 @@
 """AdamW mutants: the optimizer bugs the AdamW contract's checks must catch (coupled L2 decay, a
-dropped β2, no bias correction, uninitialised state, stride-blind Triton indexing; ALB-044 /
-ALB-059, pv adamw-kernel-v1's qa falsification line)."""
+dropped β2, no bias correction, uninitialised state, stride-blind Triton
+indexing; pv adamw-kernel-v1's qa falsification line)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def l2_weight_decay(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay
 
 
 def beta2_default(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
-    """The configured β2 is dropped and a library default 0.999 used (ALB-044: CPU AdamW built
-    with default_params ran β2 = 0.999 while the config said 0.95)."""
+    """The configured β2 is dropped and a library default 0.999 used (an optimizer built
+    with default parameters runs β2 = 0.999 while the config says 0.95)."""
     step = check_hyperparameters(step, lr, beta1, beta2, eps, weight_decay)
     check_tensors(param, grad, m, v)
     return _adam_core(param, grad, m, v, step, lr, beta1, 0.999, eps, weight_decay, True)
@@ -61,8 +61,8 @@ def no_bias_correction(param, grad, m, v, step, lr, beta1, beta2, eps, weight_de
 
 def _recycled_block(like: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
     """`torch.empty_like(like)` as a GPU allocator serves it: a recycled block that still holds
-    the previous owner's data (ALB-059: cuMemAlloc returned VRAM with stale values, so m and v
-    started non-zero and v could be negative). A fresh CPU process often gets zeroed pages from
+    the previous owner's data (device memory with stale values makes m and v
+    start non-zero, and v can be negative). A fresh CPU process often gets zeroed pages from
     the OS instead, which would hide the bug by luck, so the previous contents are written in
     explicitly: the mutant models the bug deterministically rather than depend on malloc."""
     buf = torch.empty_like(like, dtype=torch.float32)

@@ -23,7 +23,7 @@ def attn_fwd_kernel_no_rescale(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                                H, GROUP, S, D, scale,
                                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Seed 003's fused_tiled_attention as written: l is rescaled by exp(m_old − m_new) but the
+    """A fused tiled attention update as often written: l is rescaled by exp(m_old − m_new) but the
     accumulator is not (`O += exp(scores_tile − m_new) @ V[tile_k]`)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -104,7 +104,7 @@ def torch_scale_inverse_d(q, k, v, causal=True, scale=None, out=None):
 
 
 class _NoLseBackward(torch.autograd.Function):
-    """Seed 000 §26.11.5, the FALSIFIED design: without the saved logsumexp the backward was
+    """A refuted design: without the saved logsumexp the backward was
     'approximated' as grad_q ≈ grad_attn_out, grad_k = grad_v = 0."""
 
     @staticmethod
@@ -157,8 +157,8 @@ def triton_gqa_grad_one_head(q, k, v, causal=True, scale=None, out=None):
 
 
 def torch_materialized_scores(q, k, v, causal=True, scale=None, out=None):
-    """Correct values, but the [B, Hq, S, S] scores and probabilities are materialized (the
-    'separate' attention of seed 002 §11.6): peak memory grows as S²."""
+    """Correct values, but the [B, Hq, S, S] scores and probabilities are materialized (unfused
+    attention, which [dao2022] avoids): peak memory grows as S²."""
     return _naive(q, k, v, causal, scale, out)
 
 

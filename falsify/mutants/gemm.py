@@ -16,7 +16,7 @@ from falsify.kernels.triton import gemm as tg
 
 def triton_nk_swapped_ldc(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
                           out=None):
-    """ALB-059 (C-GEMMARGS-001): the kernel was built as tiled_unrolled(m, k, n) and baked K
+    """n and k swapped: the kernel was built as tiled_unrolled(m, k, n) and baked K
     where N belonged, so output rows are written K elements apart instead of N. The rows land in
     the [M, N] buffer and spill past its end into the neighbouring allocation (`spill`)."""
     m, n, k, alpha, beta, trans_a, trans_b, odt = check_args(a, b, c, alpha, beta, trans_a,
@@ -154,8 +154,8 @@ def triton_backward_reshape(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, tr
 
 class _HalfBackward(torch.autograd.Function):
     """The backward GEMMs (all of which have a transposed operand) run on an fp16 tensor-core
-    algorithm: operands are rounded to fp16, so gradients at ~1e5 become inf − inf = NaN (the
-    seeds' ALB-076, CUBLAS_GEMM_DEFAULT_TENSOR_OP) and ordinary ones lose fp32 precision."""
+    algorithm: operands are rounded to fp16, so gradients at ~1e5 become inf − inf = NaN (as with
+    cuBLAS's CUBLAS_GEMM_DEFAULT_TENSOR_OP) and ordinary ones lose fp32 precision."""
 
     @staticmethod
     def forward(ctx, a, b, c, alpha, beta, trans_a, trans_b):
@@ -211,7 +211,7 @@ def torch_beta0_reads_c(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_
 def triton_no_out_check(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
                         out=None):
     """Trusts the caller's `out`: no shape/dtype check, rows addressed with out's own row
-    stride, M×N elements written wherever that leads (the seeds' C-BUFSIZE-001 bug class)."""
+    stride, M×N elements written wherever that leads (no buffer-size check)."""
     m, n, k, alpha, beta, trans_a, trans_b, odt = check_args(a, b, c, alpha, beta, trans_a,
                                                              trans_b, None)
     if out is None:

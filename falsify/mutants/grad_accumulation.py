@@ -40,8 +40,7 @@ def mean_of_means(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps):
 
 def clip_before_accumulation(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps):
     """Each micro-batch's contribution S_i/n clipped on its own, then summed: the total can
-    exceed max_norm by up to N× and the direction changes (seed 002: ALB-067 clipped per
-    accumulation group)."""
+    exceed max_norm by up to N× and the direction changes."""
     check_accumulation_args(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps)
     parts = _micro_grads(x, weight, labels, n_micro, ignore_index)
     n = sum(p[2] for p in parts)

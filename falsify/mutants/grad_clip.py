@@ -20,7 +20,7 @@ def _finish(gs, coef, norm):
 
 
 def norm_to_the_fourth(g0, g1, g2, max_norm, eps, error_if_nonfinite):
-    """The seeds' ‖g‖⁴ bug: the squared norm Σg² is squared again instead of square-rooted,
+    """The ‖g‖⁴ bug: the squared norm Σg² is squared again instead of square-rooted,
     so the coefficient is max_norm/(‖g‖⁴ + eps) and the reported norm is ‖g‖⁴."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     gs = [g0, g1, g2]
@@ -33,7 +33,7 @@ def norm_to_the_fourth(g0, g1, g2, max_norm, eps, error_if_nonfinite):
 
 def per_tensor(g0, g1, g2, max_norm, eps, error_if_nonfinite):
     """Each tensor clipped by its own norm: the global norm after clipping can reach
-    √(#tensors)·max_norm (seed 002's per-block vs global conflation)."""
+    √(#tensors)·max_norm (per-block and global clipping confused)."""
     check_clip_args(max_norm, eps, error_if_nonfinite)
     gs = [g0, g1, g2]
     check_grads(gs)

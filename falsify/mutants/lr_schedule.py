@@ -46,6 +46,6 @@ def cosine_not_floored(step, warmup, total, lr_max, lr_min):
 
 def constant_after_warmup(step, warmup, total, lr_max, lr_min):
     """The configured scheduler is never applied after the warmup: lr stays at the peak
-    (seed ALB-079: 2.99e-4 vs 3.00e-4, invisible for 10K steps)."""
+    (2.99e-4 vs 3.00e-4: invisible in the loss for 10K steps)."""
     check_schedule_args(warmup, total, lr_max, lr_min)
     return _tensor(step, lambda s: lr_max * s / warmup if s < warmup else float(lr_max))

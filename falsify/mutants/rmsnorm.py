@@ -33,7 +33,7 @@ def mean_over_wrong_axis(x, w, eps, out=None):
 
 class _SavesNormed(torch.autograd.Function):
     """Correct values, but the forward keeps `normed` (B·S·H fp32) alive for the backward —
-    the 384 MB per 24 layers that seed 002 §11.2 removes."""
+    the 384 MB per 24 layers that saving only inv_var removes."""
 
     @staticmethod
     def forward(ctx, x, w, eps):
@@ -85,7 +85,7 @@ def detached_normalizer(x, w, eps, out=None):
 def _bwd_seed_formula_kernel(x_ptr, w_ptr, inv_ptr, dy_ptr, dw_ptr, dx_ptr, n,
                              sx_row, sx_col, sw, sdy_row, sdy_col, sdx_row, sdx_col,
                              BLOCK: tl.constexpr):
-    """Seed 002 §11.2 step 3 as written: d_input = (grad_output·W − normed·d_weight_sum)·inv,
+    """A published backward: d_input = (grad_output·W − normed·d_weight_sum)·inv,
     i.e. the column sum dw where the per-row mean of g·x̂ belongs."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)

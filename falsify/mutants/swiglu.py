@@ -53,7 +53,7 @@ def silu_sigmoid_sign_flipped(x, out=None):
 def _bwd_ordering_hazard_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n,
                                 sg_r, sg_c, su_r, su_c, sd_r, sd_c, sdg_r, sdg_c, sdu_r, sdu_c,
                                 GATED: tl.constexpr, BLOCK: tl.constexpr):
-    """Seed 002 §11.3's hazard: d_up is stored into up's buffer *before* up is read for d_gate.
+    """The in-place ordering hazard: d_up is stored into up's buffer *before* up is read for d_gate.
     Correct out of place; in place d_gate is computed from d_up instead of up."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

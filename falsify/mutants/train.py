@@ -18,7 +18,7 @@ from falsify.llm.model import ModelConfig, param_count
 
 # ---------------------------------------------------------------------------- optimizer
 def build_optimizer_beta2_default(model, cfg):
-    """C-HYPERPARAMS-001's bug: β₂ not passed on, so AdamW's default 0.999 replaces the
+    """β₂ not passed on, so AdamW's default 0.999 replaces the
     configured 0.95."""
     opt, names = TR.build_optimizer(model, cfg)
     for g in opt.param_groups:
@@ -72,7 +72,7 @@ def clip_gradients_squared(params, max_norm, ops=None):
 
 
 def clip_gradients_only_if_set(params, max_norm, ops=None):
-    """ALB-071: the safety clip behind an optional setting (`if let Some(c) = grad_clip`): the
+    """The safety clip behind an optional setting (`if let Some(c) = grad_clip`): the
     config's default value stands for "not set", so a run with the default trains unclipped
     (the norm is still computed and reported)."""
     norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
@@ -92,7 +92,7 @@ def micro_batch_divisors_mean_of_means(token_counts):
 
 # ------------------------------------------------------------------------ data, config
 class OneEpochSampler(D.BatchSampler):
-    """ALB-060: the loop makes one pass over the data whatever `epochs` says (43 of 5000
+    """The loop makes one pass over the data whatever `epochs` says (43 of 5000
     steps)."""
 
     def __init__(self, stream, seq_len, batch_size, grad_accum, epochs, seed, data_key=""):

@@ -14,7 +14,7 @@ def config_validation(backend, dtype):
     mod = importlib.import_module(f"falsify.kernels.{backend}.lr_schedule"
                                   if backend != "reference" else "falsify.reference.lr_schedule")
     bad = [
-        dict(warmup=2000, total=43),   # ALB-060: warmup never completes
+        dict(warmup=2000, total=43),   # warmup never completes
         dict(warmup=100, total=100),   # peak and floor at the same step
         dict(warmup=-1, total=10),
         dict(warmup=10, total=100, lr_max=1e-3, lr_min=1e-2),  # min above max

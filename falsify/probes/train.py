@@ -161,7 +161,7 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
     """TL-CFG-001 on the real loop: (1) a config whose max_steps needs `epochs` epochs runs
     exactly max_steps steps, crossing epoch boundaries; (2) the same data with one epoch too few
     is refused by preflight before step 1 (no metrics written), the message naming the
-    achievable steps and the epochs needed; (3) the ALB-060 numbers are refused."""
+    achievable steps and the epochs needed; (3) warmup 2000 with 43 steps per epoch is refused."""
     from falsify.llm import config as LC
     from falsify.llm import data as D
     from falsify.llm import preflight as PF
@@ -202,13 +202,13 @@ def config_algebra_run(backend, dtype="float32", epochs=3):
 
 
 # ----------------------------------------------------------------------------- memory
-PRESET_COUNTS = {"350m": 398_509_056}  # Albor §3.1, stated independently of our formula
+PRESET_COUNTS = {"350m": 398_509_056}  # the 350M preset's count, not from our formula
 
 
 def param_count_run(backend, dtype="float32"):
     """TL-MEM-001: the closed-form count (bound `param_count`) equals the number of elements of
     the real module instantiated on the meta device (no memory), for every preset and the tiny
-    test config; 350m also equals Albor's published 398,509,056."""
+    test config; 350m also equals 398,509,056, a count stated independently of the formula."""
     from falsify.llm import config as LC
     from falsify.llm import run as RUN
     from falsify.llm.model import PRESETS, meta_param_count
@@ -414,7 +414,7 @@ def clipping_run(backend, dtype="float32", seed=0):
 #  * grad norm, per step: a sum of squares of ~2e5 terms: ≈ ε_g relative: 1e-4.
 # The smaller triton config (1 layer, K ≤ 48) has fewer and shorter reductions, so the same
 # bounds hold with margin. tests/test_reference_loop.py shows each bound is ≥ 40× below what the
-# seeds' bugs produce.
+# known bugs produce.
 TOL_LOSS = 1.2e-4
 TOL_PARAM = 3e-4
 TOL_GNORM = 1e-4

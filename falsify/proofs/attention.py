@@ -41,7 +41,7 @@ def online_softmax_claims():
 
 
 def seed_formula_refuted_claims():
-    """Seed 003's fused_tiled_attention omits the accumulator rescale: O += exp(s − m_new)·V
+    """A fused tiled attention update that omits the accumulator rescale: O += exp(s − m_new)·V
     while l is rescaled. One key per tile (score a, then b > a; values va, vb):
         correct: O = (exp(a − b)·va + vb) / (exp(a − b) + 1)
         seed:    O = (va + vb) / (exp(a − b) + 1)

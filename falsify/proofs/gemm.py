@@ -50,7 +50,7 @@ def launch_claims():
 
 
 def buffer_claims():
-    """The buffer-size contract (seeds' C-BUFSIZE-001), over unbounded integers (the tile and
+    """The buffer-size contract (out holds M·N elements), over unbounded integers (the tile and
     mask facts that bound the lanes come from `launch_claims`): for a [R, C] view with strides
     s0, s1 ≥ 0, every lane that passes the kernel's mask (r < R, c < C) has offset
     r·s0 + c·s1 < span(R, C, s0, s1), the extent the wrapper checks against MAX_EXTENT; so with

@@ -16,7 +16,7 @@ by √v̂ and vanishes for parameters with large gradients; AdamW keeps it at η
 parameter. The contract checks the two differ.
 
 Every hyperparameter is a required argument: no defaults, so a configured β2 = 0.95 can never
-be silently replaced by a library's 0.999 (seed ALB-044, C-HYPERPARAMS-001).
+be silently replaced by a library's 0.999.
 """
 
 import math

@@ -6,10 +6,10 @@ For integer steps s ≥ 0, warmup W and total T with 0 ≤ W < T:
     lr(s) = lr_min + (lr_max − lr_min) · ½(1 + cos(π (s − W)/(T − W)))  W ≤ s < T  (decay)
     lr(s) = lr_min                                                  s ≥ T   (floor)
 
-so lr(0) = 0 (seed 003: lr(43) = 3e-4·43/2000 = 6.45e-6), lr(W) = lr_max exactly (the warmup
+so lr(0) = 0 (with W = 2000: lr(43) = 3e-4·43/2000 = 6.45e-6), lr(W) = lr_max exactly (the warmup
 ends at the peak, not one step later), lr(T) = lr_min, and lr never leaves [lr_min, lr_max]
 after the warmup. W < T is required: a warmup longer than the run never reaches the peak
-(seed ALB-060: warmup 2000 of 43 steps, peak LR 6.45e-6 instead of 3e-4).
+(warmup 2000 of 43 steps peaks at 6.45e-6 instead of 3e-4).
 
 `schedule_phase` is the integer part: which phase a step is in and the exact fraction
 (num/den) of it that has elapsed. It is pure integer Python with PEP 316 conditions, proved by
@@ -56,7 +56,7 @@ def check_schedule_args(warmup, total, lr_max, lr_min):
         raise ValueError(f"warmup={warmup}: must be ≥ 0")
     if not warmup < total:
         raise ValueError(f"warmup={warmup} ≥ total={total}: the warmup would never reach the "
-                         "peak (seed ALB-060); choose warmup < total")
+                         "peak; choose warmup < total")
     for name, val in (("lr_max", lr_max), ("lr_min", lr_min)):
         if isinstance(val, bool) or not isinstance(val, numbers.Real) or not math.isfinite(val):
             raise ValueError(f"{name}={val!r}: must be a finite real number")

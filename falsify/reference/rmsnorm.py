@@ -4,8 +4,8 @@ Backward (r = inv_rms = (mean(x²) + eps)^(-1/2), x̂ = x·r, g = dy ⊙ w, n = 
     ∂r/∂x_j = −r³·x_j / n
     dx_j    = r·g_j + Σ_i g_i·x_i·∂r/∂x_j = r·(g_j − x̂_j · mean_i(g_i·x̂_i))
     dw      = Σ_rows dy ⊙ x̂
-The mean is a per-row scalar over the hidden dimension — not the column sum dw (seed 002
-§11.2 writes `normed * d_weight_sum`, which is wrong).
+The mean is a per-row scalar over the hidden dimension — not the column sum dw (a published
+backward writes `normed * d_weight_sum`, which is wrong).
 """
 
 import numpy as np

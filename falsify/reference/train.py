@@ -59,7 +59,7 @@ def clip_by_global_norm(grads: dict, max_norm: float) -> tuple[dict, float]:
 
 
 def init_state(params: dict) -> dict:
-    """AdamW moments start at exactly zero (C-GPUINIT-001)."""
+    """AdamW moments start at exactly zero."""
     return {"t": 0, "m": {k: np.zeros_like(v) for k, v in params.items()},
             "v": {k: np.zeros_like(v) for k, v in params.items()}}
 

@@ -14,7 +14,7 @@ Precision policy: optimizer states m and v are always fp32. fp16/bf16 parameters
 fp32 and rounded once when written back (an fp16 θ cannot absorb updates below ½ ulp(θ), so
 keep fp32 master weights for real training; the low-precision path exists for parity tests).
 
-No hyperparameter has a default (C-HYPERPARAMS-001): every call names lr, β1, β2, ε and λ.
+No hyperparameter has a default: every call names lr, β1, β2, ε and λ.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def step_scalars(step, lr, beta1, beta2, weight_decay):
 def init_state(params):
     """Zero-initialised fp32 moments, one (m, v) pair per parameter. Zeros matter: m̂ and v̂
     divide by 1 − β^t assuming m₀ = v₀ = 0; recycled memory would be amplified by up to
-    1/(1−β2) = 1000× at t = 1 (seed ALB-059)."""
+    1/(1−β2) = 1000× at t = 1."""
     # zeros_like: a sharded parameter (FSDP's DTensor) gets moments sharded the same way
     ms = [torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
           for p in params]
@@ -150,7 +150,7 @@ class AdamW(torch.optim.Optimizer):
     """torch.optim-style AdamW driving `adamw_multi` (torch) or the Triton kernel; the
     optimizer of the training loop.
 
-    Every hyperparameter is required (no defaults, C-HYPERPARAMS-001) and readable back from
+    Every hyperparameter is required (no defaults) and readable back from
     `param_groups`, so a training loop can assert that its config reached the optimizer. The
     groups and state use torch.optim.AdamW's layout ("betas", "eps", "weight_decay", "lr";
     per-parameter "step", "exp_avg", "exp_avg_sq"), so checkpoints are read and written alike.

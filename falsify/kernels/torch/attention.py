@@ -12,7 +12,7 @@ matmul against that head's keys ([B, Hkv, G·rows, D] @ [B, Hkv, D, keys]): K/V 
 repeated in memory, and the products that reduce over rows (dK, dV) sum over the group.
 
 Forward, per query tile, over key tiles j (Milakov & Gimelshein online softmax; the
-accumulator rescale is the step seed 003's fused-attention formula leaves out):
+accumulator rescale is the step a naive fused-attention update leaves out):
     m_new = max(m, rowmax(S_j))
     l     = l·exp(m − m_new) + rowsum(exp(S_j − m_new))
     acc   = acc·exp(m − m_new) + exp(S_j − m_new)·V_j

@@ -9,9 +9,9 @@ Choices stated once here (the contract repeats them):
 - The result dtype is the input dtype, or `out.dtype` when `out` is given; `out` may be float32
   for float16/bfloat16 inputs (cuBLAS GemmEx-style mixed precision: large products of fp16
   gradients land in an fp32 buffer instead of overflowing fp16's 65504).
-- `out` must be exactly [M, N]: an undersized or wrongly-shaped buffer raises (the seeds'
-  C-BUFSIZE-001 contract); it must not overlap A or B, and may alias C only exactly (in place
-  C ← α·op(A)·op(B) + β·C, each tile read before it is written).
+- `out` must be exactly [M, N]: an undersized or wrongly-shaped buffer raises; it
+  must not overlap A or B, and may alias C only exactly (in place C ← α·op(A)·op(B) + β·C,
+  each tile read before it is written).
 """
 
 from __future__ import annotations

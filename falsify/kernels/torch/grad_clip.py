@@ -3,9 +3,9 @@ falsify/reference/grad_clip.py).
 This is the clip the training loop runs on the torch backend (falsify/llm/ops.py binds it).
 
 The norm must not overflow: a plain fp32 Σg² overflows once |g| ≳ 1.8e19
-(torch.linalg.vector_norm([1e35, 1e35]) is inf), exactly when clipping is needed most (seed
-ALB-044: activation gradients of 1e35), and it loses precision once the squares fall below
-fp32's normal range (|g| ≲ 1e-19). So the norm is computed in one of two ways:
+(torch.linalg.vector_norm([1e35, 1e35]) is inf), exactly when clipping is needed most
+(activation gradients of 1e35 occur in diverging runs), and it loses precision once the
+squares fall below fp32's normal range (|g| ≲ 1e-19). So the norm is computed in one of two ways:
 
 - fast: torch._foreach_norm, one read of every gradient (what torch.nn.utils.clip_grad_norm_
   costs). Its fp32 Σg² is used when the norm lands in [2^-40, inf): the squares were then

@@ -72,8 +72,8 @@ class _ParamGroups:
 def set_lr(optimizer: torch.optim.Optimizer, step: int, warmup: int, total: int,
            lr_max: float, lr_min: float) -> float:
     """Write the scheduled LR into every param group (the training loop's per-step call) and
-    return it, so the loop can log and assert what the optimizer actually uses (ALB-079: a
-    scheduler parsed but never applied)."""
+    return it, so the loop can log and assert what the optimizer actually uses (a
+    scheduler parsed but never applied is a known bug)."""
     lr = lr_at_step(step, warmup, total, lr_max, lr_min)
     for group in optimizer.param_groups:
         group["lr"] = lr

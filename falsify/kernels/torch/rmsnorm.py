@@ -2,7 +2,7 @@
 
 The forward saves only (x, w, inv_rms): inv_rms is one fp32 scalar per row, and the backward
 recomputes normed = x·inv_rms with the same fp32 multiply the forward used, so the recomputed
-value is bit-identical (seed 002 §11.2: saving `normed` costs B·S·H·4 bytes per layer).
+value is bit-identical (saving `normed` would cost B·S·H·4 bytes per layer).
 
 Backward (r = inv_rms, x̂ = x·r, g = dy ⊙ w, n = row length):
     dx = r·(g − x̂·mean(g ⊙ x̂))      (mean over the row: a per-row scalar)

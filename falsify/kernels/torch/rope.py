@@ -106,7 +106,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, out=None) -> torch.Te
 
 
 def rope_grouped_and_per_head(x: torch.Tensor, pos: torch.Tensor, theta: float):
-    """(all heads at once, one head at a time): seed 002 §11.5 requires these to be bit-equal."""
+    """(all heads at once, one head at a time): rope-kernel-v1 requires these to be bit-equal."""
     check_args(x, pos, theta)
     cos, sin = rope_tables(pos, x.shape[-1], theta)
     with torch.no_grad():

@@ -4,7 +4,7 @@
     d_gate = dy·u·σ(g)·(1 + g·(1 − σ(g)))        (silu'(g) = σ + g·σ·(1 − σ))
     d_up   = dy·silu(g)
 
-In-place backward (seed 002 §11.3): `swiglu_backward_inplace(gate, up, dy)` writes d_gate into
+In-place backward: `swiglu_backward_inplace(gate, up, dy)` writes d_gate into
 gate's memory and d_up into up's, after reading both. Aliasing rule: each output is exactly its
 input's view; gate, up and dy must occupy disjoint memory — anything else raises before work.
 """

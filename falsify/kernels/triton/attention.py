@@ -7,7 +7,7 @@ h // G. Over key tiles j (only j·BLOCK_N < (tile + 1)·BLOCK_M when causal):
     s     = scale·q·k_jᵀ, masked to −∞ for keys ≥ S and, causal, keys after the query
     m_new = max(m, rowmax(s))
     l     = l·exp(m − m_new) + rowsum(exp(s − m_new))
-    acc   = acc·exp(m − m_new) + exp(s − m_new)·v_j      ← the rescale seed 003 omits
+    acc   = acc·exp(m − m_new) + exp(s − m_new)·v_j      ← the rescale a naive update omits
     o = acc / l,  lse = m + log(l)  (fp32, [B, Hq, S], the only extra tensor saved)
 exp(m − m_new) is exactly 0 on the first tile (m = −∞, and key 0 is never masked for a real
 query row), so the −∞ start never produces NaN.

@@ -2,14 +2,14 @@
 
 One kernel serves every transpose combination: op(X) = Xᵀ is a stride swap, so the wrapper
 passes the strides of op(A) [M, K] and op(B) [K, N] and the kernel never knows about transposes.
-That is exactly where the seeds' ALB-059 bug lived (a stride baked from the wrong dimension), so
+That is exactly where a classic bug lives (a stride baked from the wrong dimension), so
 the strides are always taken from the tensors, never derived from M, N or K.
 
 Grid: one program per BLOCK_M × BLOCK_N output tile; each walks cdiv(K, BLOCK_K) K-tiles, with
 every load masked on m < M, n < N, k < K (masked lanes read nothing, so NaN margins around a
 view never leak in) and accumulates with tl.dot into an fp32 accumulator. fp32 inputs use
 input_precision="ieee": on a GPU the tl.dot default is TF32 (10-bit mantissa), which is not an
-fp32 GEMM — and the seeds' tensor-core path is the one that produced NaN at ~1e5 (ALB-076).
+fp32 GEMM — and a tensor-core path can produce NaN at ~1e5 in backward GEMMs.
 
 β = 0 is the BLAS rule: HAS_C is False and C is never loaded.
 

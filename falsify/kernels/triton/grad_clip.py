@@ -9,7 +9,7 @@
    ‖g‖ = M·√S, coef = min(1, max_norm/(‖g‖ + eps)), or ‖g‖ = NaN / +inf and coef = 1 when a
    non-finite element was seen. It writes [‖g‖, coef] to a 2-element device buffer.
 3. `_scale_kernel`, one launch per tensor: g ← g·coef, coef read from that buffer (a GPU
-   pipeline never waits for the host, seed ALB-078). coef = 1 multiplies exactly, so below the
+   pipeline never waits for the host). coef = 1 multiplies exactly, so below the
    threshold the gradients come back bit-identical.
 
 Strided 2-D views are read and written through explicit strides (poisoned-margin safe).

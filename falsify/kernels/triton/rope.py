@@ -1,8 +1,8 @@
 """RoPE in Triton, rotate-half convention (HF LLaMA): x [B, S, H, D], pos int64 [S].
 
 Grid (B·S, cdiv(H, G)): one program per token and group of G heads. The program loads the
-token's fp32 cos/sin row once and applies it to all G heads of its group (seed 002 §11.5:
-unsloth's ROPE_GROUP_SIZE = 4, sin/cos reused from registers). Every element is still computed
+token's fp32 cos/sin row once and applies it to all G heads of its group ([repo:unsloth]:
+its ROPE_GROUP_SIZE = 4, sin/cos reused from registers). Every element is still computed
 by the same expression as with G = 1, so grouped and per-head results are bit-identical — the
 contract checks it.
 

@@ -8,7 +8,7 @@ Every tensor is viewed as [rows, n] with explicit strides; grid (rows, cdiv(n, B
 σ is evaluated from e^(−|g|) ≤ 1 (no overflow for any finite g); below g ≈ −103 it underflows
 to 0 exactly, so y = −0 and both gradients are 0·finite = 0: no NaN for any finite input.
 
-In-place backward (seed 002 §11.3): `swiglu_backward_inplace` launches the backward kernel with
+In-place backward: `swiglu_backward_inplace` launches the backward kernel with
 d_gate aliased to gate and d_up to up. Each program loads g, u and dy for its lanes before it
 stores anything, and no two programs touch the same element, so the in-place write is safe
 exactly when the outputs are the inputs' own views and gate, up, dy are disjoint — the rule
