@@ -12,8 +12,9 @@ Writes a model others load, from anything falsify produced:
   `AutoPeftModelForCausalLM.from_pretrained(DIR/adapter)` works unchanged.
 
 - a pretraining run, checkpoint or merge output with `--format gguf` (or `--gguf`) → one
-  llama.cpp GGUF LLaMA file (falsify/llm/gguf_io.py): weights as f32, f16 or q8_0 (`--gguf-type`;
-  norms stay f32), config and tokenizer in the metadata, so `llama-cli -m FILE` loads it.
+  llama.cpp GGUF LLaMA file (falsify/llm/gguf_io/write.py): weights as f32, f16 or q8_0
+  (`--gguf-type`; norms stay f32), config and tokenizer in the metadata, so `llama-cli -m FILE`
+  loads it.
 
 DIR (or FILE) appears whole or not at all (written beside it, then renamed into place). The
 command then reads its own output back and checks every tensor is bit-identical to the source's

@@ -53,7 +53,7 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
     """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
     output), an HF LLaMA directory (config.json + model.safetensors, falsify/llm/hf.py) or a
     llama.cpp
-    GGUF LLaMA file (falsify/llm/gguf_io.py: quantized projections stay quantized)."""
+    GGUF LLaMA file (falsify/llm/gguf_io/read.py: quantized projections stay quantized)."""
     from safetensors.torch import load_file
 
     from falsify.llm import hf

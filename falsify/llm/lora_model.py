@@ -356,7 +356,7 @@ def apply_lora(model: Transformer, spec: LoraSpec, *, init=None, freeze=None) ->
     init = init or lora_kernel.lora_init
     freeze = freeze or freeze_base
     quantize = spec.method == "qlora"
-    gguf_quant = getattr(model, "gguf_quant", None) or {}  # a GGUF base (falsify/llm/gguf_io.py)
+    gguf_quant = getattr(model, "gguf_quant", None) or {}  # GGUF base: gguf_io/read.py
     for li, block in enumerate(model.layers):
         groups: dict[str, dict[str, AdaptedLinear]] = {"self_attn": {}, "mlp": {}}
         for short, (part, proj) in TARGETS.items():
