@@ -1,8 +1,9 @@
 """The repository speaks for itself: every citation key used in the contracts, the code and the
 docs is defined in falsify/contracts/SOURCES.md; every repository path named in a comment,
-docstring, contract or docs page exists (and a `path.py:name` suffix names something the module
-defines); no text cites a document that is not in the repository, and no ALB-/C- style id that
-nothing in the repository defines.
+docstring, contract or docs page exists, as does every module named by import path (and a
+`path.py:name` or `module:name` suffix names something the module defines); no text cites a
+document that is not in the repository, and no ALB-/C- style id that nothing in the repository
+defines.
 
 Each scanner is a plain function over (label, text) pairs, so the tests at the bottom show that it
 fails on a planted unknown key, a stale path, a missing function and an outside citation.
@@ -34,6 +35,9 @@ PATH = re.compile(
     r"(?<![\w/.~$-])((?:" + "|".join(TOPS) + r")/[A-Za-z0-9_./-]*?"
     r"(?:\.(?:py|yaml|yml|md|json|jsonl|toml)|/))(?![\w/-])"
     r"(?::([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_]\w*)?))?")
+# `falsify.probes.train:name`: a module of ours by its import path, optionally with a name in it.
+MODULE = re.compile(r"(?<![\w.])(falsify(?:\.[a-z_][a-z0-9_]*)+)(?::([A-Za-z_]\w*))?")
+DATA_SUFFIXES = (".toml", ".yml", ".yaml", ".json", ".md", ".py")  # falsify.toml is a file name
 # `falsify/X/Y.py`, `contracts/NAME-kernel-v1.yaml`: a pattern, not a file.
 PLACEHOLDER = re.compile(r"(?:^|[/.-])(?:NAME|X|Y)(?=[/.-])|[<{*]")
 # Written by `pv generate`, `pv docs` and mkdocs, ignored by git: named before they exist.
@@ -154,6 +158,37 @@ def stale_paths(items) -> list[str]:
     return problems
 
 
+def _module_file(parts: list[str]) -> Path | None:
+    rel = Path(*parts)
+    for f in (ROOT / rel.with_suffix(".py"), ROOT / rel / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def stale_modules(items) -> list[str]:
+    """`falsify.a.b`, `falsify.a.b.name` or `falsify.a.b:name`: the longest prefix that is a
+    module must exist, and the first name after it must be defined there."""
+    problems, cache = [], {}
+    for label, text in items:
+        for mod, name in MODULE.findall(text):
+            if mod.endswith(DATA_SUFFIXES):
+                continue
+            parts = mod.split(".")
+            cut = next((i for i in range(len(parts), 1, -1) if _module_file(parts[:i])), None)
+            if cut is None:
+                problems.append(f"{label}: module {mod} does not exist")
+                continue
+            attr = next((r for r in [*parts[cut:], name] if r), None)
+            if attr:
+                found = _module_file(parts[:cut])
+                if found not in cache:
+                    cache[found] = _module_names(found)
+                if attr not in cache[found]:
+                    problems.append(f"{label}: module {'.'.join(parts[:cut])} defines no {attr}")
+    return problems
+
+
 def outside_citations(items) -> list[str]:
     return [f"{label}: {m.group(0)!r} cites a document or id that is not in the repository"
             for label, text in items for m in OUTSIDE.finditer(text)]
@@ -171,6 +206,10 @@ def test_every_citation_key_is_defined():
 
 def test_every_named_path_exists():
     assert stale_paths(prose()) == []
+
+
+def test_every_named_module_exists():
+    assert stale_modules(prose()) == []
 
 
 def test_no_citation_of_documents_outside_the_repository():
@@ -202,6 +241,18 @@ def test_missing_function_is_reported():
     assert stale_paths([("c.py", "tests/test_citations.py:stale_paths")]) == []
     assert stale_paths([("c.py", "tests/test_citations.py:no_such_function")]) == [
         "c.py: tests/test_citations.py defines no no_such_function"]
+
+
+def test_stale_module_is_reported():
+    assert stale_modules([("f.py", "falsify.toml, falsify.probes.train and falsify.harness")]) == []
+    assert stale_modules([("f.py", "falsify.impl.llm.run:PretrainRun")]) == [
+        "f.py: module falsify.impl.llm.run does not exist"]
+    assert stale_modules([("f.py", "falsify.reference.softmax:no_such_name")]) == [
+        "f.py: module falsify.reference.softmax defines no no_such_name"]
+    assert stale_modules([("f.py", "falsify.reference.softmax.no_such_name")]) == [
+        "f.py: module falsify.reference.softmax defines no no_such_name"]
+    assert stale_modules([("f.py", "falsify.llm.no_such_module")]) == [
+        "f.py: module falsify.llm defines no no_such_module"]
 
 
 @pytest.mark.parametrize("text", [
