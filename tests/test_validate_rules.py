@@ -663,3 +663,20 @@ def test_v032_build_on_an_argument_that_is_not_a_drawn_array(tmp_path):
                 "      q: {const: 3, build: 'falsify.reference.gguf_quants:bounded_q8_0'}\n")
     (f,) = only(run(tmp_path, text)[1], "V032", "error")
     assert f.line == line_of(text, "q: {const: 3") and "'const' value" in f.message
+
+
+def test_v033_expression_outside_the_allow_list(tmp_path, monkeypatch):
+    """A predicate that reaches numpy's file routines is refused with its line, unrun."""
+    monkeypatch.chdir(tmp_path)
+    text = edit(base_text(), 'predicate: "(y >= 0) & (y <= 1)"',
+                "predicate: \"np.savetxt('PWNED', y) or (y >= 0)\"")
+    (f,) = only(run(tmp_path, text)[1], "V033", "error")
+    assert f.line == line_of(text, "np.savetxt") and "np.savetxt" in f.message
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_v033_tolerance_outside_the_allow_list_is_not_evaluated(tmp_path):
+    text = base_text().replace('float16: {atol: "eps + n * 6.0e-8"}',
+                               'float16: {atol: "np.lib.x + n * 6.0e-8"}', 1)
+    (f,) = only(run(tmp_path, text)[1], "V033", "error")
+    assert f.line == line_of(text, "np.lib.x") and "np.lib" in f.message

@@ -54,6 +54,10 @@ Errors (native mode):
        ignored
   V032 a `build:` on an argument that is not a drawn array (no shape, or a const / choices /
        text argument), where it would be ignored
+  V033 an expression (predicate, relation, statistic, transform, `call:` or roundtrip `args`
+       value, tolerance, input shape, values or assume) that leaves the allow-list of
+       falsify/harness/expr.py: an attribute, call or syntax outside its tables. Checked on
+       the parsed tree; nothing is evaluated
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -272,6 +276,8 @@ def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], inpu
                 continue
             val = spec[key]
             p = path + (dt, key)
+            if isinstance(val, str) and expr.refusal(val):
+                continue  # V033 says so; refused expressions are never evaluated
             for env in envs:
                 try:
                     num = tolerance_number(val, dt, env)
@@ -289,7 +295,21 @@ def _tolerance(ctx: _Ctx, c: Contract, tol, path: tuple, dtypes: list[str], inpu
 
 def validate_contract(c: Contract, out: list[Finding], allow_import=False, import_bindings=True):
     ctx = _Ctx(c, out)
-    native = c.mode == "native"
+    _metadata_rules(ctx, c)
+    _duplicate_ids(ctx, c)
+    _obligation_rules(ctx, c)
+    _binding_rules(ctx, c, allow_import, import_bindings)
+    _input_names(ctx, c)
+    _input_texts(ctx, c)
+    _build_rules(ctx, c, allow_import, import_bindings)
+    _check_rules(ctx, c, allow_import, import_bindings)
+    _check_compile_backward(ctx, c)
+    _mutant_rules(ctx, c, allow_import, import_bindings)
+    _gate_rules(ctx, c)
+    _check_expressions(ctx, c)
+
+
+def _metadata_rules(ctx, c: Contract) -> None:
     # V017 semver, V020 references
     if c.version and not SEMVER.match(c.version):
         ctx.add("V017", ("metadata", "version"), "metadata.version",
@@ -306,6 +326,9 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
             ctx.add("V023", ("metadata", "inapplicable", kind), f"metadata.inapplicable.{kind}",
                     f"{kind} is declared inapplicable, but {', '.join(ran)} run(s) it: keep "
                     "the checks or the declaration, not both")
+
+
+def _duplicate_ids(ctx, c: Contract) -> None:
     # V005 duplicate ids within the contract
     seen: dict[str, tuple] = {}
     groups = [("proof_obligations", [(o.id, o.index) for o in c.obligations if not o.derived_id]),
@@ -321,6 +344,9 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                         f"duplicate id {ident!r} (first used at line {c.line(*seen[ident])})")
             else:
                 seen[ident] = (section, i, "id")
+
+
+def _obligation_rules(ctx, c: Contract) -> None:
     # Obligations: ids, applies_to, executable checks
     for o in c.obligations:
         base = ("proof_obligations", o.index)
@@ -344,6 +370,10 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
             ctx.add("V007", base, f"proof_obligations[{o.index}]",
                     f"obligation {o.id} has no executable check (a falsification test with "
                     "`obligation:` and a `check:` block)", native_only=True, warn_rule="W107")
+
+
+def _binding_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
+    native = c.mode == "native"
     # Bindings
     has_binding = False
     for name, eq in c.equations.items():
@@ -361,8 +391,9 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
         ctx.add("W106", ("equations",), "equations",
                 "no bindings: nothing can be executed against this contract", native_only=True,
                 warn_rule="W106")
-    _input_names(ctx, c)
-    _input_texts(ctx, c)
+
+
+def _build_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
     for iname, spec in c.inputs.items():  # `build:` functions import like bindings (V012)
         for n, a in ((spec.get("args") or {}) if isinstance(spec, dict) else {}).items():
             if not (isinstance(a, dict) and isinstance(a.get("build"), str)):
@@ -375,6 +406,9 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
                         + (f"a {clash[0]!r} value" if clash else "a drawn scalar (no shape)")
                         + ", so it would be ignored")
             _check_binding(ctx, a["build"], path, field_, allow_import, import_bindings)
+
+
+def _check_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
     obligation_ids = {o.id for o in c.obligations}
     # Checks
     for t in c.checks:
@@ -392,7 +426,10 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
         if not t.obligation:
             ctx.add("V008", base, fname, f"{t.id} has a check but names no obligation")
         _check_spec(ctx, c, t, base, fname, allow_import, import_bindings)
-    _check_compile_backward(ctx, c)
+
+
+def _mutant_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
+    obligation_ids = {o.id for o in c.obligations}
     # Mutants
     for m in c.mutants:
         base = ("mutants", m.index)
@@ -410,6 +447,11 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
             ctx.add("V019", base, f"mutants[{m.index}]",
                     f"{m.id}: no check of {m.obligation} runs on backend {m.backend!r}, so "
                     "nothing could kill this mutant")
+
+
+def _gate_rules(ctx, c: Contract) -> None:
+    native = c.mode == "native"
+    obligation_ids = {o.id for o in c.obligations}
     # Kani harnesses naming obligations (compat contracts use free strings)
     for i, h in enumerate(c.kani_harnesses):
         ob = h.get("obligation")
@@ -431,6 +473,55 @@ def validate_contract(c: Contract, out: list[Finding], allow_import=False, impor
             if native and isinstance(cid, str) and cid not in check_ids:
                 ctx.add("V016", ("qa_gate", "checks", i), f"qa_gate.checks[{i}]",
                         f"qa_gate lists {cid!r}, which is not a falsification test id")
+
+
+def _spec_expressions(t) -> list[tuple[tuple, str]]:
+    """(path under the check, source) of every expression a check's spec evaluates."""
+    spec, out = t.spec, []
+    for key in ("predicate", "relation", "statistic"):
+        if isinstance(spec.get(key), str):
+            out.append(((key,), spec[key]))
+    maps = ("transform", "call") + (("args",) if spec.get("kind") == "roundtrip" else ())
+    for key in maps:
+        for n, v in (spec.get(key) or {}).items() if isinstance(spec.get(key), dict) else ():
+            if isinstance(v, str):
+                out.append(((key, n), v))
+    tol = spec.get("tolerance")
+    for dt, ts in tol.items() if isinstance(tol, dict) else ():
+        for key in ("atol", "rtol"):
+            if isinstance(ts, dict) and isinstance(ts.get(key), str):
+                out.append((("tolerance", dt, key), ts[key]))
+    return out
+
+
+def _input_expressions(spec) -> list[tuple[tuple, str]]:
+    """(path under the input, source) of every expression an input declaration evaluates."""
+    if not isinstance(spec, dict):
+        return []
+    out = [(("assume", i), a) for i, a in enumerate(spec.get("assume") or [])
+           if isinstance(a, str)]
+    args = spec.get("args") if isinstance(spec.get("args"), dict) else {}
+    for n, a in args.items():
+        for key in ("shape", "values"):
+            vals = a.get(key) if isinstance(a, dict) else None
+            out += [(("args", n, key, i), v) for i, v in enumerate(vals or [])
+                    if isinstance(vals, list) and isinstance(v, str)]
+    return out
+
+
+def _check_expressions(ctx, c: Contract) -> None:
+    """V033: every expression stays inside the allow-list. Only parsed, never evaluated."""
+    found = [(("inputs", name) + p, f"input {name}: ", src) for name, spec in c.inputs.items()
+             for p, src in _input_expressions(spec)]
+    for t in c.checks:
+        if t.spec:
+            found += [(("falsification_tests", t.index, "check") + p, f"{t.id}: ", src)
+                      for p, src in _spec_expressions(t)]
+    for path, who, src in found:
+        err = expr.refusal(src)
+        if err:
+            ctx.add("V033", path, json_path(path),
+                    f"{who}expression outside the allow-list: {err}")
 
 
 def _reserved(name, allow_eps: bool) -> bool:

@@ -2,7 +2,6 @@
 predicate on `r` must hold. The run function compares against something independent (a
 reference loop, torch.optim, an uninterrupted run), never against itself."""
 
-import numpy as np
 
 from falsify.harness import backends, expr
 from falsify.harness.runtime import CheckFailed, tolerance
@@ -14,7 +13,7 @@ def run(ctx, case=None):
     if not isinstance(r, dict):
         raise CheckFailed(f"{ctx.spec['run']} returned {type(r).__name__}, not a dict")
     atol, rtol = tolerance(ctx.spec, ctx.variant, {})
-    env = dict(expr.eps_names(ctx.variant), r=r, np=np, tol=atol, rtol=rtol, dtype=ctx.variant)
+    env = dict(expr.eps_names(ctx.variant), r=r, tol=atol, rtol=rtol, dtype=ctx.variant)
     scalars = {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}
     try:
         ctx.assert_expr(ctx.spec["predicate"], env, "training predicate")
