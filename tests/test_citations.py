@@ -17,6 +17,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "falsify" / "contracts" / "SOURCES.md"
@@ -47,7 +48,7 @@ GENERATED = ("tests/generated/", "site/docs/contracts/", "site/build/")
 OUTSIDE = re.compile(
     r"\bseeds? ?00[0-4]\b|\bseeds/|\bseed §|\bseeds'|\bseed (?:ALB|KANI)|kernel-anchors"
     r"|\bthe brief\b|source: brief|; brief\b|\bAlbor\b|\b[Ss]eed formula\b|\bthe digest\b"
-    r"|\bALB-\d+|\bC-[A-Z]+(?:-[A-Z]+)*-\d{3}\b")
+    r"|\bissue \d+\b|\bKernel suite I|\bALB-\d+|\bC-[A-Z]+(?:-[A-Z]+)*-\d{3}\b")
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -204,6 +205,23 @@ def test_every_citation_key_is_defined():
     assert unknown_keys(whole_texts(), defined_keys()) == []
 
 
+def unkeyed_references(contracts: dict[str, dict]) -> list[str]:
+    """A contract's metadata.references each cite at least one SOURCES.md key."""
+    return [f"{name}: reference {ref!r} cites no [key]"
+            for name, doc in contracts.items()
+            for ref in (doc.get("metadata") or {}).get("references") or []
+            if not KEY.search(str(ref))]
+
+
+def test_every_contract_reference_has_a_key():
+    contracts = {p.name: yaml.safe_load(p.read_text())
+                 for p in sorted((ROOT / "falsify" / "contracts").glob("*.yaml"))}
+    assert unkeyed_references(contracts) == []
+    planted = {"x.yaml": {"metadata": {"references": ["Someone (2020) a paper"]}}}
+    assert unkeyed_references(planted) == [
+        "x.yaml: reference 'Someone (2020) a paper' cites no [key]"]
+
+
 def test_every_named_path_exists():
     assert stale_paths(prose()) == []
 
@@ -258,7 +276,8 @@ def test_stale_module_is_reported():
 @pytest.mark.parametrize("text", [
     "seed 002 §11.2 rmsnorm_activation_reuse", "GPU backend parity spec (seeds/004)",
     "Triton interpreter (kernel-anchors §4.2)", "source: brief", "as the brief says",
-    "Albor §3.1", "ALB-060: 43 of 5000 steps", "C-HYPERPARAMS-001", "the seeds' ALB-076"])
+    "Albor §3.1", "issue 6: >= 1.3x", "issue Kernel suite II", "ALB-060: 43 of 5000 steps",
+    "C-HYPERPARAMS-001", "the seeds' ALB-076"])
 def test_outside_citation_is_reported(text):
     assert outside_citations([("d.yaml", text)]) != []
 

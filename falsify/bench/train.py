@@ -440,7 +440,7 @@ def _summarise(out: dict, runs: dict) -> None:
 # tokens a step hardly depends on the batch). `--seq` measures shorter
 # blocks, where attention is a smaller share of the step and the ratio is lower.
 DEFAULT_BATCH = {"tiny": 16}
-TARGET_SPEEDUP = 1.3  # issue 6: >= 1.3x transformers tokens/s at tiny and 50m on CPU
+TARGET_SPEEDUP = 1.3  # the target: >= 1.3x transformers tokens/s at tiny and 50m on CPU
 
 
 def default_shape(name: str) -> tuple[int, int]:
