@@ -299,12 +299,76 @@ def test_resume_subprocess_names_the_file_and_exits_2(tmp_path, stopped_run):
 def test_checkpoint_without_manifest_still_gets_structural_checks(tmp_path):
     tr = _dummy(tmp_path)
     ck = _save(tr, tmp_path, 1)
-    (ck / C.MANIFEST).unlink()  # as written before manifests existed
+    (ck / C.MANIFEST).unlink()  # lost: state.json's own hashes still verify it
     assert C.verify_checkpoint(ck)["step"] == 1
     f = ck / "model.safetensors"
     os.truncate(f, f.stat().st_size - 7)
     with pytest.raises(C.CheckpointDamaged, match="model.safetensors: not a valid safetensors"):
         C.verify_checkpoint(ck)
+
+
+def test_manifest_less_checkpoint_with_flipped_bytes_is_damaged(tmp_path):
+    tr = _dummy(tmp_path)
+    ck = _save(tr, tmp_path, 1)
+    (ck / C.MANIFEST).unlink()
+    f = ck / "model.safetensors"
+    b = bytearray(f.read_bytes())
+    for i in range(1, 17):  # 16 bytes of weights: the header still parses
+        b[-i] ^= 0xFF
+    f.write_bytes(bytes(b))
+    with pytest.raises(C.CheckpointDamaged, match=r"model.safetensors: sha256 differs from the "
+                                                  r"one state.json recorded"):
+        C.verify_checkpoint(ck)
+
+
+def test_manifest_less_checkpoint_without_recorded_hashes_is_unverified(tmp_path):
+    """As written before either record existed: nothing vouches for the weights."""
+    tr = _dummy(tmp_path)
+    ck = _save(tr, tmp_path, 1)
+    (ck / C.MANIFEST).unlink()
+    state = C.read_state(ck)
+    del state[C.STATE_HASHES]
+    (ck / C.STATE).write_text(json.dumps(state))
+    with pytest.raises(C.CheckpointDamaged, match=r"manifest.json: missing, and state.json "
+                                                  r"records no sha256"):
+        C.verify_checkpoint(ck)
+
+
+def test_resume_auto_skips_a_manifest_less_corrupt_checkpoint(tmp_path, caplog, stopped_run):
+    """The latest checkpoint's manifest deleted and 16 bytes of its weights flipped: resume
+    falls back to step 4 and says so, as for any other damage."""
+    run = _copy(stopped_run, tmp_path / "run")
+    ck = C.checkpoints_dir(run) / "step-00000008"
+    (ck / C.MANIFEST).unlink()
+    f = ck / "model.safetensors"
+    b = bytearray(f.read_bytes())
+    b[-16:] = bytes(x ^ 0xFF for x in b[-16:])
+    f.write_bytes(bytes(b))
+    caplog.set_level("WARNING")
+    cfg = RUN.tiny_config(run, max_steps=12, save_interval=4, keep_last=3, warmup_steps=0)
+    r = RUN.train(cfg, resume="auto")
+    assert r.resumed_from.endswith("step-00000004")
+    assert any("step-00000008 is damaged: model.safetensors: sha256 differs" in rec.getMessage()
+               for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
+
+
+def test_resume_rewrites_the_checkpoint_steps_torn_record(tmp_path, stopped_run):
+    """Step 8's checkpoint intact, the last metrics line (step 8's record) torn: the resumed
+    run's metrics.jsonl holds the records an uninterrupted run writes, step 8's included."""
+    straight = tmp_path / "straight"
+    cfg = dict(max_steps=12, save_interval=4, keep_last=3, warmup_steps=0)
+    RUN.train(RUN.tiny_config(straight, **cfg))
+    run = _copy(stopped_run, tmp_path / "run")
+    m = run / "metrics.jsonl"
+    lines = m.read_bytes().splitlines(keepends=True)
+    assert json.loads(lines[-1])["step"] == 8
+    m.write_bytes(b"".join(lines[:-1]) + lines[-1][:20])  # torn, no newline
+    RUN.train(RUN.tiny_config(run, **cfg), resume="auto")
+
+    def shape(path):
+        return [(r["step"], sorted(r)) for r in map(json.loads, path.read_text().splitlines())]
+
+    assert shape(m) == shape(straight / "metrics.jsonl")
 
 
 def test_no_intact_checkpoint_left_says_so(tmp_path):

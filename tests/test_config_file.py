@@ -161,3 +161,30 @@ def test_fuzzed_config_files_are_a_config_or_a_config_error(data):
                 assert str(e).strip(), "an error must say what is wrong"
             else:  # accepted: every given field holds the value that was written
                 assert all(getattr(cfg, k) == v or isinstance(v, str) for k, v in fields.items())
+
+
+VALUE_ERRORS = {  # a value that parses but does not fit its field -> what the error says
+    "max_steps: -3": "config field max_steps=-3: must be >= 1",
+    "max_steps: 0": "config field max_steps=0: must be >= 1",
+    "max_steps: 1e500": "config field 'max_steps' must be an int",
+    "model: nosuch": "model preset 'nosuch' unknown",
+}
+
+
+@pytest.mark.parametrize("body", sorted(VALUE_ERRORS))
+def test_value_errors_name_file_and_line(tmp_path, body):
+    p = tmp_path / "run.yaml"
+    p.write_text(f"# a run\nlr: 0.001\n\n{body}\nseed: 1\n")
+    with pytest.raises(T.ConfigError) as e:
+        T.TrainConfig.load(p)
+    assert str(e.value).startswith(f"{p}:4: "), str(e.value)
+    assert VALUE_ERRORS[body] in str(e.value)
+
+
+@pytest.mark.parametrize("cli", ["train", "finetune"])
+def test_value_error_on_the_command_line_names_file_and_line(tmp_path, capsys, cli):
+    p = tmp_path / "run.yaml"
+    p.write_text("seed: 1\nmax_steps: -3\n")
+    assert falsify_main([cli, "--config", str(p)]) == 2
+    out, err = capsys.readouterr()
+    assert f"{p}:2: config field max_steps=-3" in (out + err).replace("\n", ""), out + err

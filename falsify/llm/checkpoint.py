@@ -22,7 +22,8 @@ resuming (`verify_checkpoint`): state.json must parse, every safetensors header 
 cover its file, and every file must have the size and sha256 the manifest recorded. A resume
 names the damaged file; `find_checkpoint(..., fallback=True)` (`--resume` without a directory)
 takes the newest intact checkpoint instead and says so. Checkpoints written before manifests
-existed get the structural checks only.
+existed, or whose manifest was deleted, are verified against the sha256 of each file that
+state.json records; one whose state.json records none is unverified, so damaged.
 
 Orphans. A writer killed mid-save leaves its `.tmp-...` directory. Each writer first creates
 `.tmp-<name>-XXXX.lock` and holds an exclusive flock on it for the whole write, and only then
@@ -54,6 +55,7 @@ from safetensors.torch import load_file, save_file
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
+STATE_HASHES = "sha256"  # state.json's record of its checkpoint's other files
 PREFIX = "step-"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
 STATE_KEYS = ("step", "data", "rng", "config", "optimizer_groups", "param_names")
@@ -273,12 +275,42 @@ def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = 
                 pass
         except (SafetensorError, OSError) as e:
             raise CheckpointDamaged(ckpt, name, f"not a valid safetensors file ({e})") from None
-    if hashes:
-        for name, rec in (files or {}).items():
+    if files is None:
+        _verify_state_hashes(ckpt, state, needed)
+    elif hashes:
+        for name, rec in files.items():
             if _sha256(ckpt / name) != rec["sha256"]:
                 raise CheckpointDamaged(ckpt, name, "sha256 differs from the manifest's "
                                                     "(contents changed after the save)")
     return state
+
+
+def _verify_state_hashes(ckpt: Path, state: dict, needed: tuple[str, ...]) -> None:
+    """Without a manifest the checkpoint is unverified unless state.json's own record of its
+    files' sha256 (STATE_HASHES) covers every file the load reads and agrees with them: a
+    deleted manifest must not turn corrupt weights into trusted ones."""
+    recorded = state.get(STATE_HASHES)
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise CheckpointDamaged(ckpt, MANIFEST, f"missing, and {STATE} records no sha256 of "
+                                                "the files: the contents cannot be verified")
+    for name in needed:
+        if name != STATE and name not in recorded:
+            raise CheckpointDamaged(ckpt, MANIFEST, f"missing, and {STATE} records no sha256 "
+                                                    f"of {name}: it cannot be verified")
+    for name, digest in recorded.items():
+        f = ckpt / name
+        if not f.is_file():
+            raise CheckpointDamaged(ckpt, name, f"missing (listed in {STATE})")
+        if _sha256(f) != digest:
+            raise CheckpointDamaged(ckpt, name, f"sha256 differs from the one {STATE} recorded "
+                                                "(contents changed after the save)")
+
+
+def content_hashes(tmp: Path) -> dict[str, str]:
+    """sha256 of every file written so far (state.json and the manifest come later), recorded
+    in state.json so that a checkpoint whose manifest is lost can still be verified."""
+    return {f.relative_to(tmp).as_posix(): _sha256(f) for f in sorted(tmp.rglob("*"))
+            if f.is_file() and f.name not in (STATE, MANIFEST)}
 
 
 def _is_sharded(ckpt: Path, files: dict | None) -> bool:
@@ -295,9 +327,8 @@ def find_checkpoint(target: str | Path, fallback: bool = False,
     damaged one raises CheckpointDamaged offering the newest intact checkpoint of the run; with
     `fallback`, that one is returned instead and a warning names the damaged one(s)."""
     p = Path(target)
-    explicit = (p / STATE).is_file() or (p.is_dir() and p.name.startswith(PREFIX)
-                                          and p.parent.name == "checkpoints")
-    run = p.parent.parent if explicit else p
+    explicit = _is_checkpoint_dir(p)
+    run = run_dir_of(p)
     candidates = [p] if explicit else checkpoint_dirs(p)
     if not candidates:
         raise CheckpointError(f"no complete checkpoint under {p} (looked for "
@@ -313,6 +344,17 @@ def find_checkpoint(target: str | Path, fallback: bool = False,
     log.warning("%s; resuming from %s (step %s), the newest intact checkpoint", damaged.args[0]
                 .split("; ", 1)[0], intact, _step_of(intact))
     return intact
+
+
+def _is_checkpoint_dir(p: Path) -> bool:
+    return (p / STATE).is_file() or (p.is_dir() and p.name.startswith(PREFIX)
+                                     and p.parent.name == "checkpoints")
+
+
+def run_dir_of(target: str | Path) -> Path:
+    """The run directory of `target`, a checkpoint directory or a run directory."""
+    p = Path(target)
+    return p.parent.parent if _is_checkpoint_dir(p) else p
 
 
 def _newest_intact(run_dir: Path, exclude: Path, for_resume: bool) -> Path | None:
@@ -371,7 +413,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         state = {"step": step, "time": time.time(), "data": data_state, "rng": rng_js,
                  "config": config, "optimizer_groups": groups, "param_names": param_names,
-                 "metrics": metrics or {}, **(extra or {})}
+                 "metrics": metrics or {}, **(extra or {}), STATE_HASHES: content_hashes(tmp)}
         (tmp / STATE).write_text(json.dumps(state, indent=1, default=_json_default))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -586,14 +628,22 @@ def _load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------ metrics
-def truncate_metrics(path: str | Path, step: int) -> None:
+def truncate_metrics(path: str | Path, step: int, records: list[dict] | None = None) -> None:
     """After resuming at `step`, drop the metrics.jsonl records a killed run wrote for later
     steps. A torn last line (the kill cut a write short) is dropped and said so; a damaged line
-    before it is not something a kill leaves, so it is an error naming path:line."""
+    before it is not something a kill leaves, so it is an error naming path:line. `records`:
+    the checkpoint's copy of step `step`'s records, which replace whatever the file holds for
+    that step (a torn one included), so the file equals an uninterrupted run's."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and records is None:
         return
-    lines = path.read_bytes().split(b"\n")
+    lines = path.read_bytes().split(b"\n") if path.exists() else []
+    keep = _intact_records(path, lines, step if records is None else step - 1)
+    keep += [json.dumps(r).encode() for r in records or []]
+    _atomic_write_bytes(path, b"".join(ln + b"\n" for ln in keep))
+
+
+def _intact_records(path: Path, lines: list[bytes], step: int) -> list[bytes]:
     last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
     keep = []
     for i, ln in enumerate(lines):
@@ -613,7 +663,7 @@ def truncate_metrics(path: str | Path, step: int) -> None:
                                   "the line, then resume again") from None
         if not isinstance(rec.get("step", 0), int) or rec.get("step", 0) <= step:
             keep.append(ln)
-    _atomic_write_bytes(path, b"".join(ln + b"\n" for ln in keep))
+    return keep
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -213,17 +214,28 @@ class LoopConfig:
         hints = typing.get_type_hints(cls)
         known = [f.name for f in fields(cls)]
         values = asdict(base) if base is not None else {}
+        lines = getattr(d, "lines", {})  # a config file's (config_file.FieldLines)
+
+        def where(name: str) -> str:
+            return f"{source}:{lines[name]}" if name in lines else source
+
         for k, v in d.items():
             if k not in known:
                 close = difflib.get_close_matches(k, known, n=3)
                 hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise cls.error(f"{source}: unknown config field {k!r}{hint}")
+                raise cls.error(f"{where(k)}: unknown config field {k!r}{hint}")
             try:
                 values[k] = coerce_value(k, hints[k], v, from_text)
             except ConfigError as e:
-                raise cls.error(f"{source}: {e}") from None
+                raise cls.error(f"{where(k)}: {e}") from None
         cfg = cls(**values)
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ConfigError as e:
+            name = getattr(e, "field", None)
+            if name in lines:  # a value this file set: say where
+                raise cls.error(f"{where(name)}: {e}") from None
+            raise
         return cfg
 
     @classmethod
@@ -245,7 +257,9 @@ class LoopConfig:
     # ---------------------------------------------------------------- rules
     def need(self, cond: bool, name: str, why: str) -> None:
         if not cond:
-            raise self.error(f"config field {name}={getattr(self, name)!r}: {why}")
+            err = self.error(f"config field {name}={getattr(self, name)!r}: {why}")
+            err.field = name  # from_dict adds the file and line that set it
+            raise err
 
     def extra_rules(self) -> Iterator[tuple[bool, str, str]]:
         """(holds, field, why) of rules beyond the per-field table (cross-field ones)."""
@@ -318,7 +332,10 @@ class TrainConfig(LoopConfig):
         try:
             model_config(self)
         except ModelConfigError as e:
-            raise ConfigError(str(e)) from None
+            err = ConfigError(str(e))
+            named = re.match(r"model field (\w+)=", str(e))
+            err.field = named.group(1) if named else "model"  # the preset, or a field it sets
+            raise err from None
 
 
 # Fields that may differ between a checkpoint's config and the resumed run: they do not change

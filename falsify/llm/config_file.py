@@ -13,7 +13,8 @@ Limits (those of yamlio): at most 2 MiB of text (`MAX_BYTES`), 64 levels of nest
 (`MAX_DEPTH`, counted through aliases too), 200,000 values once aliases are expanded
 (`MAX_NODES`: an alias bomb is refused); an alias that contains itself is refused. An empty
 file (or one of only comments) sets no field. Whether each value fits its field is checked by
-the config's own parser (`config_from_dict`), whose errors name the field.
+the config's own parser (`config_from_dict`), whose errors name the field and, for a value read
+from a file, `file:line` (the lines travel with the mapping: `FieldLines`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class ConfigFileError(ConfigError):
 
 
 def read_config_file(path: str | Path) -> dict:
-    """The file's top-level mapping (field name -> plain YAML value)."""
+    """The file's top-level mapping (field name -> plain YAML value), with each field's line."""
     spath = str(path)
     try:
         loc = yamlio.load(yamlio.read_text(path, what="config files"), spath, empty_ok=True)
@@ -50,11 +51,20 @@ def read_config_file(path: str | Path) -> dict:
         raise ConfigFileError(spath, line, f"key {key_path[-1]!r} is given twice in "
                                            f"{'/'.join(map(str, key_path[:-1]))}")
     if loc.data is None:
-        return {}
+        return FieldLines()
     if not isinstance(loc.data, dict):
         raise ConfigFileError(spath, 1, "top level must be a mapping of config fields "
                                         f"(field: value), not a {_kind(loc.data)}")
-    return loc.data
+    return FieldLines(loc.data, lines={k: loc.line_of((k,)) for k in loc.data})
+
+
+class FieldLines(dict):
+    """A config file's fields, with the line each was written on (`lines`): the config's own
+    value checks run after reading, and their errors must still say `file:line`."""
+
+    def __init__(self, *args, lines: dict[str, int] | None = None):
+        super().__init__(*args)
+        self.lines = lines or {}
 
 
 def _kind(value) -> str:

@@ -38,6 +38,7 @@ import torch
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import run as R
+from falsify.llm import run_lock
 from falsify.llm.config import ConfigError, TrainConfig
 from falsify.llm.trainer import IGNORE_INDEX, LoopParts, Trainer
 
@@ -493,7 +494,10 @@ def distill(cfg: DistillConfig, *, resume=None, data=None, stop_after=None,
     """Run (or resume) a distillation run, as falsify/llm/run.py:train runs pretraining."""
     with R.torch_threads(cfg.threads):
         run = DistillRun(cfg, parts or LoopParts(), dparts or DistillParts(), teacher, console)
-        run.open(resume)
-        run.prepare(data)
-        run.build()
-        return run.loop(stop_after, keep_model)
+        try:
+            run.open(resume)
+            run.prepare(data)
+            run.build()
+            return run.loop(stop_after, keep_model)
+        finally:
+            run_lock.release(run.lock)

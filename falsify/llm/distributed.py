@@ -338,7 +338,7 @@ def _become_rank(run, dparts: DistParts | None) -> None:
 def distributed_run_class():
     """PretrainRun with the data-parallel stages (imported late: run.py imports this module)."""
     from falsify.llm.config import effective_config
-    from falsify.llm.run import PretrainRun, new_run_dir
+    from falsify.llm.run import PretrainRun, metrics_extra, new_run_dir
 
     class DistributedRun(PretrainRun):
         """Rank 0 decides the run directory and writes every file; every rank trains."""
@@ -387,7 +387,8 @@ def distributed_run_class():
                 rank=self.world.rank, world_size=self.world.size,
                 data_state=self.sampler.state_dict(),
                 config=effective_config(self.cfg, self.kernels), metrics=metrics,
-                extra={"best_val_loss": self.best_val}, keep_last=self.cfg.keep_last,
+                extra={"best_val_loss": self.best_val, **metrics_extra(self, tr.step)},
+                keep_last=self.cfg.keep_last,
                 state_fn=self.dparts.checkpoint_state, wait=self.dparts.wait_for_ranks)
 
     return DistributedRun

@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 import typing
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
+from falsify.llm import run_lock
 from falsify.llm import sft_data as SD
 from falsify.llm.config import (
     AT_LEAST_1,
@@ -498,6 +498,7 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
             completed = True
             return result
         finally:
+            run_lock.release(getattr(run, "lock", None))
             if ranked:  # a process group left to the interpreter's exit can abort it
                 distributed.leave(completed, getattr(run, "trainer", None))
 
@@ -519,8 +520,11 @@ class FinetuneRun:
         self.ckpt_path: Path | None = None
         self.best_val, self.bad_evals = None, 0
         self.console = None
+        self.lock: run_lock.RunLock | None = None
 
     def open(self, resume) -> None:
+        if self.writes:  # one writer per run directory, before its checkpoints are read
+            self.lock = run_lock.acquire(self.out)
         if resume is not None:
             self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"
                                                       else resume)
@@ -660,14 +664,15 @@ class FinetuneRun:
         self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
         self.result.resumed_from = str(self.ckpt_path)
         if self.writes:
-            R.truncate_metrics(self.metrics_path, tr.step)
+            R.truncate_metrics(self.metrics_path, tr.step, state)
 
     def save(self, metrics=None) -> Path:
         tr = self.trainer
         return ckpt_mod.save_checkpoint(
             self.out, tr.step, self.view, tr.optimizer, tr.param_names,
             data_state=self.sampler.state_dict(), config=self.effective, metrics=metrics,
-            extra={"best_val_loss": self.best_val, "bad_evals": self.bad_evals},
+            extra={"best_val_loss": self.best_val, "bad_evals": self.bad_evals,
+                   **R.metrics_extra(self, tr.step)},
             keep_last=self.cfg.keep_last)
 
     def evaluate(self, step: int, vb: list, mf) -> dict:
@@ -698,7 +703,7 @@ class FinetuneRun:
         kind = self.dataset.kind
         vb = (val_batches(self.val_ex, kind, self.pad_id, cfg.batch_size, len(self.train_ex))
               if self.val_ex else [])
-        mf = self.metrics_path.open("a", buffering=1) if self.writes else open(os.devnull, "w")
+        mf = self.mf = R.MetricsLog(self.metrics_path, self.writes)
         if vb and self.ckpt_path is None:
             # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
             # compared with (and the first "best" for early stopping)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import typing
 from dataclasses import dataclass, field, replace
@@ -372,8 +371,7 @@ class GrpoRun(FT.FinetuneRun):
 
     def loop(self, stop_after: int | None, keep_model: bool) -> FT.FinetuneResult:
         cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
-        mf = self.metrics_path.open("a", buffering=1) if self.writes else \
-            open(os.devnull, "w")
+        mf = self.mf = R.MetricsLog(self.metrics_path, self.writes)
         t_loop, tokens = time.perf_counter(), 0
         try:
             while tr.step < rcfg.max_steps:

@@ -25,6 +25,7 @@ import yaml
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
+from falsify.llm import run_lock
 from falsify.llm.config import (
     RESUME_MUTABLE,
     ConfigError,
@@ -134,10 +135,45 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int, state: dict | None = None) -> None:
     """After resuming at `step`, drop records a killed run wrote for later steps, and a torn last
-    line (said so): checkpoint.truncate_metrics."""
-    ckpt_mod.truncate_metrics(path, step)
+    line (said so): checkpoint.truncate_metrics. The records of `step` itself are rewritten
+    from the checkpoint's copy (`state`'s METRICS_RECORDS) when it carries one."""
+    ckpt_mod.truncate_metrics(path, step, (state or {}).get(METRICS_RECORDS))
+
+
+METRICS_RECORDS = "metrics_records"  # the checkpoint step's metrics.jsonl records, in state.json
+
+
+class MetricsLog:
+    """metrics.jsonl, appended line by line; it remembers the records of the latest step so
+    that a checkpoint of that step carries them and a resume can rewrite them (a kill may have
+    torn the last one after the checkpoint was saved)."""
+
+    def __init__(self, path: Path, writes: bool):
+        self.fh = path.open("a", buffering=1) if writes else open(os.devnull, "w")
+        self.step: int | None = None
+        self.records: list[dict] = []
+
+    def write(self, text: str) -> None:
+        self.fh.write(text)
+        for line in text.splitlines():
+            rec = json.loads(line)
+            if rec.get("step") != self.step:
+                self.step, self.records = rec.get("step"), []
+            self.records.append(rec)
+
+    def records_of(self, step: int) -> list[dict]:
+        return list(self.records) if self.step == step else []
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def metrics_extra(run, step: int) -> dict:
+    """The state.json entry carrying step `step`'s metrics records (none outside a loop)."""
+    mf = getattr(run, "mf", None)
+    return {METRICS_RECORDS: mf.records_of(step)} if mf is not None else {}
 
 
 def step_or_andon(trainer: Trainer, micro: list, out: Path) -> StepStats:
@@ -249,17 +285,25 @@ def find_resume_checkpoint(resume: str | Path, out_dir: str | None,
     a named one that is damaged is an error offering it. Orphaned temp dirs are removed."""
     if str(resume) != "auto":  # a named checkpoint/run: a damaged one is refused, never swapped
         found = ckpt_mod.find_checkpoint(resume, for_resume=True)
-    elif out_dir is not None:
-        found = ckpt_mod.find_checkpoint(out_dir, fallback=True, for_resume=True)
     else:
-        latest = [c for r in (root.iterdir() if root.is_dir() else [])
-                  if (c := ckpt_mod.latest_checkpoint(r)) is not None]
-        if not latest:
-            raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
-        run = max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime).parent.parent
+        run = resume_run_dir(resume, out_dir, root)
         found = ckpt_mod.find_checkpoint(run, fallback=True, for_resume=True)
     ckpt_mod.remove_orphans(found.parent.parent)
     return found
+
+
+def resume_run_dir(resume: str | Path, out_dir: str | None, root: Path = RUNS_ROOT) -> Path:
+    """The run directory a resume writes, found without verifying or touching anything: the
+    run lock is taken on it before its checkpoints are read."""
+    if str(resume) != "auto":
+        return ckpt_mod.run_dir_of(resume)
+    if out_dir is not None:
+        return Path(out_dir)
+    latest = [c for r in (root.iterdir() if root.is_dir() else [])
+              if (c := ckpt_mod.latest_checkpoint(r)) is not None]
+    if not latest:
+        raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
+    return max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime).parent.parent
 
 
 # -------------------------------------------------------------------------------- the run
@@ -286,6 +330,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
             completed = True
             return result
         finally:
+            run_lock.release(getattr(run, "lock", None))
             if ranked:  # a process group left to the interpreter's exit can abort it (SIGABRT)
                 distributed.leave(completed, getattr(run, "trainer", None))
 
@@ -324,24 +369,36 @@ class PretrainRun:
         self.early = preflight_config(cfg, self.mcfg, self.device)
         self.ckpt_path: Path | None = None
         self.best_val: float | None = None
+        self.lock: run_lock.RunLock | None = None
 
     def open(self, resume) -> None:
         """The run directory: a resumed run's (its config checked against ours) or a new one."""
         cfg = self.cfg
         if resume is not None:
-            self.ckpt_path = find_resume_checkpoint(resume, cfg.out_dir)
+            run_dir = resume_run_dir(resume, cfg.out_dir)
+            # the directory this run writes: out_dir when given, else the resumed run's
+            self.lock_run(Path(cfg.out_dir) if cfg.out_dir is not None else run_dir)
+            self.ckpt_path = find_resume_checkpoint(resume, str(run_dir))
             state = ckpt_mod.read_state(self.ckpt_path)["config"]
             saved = resume_batch(state, cfg, self.world_size, self.ckpt_path)
             check_resume_config(saved, cfg, self.ckpt_path, RESUME_MUTABLE)
             if cfg.out_dir is None:
                 cfg = dataclasses.replace(cfg, out_dir=str(self.ckpt_path.parent.parent))
-        elif cfg.out_dir is None:
-            cfg = dataclasses.replace(cfg, out_dir=str(new_run_dir(cfg.model)))
-        elif ckpt_mod.list_checkpoints(cfg.out_dir):
-            raise ConfigError(f"out_dir={cfg.out_dir!r} already holds checkpoints; pass "
-                              "--resume to continue that run or choose another out_dir")
+        else:
+            if cfg.out_dir is None:
+                cfg = dataclasses.replace(cfg, out_dir=str(new_run_dir(cfg.model)))
+            self.lock_run(Path(cfg.out_dir))
+            if ckpt_mod.list_checkpoints(cfg.out_dir):
+                raise ConfigError(f"out_dir={cfg.out_dir!r} already holds checkpoints; pass "
+                                  "--resume to continue that run or choose another out_dir")
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
+
+    def lock_run(self, run_dir: Path) -> None:
+        """One writer per run directory, taken before anything in it is read or pruned; a
+        data-parallel rank other than 0 writes nothing and takes none."""
+        if self.writes:
+            self.lock = run_lock.acquire(run_dir)
 
     def prepare(self, data: data_mod.PreparedData | None) -> None:
         """Data, token streams, the sampler, and the preflight that needs them."""
@@ -387,7 +444,7 @@ class PretrainRun:
             self.best_val = state.get("best_val_loss")
             self.result.resumed_from = str(self.ckpt_path)
             if self.writes:
-                truncate_metrics(self.metrics_path, self.trainer.step)
+                truncate_metrics(self.metrics_path, self.trainer.step, state)
             log.info("resumed from %s at step %d", self.ckpt_path, self.trainer.step)
 
     def next_batch(self) -> list:
@@ -405,7 +462,8 @@ class PretrainRun:
             self.out, tr.step, self.model, tr.optimizer, tr.param_names,
             data_state=self.sampler.state_dict(),
             config=effective_config(self.cfg, self.kernels), metrics=metrics,
-            extra={"best_val_loss": self.best_val}, keep_last=self.cfg.keep_last)
+            extra={"best_val_loss": self.best_val, **metrics_extra(self, tr.step)},
+            keep_last=self.cfg.keep_last)
 
     def evaluate(self, step: int, mf) -> dict:
         cfg = self.cfg
@@ -429,7 +487,7 @@ class PretrainRun:
         cfg, trainer, result = self.cfg, self.trainer, self.result
         progress = Progress(cfg.progress and self.writes, cfg.max_steps, trainer.step,
                             cfg.log_interval)
-        mf = self.metrics_path.open("a", buffering=1) if self.writes else open(os.devnull, "w")
+        mf = self.mf = MetricsLog(self.metrics_path, self.writes)
         t_loop, tokens = time.perf_counter(), 0
         try:
             while trainer.step < cfg.max_steps:

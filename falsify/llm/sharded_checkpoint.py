@@ -111,7 +111,8 @@ def save(run_dir: str | Path, step: int, model, optimizer, param_names: list[str
             state = {"step": step, "time": time.time(), "data": data_state, "rng": rng_js,
                      "config": config, "optimizer_groups": groups,
                      "param_names": param_names, "metrics": metrics or {},
-                     "layout": LAYOUT, "world_size": world_size, **(extra or {})}
+                     "layout": LAYOUT, "world_size": world_size, **(extra or {}),
+                     C.STATE_HASHES: C.content_hashes(part)}
             (part / C.STATE).write_text(json.dumps(state, indent=1, default=C._json_default))
             for f in (part / "model.safetensors", part / C.STATE):
                 with open(f, "rb") as fh:
