@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+import falsify
 from falsify.errors import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # 1: a check failed, a violation, a survivor
@@ -99,6 +100,8 @@ def build_parser(prog: str, description: str, modules: Sequence[str | ModuleType
                  epilog: str | None = None) -> Parser:
     p = Parser(prog=prog, description=description, epilog=epilog,
                formatter_class=RawDescriptionHelpFormatter)
+    # Both entry points report the package's version, so `pv` and `falsify` never disagree.
+    p.add_argument("--version", action="version", version=f"falsify {falsify.__version__}")
     add_verbs(p, modules, dest="verb")
     return p
 
