@@ -89,6 +89,57 @@ libc = ctypes.CDLL(None, use_errno=True)
 NEWNET, NEWUSER = 0x40000000, 0x10000000
 done["network_namespace"] = (libc.unshare(NEWNET) == 0
                              or libc.unshare(NEWUSER | NEWNET) == 0)
+LANDLOCK_MIN_ABI = 3  # 3: truncate(2) is handled; below it a path outside could be truncated
+# Landlock: the kernel refuses this process and its threads any write outside the working
+# directory, however the path is reached (chdir, dir_fd, /proc/self/cwd, a symlink, C code),
+# and reads outside the interpreter, its libraries and the working directory
+libc.syscall.restype = ctypes.c_long
+abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # create_ruleset VERSION
+done["landlock"] = False
+if abi >= LANDLOCK_MIN_ABI:
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
+    WRITE = (1 << 1) | sum(1 << b for b in range(4, 15))  # write, remove, make *, refer, truncate
+    every = READ | WRITE | ((1 << 15) if abi >= 5 else 0)  # 5: ioctl on devices
+    net = 3 if abi >= 4 else 0  # 4: TCP bind and connect, with no port allowed
+    attr = RulesetAttr(every, net)
+    size = ctypes.sizeof(attr) if net else 8
+    rfd = libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if rfd < 0:
+        raise SystemExit(f"sandbox: landlock_create_ruleset failed (errno {ctypes.get_errno()})")
+
+    def allow(path, access):
+        if not os.path.exists(path):
+            return
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        rule = PathBeneath(access if os.path.isdir(path) else access & ~0x3FF8, fd)
+        ok = libc.syscall(445, rfd, 1, ctypes.byref(rule), ctypes.c_uint32(0)) == 0
+        os.close(fd)
+        if not ok:
+            raise SystemExit(f"sandbox: landlock_add_rule {path} failed "
+                             f"(errno {ctypes.get_errno()})")
+
+    allow(work, every)
+    for root in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
+                        sys.exec_prefix, "/usr", "/lib", "/lib64", "/lib32", "/etc")}):
+        allow(root, READ)  # the interpreter, its stdlib, libc and the loader's configuration
+    for dev in ("/dev/null", "/dev/urandom", "/dev/random", "/proc/self"):
+        allow(os.path.realpath(dev), READ)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(446, rfd, ctypes.c_uint32(0)) != 0:
+        raise SystemExit(f"sandbox: landlock_restrict_self failed (errno {ctypes.get_errno()})")
+    os.close(rfd)
+    done["landlock"] = int(abi)
+elif not cfg["allow_unconfined"]:
+    raise SystemExit(f"sandbox: Landlock ABI {LANDLOCK_MIN_ABI} or later is needed to confine "
+                     f"the program's file system access and this kernel offers "
+                     f"{'none' if abi < 0 else f'ABI {abi}'}; the program was not run (opt out "
+                     "only with allow_unconfined=True, which runs it without that confinement)")
 # seccomp through libseccomp: the kernel refuses these system calls to this process and to
 # anything it might still create, whoever it runs as (root included)
 try:
@@ -140,42 +191,82 @@ DENY = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
         "os.kill", "os.killpg", "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym",
         "ctypes.call_function", "os.setuid", "os.chroot", "sys.setprofile", "sys.settrace",
         "sys.remote_exec", "os.add_dll_directory"}
-PATHS = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.rename": 2, "os.link": 2,
-         "os.symlink": 2, "os.chmod": 1, "os.chown": 1, "os.truncate": 1, "os.utime": 1,
-         "shutil.rmtree": 1, "shutil.copyfile": 2, "shutil.move": 2}
+# event -> (path index, index of the dir_fd it is relative to, or None) for each path
+PATHS = {"os.remove": [(0, 1)], "os.rmdir": [(0, 1)], "os.mkdir": [(0, 2)],
+         "os.rename": [(0, 2), (1, 3)], "os.link": [(0, 2), (1, 3)],
+         "os.symlink": [(0, 2), (1, 2)], "os.chmod": [(0, 2)], "os.chown": [(0, 3)],
+         "os.truncate": [(0, None)], "os.utime": [(0, 3)], "shutil.rmtree": [(0, 1)],
+         "shutil.copyfile": [(0, None), (1, None)], "shutil.move": [(0, None), (1, None)]}
 real = os.path.realpath
 READABLE = [real(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]  # the stdlib
 DEVICES = {"/dev/null", "/dev/urandom", "/dev/random"}
 WRITE_FLAGS = 3 | os.O_CREAT | os.O_TRUNC  # O_WRONLY/O_RDWR, or a create or a truncate
+_readlink, _getcwd, _fsdecode, _join = os.readlink, os.getcwd, os.fsdecode, os.path.join
 
 def under(r, roots):
     return any(r == d or r.startswith(d + os.sep) for d in roots)
 
-def inside(p):
-    return under(real(os.path.join(work, os.fsdecode(p))), [work])
+def resolve(p, dir_fd=None):
+    # a relative path means the directory the kernel will use: the current one at the time
+    # of the call (after any chdir), or the directory behind dir_fd
+    if isinstance(p, int):
+        return None  # an fd was checked when it was opened
+    try:
+        base = _getcwd() if dir_fd in (None, -100, -1) else _readlink(f"/proc/self/fd/{dir_fd}")
+    except OSError:
+        return ""  # no directory to resolve against: refused below
+    return real(_join(base, _fsdecode(p)))
 
-def readable(p):
-    r = real(os.path.join(work, os.fsdecode(p)))
-    return r in DEVICES or under(r, [work] + READABLE)
+def inside(p, dir_fd=None):
+    r = resolve(p, dir_fd)
+    return r is None or under(r, [work])
+
+def readable(p, dir_fd=None):
+    r = resolve(p, dir_fd)
+    return r is None or r in DEVICES or under(r, [work] + READABLE)
+
+def check_open(path, flags, dir_fd=None, mode=None):
+    writes = (mode and any(c in mode for c in "wax+")) or (flags and flags & WRITE_FLAGS)
+    if writes and not inside(path, dir_fd):
+        raise PermissionError(f"sandbox: writing {path} is not allowed")
+    if not readable(path, dir_fd):
+        raise PermissionError(f"sandbox: reading {path} is not allowed")
 
 def hook(event, args):
     if event in DENY:
         raise PermissionError(f"sandbox: {event} is not allowed")
     if event == "import" and args[0].split(".")[0] in DENY_IMPORT:
         raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-    if event == "open" and isinstance(args[0], (str, bytes)):  # an fd was checked when opened
-        path, mode, flags = args
-        writes = (mode and any(c in mode for c in "wax+")) or (flags and flags & WRITE_FLAGS)
-        if writes and not inside(path):
-            raise PermissionError(f"sandbox: writing {path} is not allowed")
-        if not readable(path):
-            raise PermissionError(f"sandbox: reading {path} is not allowed")
-    n = PATHS.get(event)
-    if n:
-        for p in args[:n]:
-            if isinstance(p, (str, bytes, os.PathLike)) and not inside(p):
-                raise PermissionError(f"sandbox: {event} on {p} is not allowed")
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        check_open(args[0], args[2], mode=args[1])  # os.open's dir_fd: its wrapper checks
+    for i, d in PATHS.get(event, ()):
+        p = args[i] if i < len(args) else None
+        fd = args[d] if d is not None and d < len(args) else None
+        if isinstance(p, (str, bytes, os.PathLike)) and not inside(p, fd):
+            raise PermissionError(f"sandbox: {event} on {p} is not allowed")
 
+def guarded(fn, name, check):
+    # the audit event of os.open carries no dir_fd and mkfifo/mknod raise none: these
+    # wrappers check the path against the directory the call resolves it in
+    def call(path, *a, dir_fd=None, **kw):
+        check(path, a, dir_fd)
+        return fn(path, *a, dir_fd=dir_fd, **kw) if dir_fd is not None else fn(path, *a, **kw)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+def make_check(path, a, dir_fd):
+    if not inside(path, dir_fd):
+        raise PermissionError(f"sandbox: creating {path} is not allowed")
+
+if cfg["audit_hook"]:
+    import posix
+    _open = guarded(os.open, "open",
+                    lambda path, a, fd: check_open(path, a[0] if a else 0, fd))
+    for mod in (os, posix):
+        mod.open = _open
+        mod.mkfifo = guarded(os.mkfifo, "mkfifo", make_check)
+        mod.mknod = guarded(os.mknod, "mknod", make_check)
+    del posix, _open, mod
 for m in [m for m in sys.modules if m.split(".")[0] in DENY_IMPORT]:
     del sys.modules[m]  # a later import runs the import hook again, and is refused
 if cfg["audit_hook"]:
@@ -210,10 +301,13 @@ def _read(path: Path, limit: int) -> str:
         return f.read(limit).decode("utf-8", "replace")
 
 
-def run_python(source: str, limits: Limits = Limits(), *, audit_hook: bool = True) -> Result:
+def run_python(source: str, limits: Limits = Limits(), *, audit_hook: bool = True,
+               allow_unconfined: bool = False) -> Result:
     """Run `source` contained (module docstring); passed means exit status 0. `audit_hook`
     False leaves out the interpreter layer, only so that tests can show the kernel layer
-    holds on its own."""
+    holds on its own. Without Landlock the program is refused (SandboxError) unless
+    `allow_unconfined` says to run it without file system confinement; the result's
+    `containment["landlock"]` is then False."""
     work = Path(tempfile.mkdtemp(prefix="falsify-sandbox-"))
     logs = Path(tempfile.mkdtemp(prefix="falsify-sandbox-logs-"))  # not the program's to touch
     try:
@@ -221,7 +315,7 @@ def run_python(source: str, limits: Limits = Limits(), *, audit_hook: bool = Tru
         os.chmod(work / "program.py", 0o644)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work)}
         cfg = json.dumps({**{k: v for k, v in asdict(limits).items() if k != "output_chars"},
-                          "audit_hook": audit_hook})
+                          "audit_hook": audit_hook, "allow_unconfined": allow_unconfined})
         t0 = time.perf_counter()
         timed_out = False
         with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
