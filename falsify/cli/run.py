@@ -105,37 +105,89 @@ def _parse_binds(binds: list[str], contracts) -> dict[str, str]:
 
 
 class _Progress:
-    """pytest plugin: a rich progress bar fed by the controller's reports."""
+    """pytest plugin: what a person watching the run sees while it goes on. On a terminal, a
+    live rich display: contracts done of total, checks passed and failed so far, the contract
+    running now and an ETA from the seconds the ledger recorded for each test; in a log, one
+    line per finished contract with its counts and seconds. A failure is printed when its
+    report reaches the controller, not only in the summary at the end."""
 
-    def __init__(self, console):
+    def __init__(self, console, contracts: dict[str, str], expected: dict[str, float],
+                 workers: int):
         self.console = console
-        self.progress = None
-        self.task = None
-        self.failed = 0
+        self.contracts = contracts  # generated module file name -> contract id
+        self.expected = expected  # node id -> seconds it took last time
+        self.workers = max(1, workers)
+        self.left: dict[str, set[str]] = {}  # contract -> node ids not reported yet
+        self.counts: dict[str, list] = {}  # contract -> [passed, failed, first report time]
+        self.passed = self.failed = 0
+        self.now = ""
+        self.progress = self.task = None
+
+    def _contract(self, nodeid: str) -> str:
+        return self.contracts.get(nodeid.split("::")[0].rsplit("/", 1)[-1], "?")
+
+    def _collected(self, nodeids) -> None:
+        for n in nodeids:
+            self.left.setdefault(self._contract(n), set()).add(n)
+        if not self.console.is_terminal or self.progress is not None:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("[bold]contracts {task.fields[done]}"), BarColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                 console=self.console, transient=False)
+        self.progress.start()
+        self.task = self.progress.add_task("run", total=None, done="", status="")
+        self._refresh()
 
     def pytest_collection_finish(self, session):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        self._collected(i.nodeid for i in session.items)
 
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                                 TimeElapsedColumn(), console=self.console, transient=False)
-        self.progress.start()
-        self.task = self.progress.add_task("checks", total=len(session.items), status="")
+    # a pytest-xdist hook (a dependency): under -n the controller collects nothing itself
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if not self.left:  # every worker collects the same ids: take the first list
+            self._collected(ids)
 
-    def pytest_runtest_logreport(self, report):
+    def _eta(self) -> str:
+        left = [n for ns in self.left.values() for n in ns]
+        known = [self.expected[n] for n in left if n in self.expected]
+        if not known:
+            return "ETA unknown (no durations in the ledger)" if left else ""
+        mean = sum(known) / len(known)
+        secs = (sum(known) + mean * (len(left) - len(known))) / self.workers
+        return f"ETA {secs / 60:.0f} min" if secs >= 90 else f"ETA {secs:.0f} s"
+
+    def _refresh(self) -> None:
         if self.progress is None:
             return
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            if report.failed:
-                self.failed += 1
-            self.progress.update(self.task, advance=1,
-                                 status=f"[red]{self.failed} failed" if self.failed else "")
+        total = len(self.left)
+        done = sum(not ns for ns in self.left.values())
+        failed = f", [red]{self.failed} failed[/]" if self.failed else ""
+        self.progress.update(self.task, total=total, completed=done, done=f"{done}/{total}",
+                             status=f"checks {self.passed} passed{failed}; now {self.now}; "
+                                    f"{self._eta()}")
+
+    def pytest_runtest_logreport(self, report):
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return
+        cid = self._contract(report.nodeid)
+        self.now = cid
+        count = self.counts.setdefault(cid, [0, 0, time.time() - report.duration])
+        ok = not report.failed
+        count[0 if ok else 1] += 1
+        self.passed += ok
+        self.failed += not ok
+        if report.failed:
+            what = "MUTANT SURVIVED" if "falsify_mutant" in report.keywords else "FAILED"
+            line = str(report.longrepr).strip().splitlines()
+            self.console.print(f"{what} {report.nodeid}: {line[-1] if line else report.when}",
+                               markup=False, style="bold red", soft_wrap=True)
+        left = self.left.setdefault(cid, set())
+        left.discard(report.nodeid)
+        if not left and self.progress is None:
+            self.console.print(f"falsify: {cid}: {count[0]} passed, {count[1]} failed, "
+                               f"{time.time() - count[2]:.0f} s", markup=False)
+        self._refresh()
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -144,17 +196,32 @@ class _Progress:
 
     def pytest_sessionfinish(self, session):
         if self.progress is not None:
+            self.now = "-"
+            self._refresh()
             self.progress.stop()
+
+
+def _expected_seconds(ledger_path) -> dict[str, float]:
+    """Node id -> the seconds its last result took, for the progress display's ETA."""
+    from falsify.harness import ledger
+
+    try:
+        data = ledger.load(ledger_path)
+    except ledger.LedgerError:
+        return {}  # the run itself reports an unreadable ledger; the ETA only goes unknown
+    return {e["nodeid"]: float(e["duration_s"]) for s in ("runs", "mutants")
+            for e in data[s].values() if e.get("nodeid") and e.get("duration_s") is not None}
 
 
 def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
             console) -> tuple[int, dict]:
-    """pytest in-process with its terminal reporter off: the progress bar and our own summary
-    replace it; collection errors are printed by _Progress. Returns (exit code, this
+    """pytest in-process with its terminal reporter off: the progress display and our own
+    summary replace it; collection errors are printed by _Progress. Returns (exit code, this
     session's entries), handed over through the manifest and its results file."""
     import pytest
 
     from falsify.harness import handover
+    from falsify.harness.generate import module_name
 
     tmp = Path(tempfile.mkdtemp(prefix="falsify-run-"))
     try:
@@ -165,7 +232,13 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
                                              "-p", "no:benchmark"]
         if workers > 1:
             args += ["-n", str(workers)]
-        rc = int(pytest.main(args + extra, plugins=[_Progress(console)]))
+        if "triton" in manifest["backends"]:
+            from falsify import triton_env
+
+            triton_env.announce()
+        names = {module_name(c): c for c in manifest["contracts"]}
+        progress = _Progress(console, names, _expected_seconds(manifest["ledger"]), workers)
+        rc = int(pytest.main(args + extra, plugins=[progress]))
         return rc, handover.read_results(tmp / "results.json")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -356,17 +429,105 @@ def hollow_kills(runs, mutants) -> list[dict]:
             and (e["contract"], e.get("killed_by")) in failing]
 
 
+def _shard(args, contracts, proj) -> list:
+    """`--shard K/N`: this shard's contracts, split by the seconds the balance ledger records
+    (falsify.harness.shard); every shard must read the same balance ledger."""
+    if not args.shard:
+        return contracts
+    from falsify.harness import ledger, shard
+
+    src = Path(args.balance_ledger) if args.balance_ledger else proj.ledger_path
+    try:
+        balance = ledger.load(src)
+    except ledger.LedgerError as e:
+        raise UsageError(str(e)) from None
+    return shard.select(contracts, args.shard, balance)
+
+
+def _echo_seed(args, seed, origin, console) -> None:
+    """The seed and the command line that reruns exactly this run: every option that selects
+    what runs or how hard it searches, so the line reruns this run and not a larger one."""
+    argv = ["falsify", "run", *args.contracts, "--seed", str(seed)]
+    argv += [a for b in args.bind for a in ("--bind", b)]
+    argv += ["--backend", args.backend] if args.backend else []
+    argv += ["-k", args.k] if args.k else []
+    argv += ["--shard", args.shard] if args.shard else []
+    argv += ["--balance-ledger", args.balance_ledger] if args.balance_ledger else []
+    argv += ["--thorough"] * bool(args.thorough) + ["--no-mutants"] * bool(args.no_mutants)
+    console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
+                  f"{shlex.join(argv)}", soft_wrap=True)  # one line, to copy
+
+
+def _reuse(args, contracts, ledger_path, keep, select, profile, console) -> list[str]:
+    from falsify.harness import ledger
+
+    if args.changed:
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile)
+        console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
+                      f"and implementation are unchanged, searched under the {profile} profile "
+                      "or a harder one", markup=False)
+        return reuse
+    if args.reuse_seedless:
+        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile,
+                          seedless_only=True)
+        console.print(f"falsify: --reuse-seedless: reused {len(reuse)} passing result(s) of "
+                      "checks that draw no examples (training probes, proofs, compiles) and whose "
+                      "contract and implementation are unchanged: no seed can change them",
+                      markup=False)
+        return reuse
+    return []
+
+
+def _report(args, contracts, session, rc, ctx, console) -> int:
+    """Failures, survivors, the table (or JSON) and the summary line; the exit code."""
+    from falsify.harness import ledger
+
+    data = ledger.load(ctx["ledger"])
+    # only what this session ran: the ledger also holds other contracts' results, some of
+    # them written by concurrent runs while this one was in flight
+    selected = {c.id for c in contracts}
+    runs = [e for e in session["runs"] if e["contract"] in selected]
+    muts = [e for e in session["mutants"] if e["contract"] in selected]
+    _print_failures(contracts, runs, console, ctx["seed"], ctx["flags"])
+    _print_survivors(muts, console)
+    if args.format == "json":
+        print(json.dumps({"entries": runs, "mutants": muts, "exit": rc}, indent=1, default=str))
+    else:
+        _results_table(contracts, data, ctx["keep"], console)
+    summary = _summary(contracts, data, runs, muts, ctx["select"], ctx["bind_note"], ctx["keep"])
+    console.print(f"{summary}; ledger {ctx['ledger']}; {time.time() - ctx['start']:.0f} s",
+                  markup=False)
+    if ctx["junit"]:
+        console.print(f"JUnit XML written to {ctx['junit']}")
+    if rc == 5:
+        raise UsageError("no check selected (wrong --backend or -k?)")
+    survived = any(e["outcome"] != "killed" and not _needs_gpu(e) for e in muts)
+    return 0 if rc == 0 and not survived else 1
+
+
+def _empty_shard(args, ledger_path, console) -> int:
+    """A shard the split left without contracts still writes its (empty) ledger: the merge
+    step expects one file per shard."""
+    from falsify.harness import ledger
+
+    ledger.merge([], [], ledger_path)
+    console.print(f"falsify: shard {args.shard} holds no contract of this selection; "
+                  f"ledger {ledger_path} written without results", markup=False)
+    return 0
+
+
 def cmd_run(args) -> int:
     from rich.console import Console
 
-    from falsify.harness import ledger
+    from falsify.harness import shard
     from falsify.harness.project import require_project
 
+    if args.shard:
+        shard.parse(args.shard)  # a bad K/N is a usage error before anything is loaded
     proj = require_project("falsify run")
     console = Console(stderr=args.format != "table")
-    contracts = _select(args.contracts, proj)
+    contracts = _shard(args, _select(args.contracts, proj), proj)
     binds = _parse_binds(args.bind, contracts)
-    modules = _ensure_generated(contracts, proj)
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
     keep = backends + [b for b in SYMBOLIC if b not in backends]
@@ -377,15 +538,7 @@ def cmd_run(args) -> int:
     # what a failure's own reproduction needs beside its -k node id
     flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
     if seed is not None:
-        # every option that selects what runs or how hard it searches, so the line reruns
-        # this run and not a larger one
-        argv = ["falsify", "run", *args.contracts, "--seed", str(seed)]
-        argv += [a for b in args.bind for a in ("--bind", b)]
-        argv += ["--backend", args.backend] if args.backend else []
-        argv += ["-k", args.k] if args.k else []
-        argv += ["--thorough"] * bool(args.thorough) + ["--no-mutants"] * bool(args.no_mutants)
-        console.print(f"falsify: hypothesis seed {seed} ({origin}); rerun exactly: "
-                      f"{shlex.join(argv)}", soft_wrap=True)  # one line, to copy
+        _echo_seed(args, seed, origin, console)
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
     bind_note = None
     if binds:
@@ -395,53 +548,22 @@ def cmd_run(args) -> int:
             ledger_path = ledger_path.with_name("ledger-bind.json")
         bind_note = (f"--bind checks {', '.join(binds)}: mutants not run and the results are "
                      "not the project's coverage")
+    if not contracts:
+        return _empty_shard(args, ledger_path, console)
+    modules = _ensure_generated(contracts, proj)
     select = "checks" if (args.no_mutants or binds) else "all"
-    extra = []
-    junit = None
-    if args.format == "junit":
-        junit = Path(args.junit_file)
-        extra += ["--junitxml", str(junit)]
-    if args.k:
-        extra += ["-k", args.k]
+    junit = Path(args.junit_file) if args.format == "junit" else None
+    extra = (["--junitxml", str(junit)] if junit else []) + (["-k", args.k] if args.k else [])
     start = time.time()
-    reuse = []
-    if args.changed:
-        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile)
-        console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
-                      f"and implementation are unchanged, searched under the {profile} profile "
-                      "or a harder one", markup=False)
-    elif args.reuse_seedless:
-        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile,
-                          seedless_only=True)
-        console.print(f"falsify: --reuse-seedless: reused {len(reuse)} passing result(s) of "
-                      "checks that draw no examples (training probes, proofs, compiles) and whose "
-                      "contract and implementation are unchanged: no seed can change them",
-                      markup=False)
+    reuse = _reuse(args, contracts, ledger_path, keep, select, profile, console)
     manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
     with _seeded(seed):
         rc, session = _pytest(modules, manifest, extra, args.workers, console)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
         rc = 0
-    data = ledger.load(ledger_path)
-    # only what this session ran: the ledger also holds other contracts' results, some of
-    # them written by concurrent runs while this one was in flight
-    selected = {c.id for c in contracts}
-    runs = [e for e in session["runs"] if e["contract"] in selected]
-    muts = [e for e in session["mutants"] if e["contract"] in selected]
-    _print_failures(contracts, runs, console, seed, flags)
-    _print_survivors(muts, console)
-    if args.format == "json":
-        print(json.dumps({"entries": runs, "mutants": muts, "exit": rc}, indent=1, default=str))
-    else:
-        _results_table(contracts, data, keep, console)
-    console.print(f"{_summary(contracts, data, runs, muts, select, bind_note, keep)}; "
-                  f"ledger {ledger_path}; {time.time() - start:.0f} s", markup=False)
-    if junit:
-        console.print(f"JUnit XML written to {junit}")
-    if rc == 5:
-        raise UsageError("no check selected (wrong --backend or -k?)")
-    survived = any(e["outcome"] != "killed" and not _needs_gpu(e) for e in muts)
-    return 0 if rc == 0 and not survived else 1
+    ctx = dict(ledger=ledger_path, seed=seed, flags=flags, keep=keep, select=select,
+               bind_note=bind_note, start=start, junit=junit)
+    return _report(args, contracts, session, rc, ctx, console)
 
 
 def cmd_mutants(args) -> int:
@@ -510,6 +632,13 @@ def register(sub) -> None:
     r.add_argument("--reuse-seedless", action="store_true",
                    help="reuse current passing results of the checks that draw no examples "
                         "(training probes, proofs, compiles): a new seed cannot change them")
+    r.add_argument("--shard", default=None, metavar="K/N",
+                   help="run shard K of N: the contracts split over N runs, balanced by the "
+                        "seconds --balance-ledger records; merge the shards' ledgers with "
+                        "`pv ledger merge`")
+    r.add_argument("--balance-ledger", default=None, metavar="LEDGER",
+                   help="with --shard: the ledger whose durations balance the split (default: "
+                        "the project's `ledger`); every shard must name the same one")
     r.add_argument("--seed", default=None, metavar="N|commit",
                    help="hypothesis seed for every check (reproducible exploration); 'commit' "
                         "derives it from `git rev-parse HEAD`")

@@ -59,6 +59,23 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _write(data: dict, path: Path) -> None:
+    """Replace the ledger at `path` with `data`: a temp file in the same directory, fsynced,
+    then os.replace, so a reader sees the old file or the new one, never half of either."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def merge(entries: list[dict], mutants: list[dict], path: Path) -> Path:
     """Merge new entries over the ledger on disk, atomically."""
     path = Path(path)
@@ -68,15 +85,50 @@ def merge(entries: list[dict], mutants: list[dict], path: Path) -> Path:
             data["runs"][run_key(e)] = e
         for m in mutants:
             data["mutants"][mutant_key(m)] = m
-        data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write(data, path)
     return path
+
+
+class LedgerConflict(LedgerError):
+    """Two ledgers hold the same key with different verdicts or hashes."""
+
+
+# what makes two entries of one key the same result: the verdict, and the contract text and
+# implementation it judged (times, seeds and durations differ between any two runs)
+_SAME = ("outcome", "sha256", "impl_sha")
+
+
+def combine(paths: list[Path]) -> dict:
+    """The union of several ledgers (shards of one run). A key held by two files must carry
+    the same outcome and hashes in both; otherwise LedgerConflict names the key and both
+    files. Of two agreeing entries, the later one (by `time`) is kept."""
+    out = {"version": VERSION, "runs": {}, "mutants": {}}
+    origin: dict[tuple[str, str], Path] = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise LedgerError(f"{path}: no such ledger")
+        data = load(path)
+        for section in ("runs", "mutants"):
+            for key, e in data[section].items():
+                old = out[section].get(key)
+                if old is not None:
+                    diff = [f for f in _SAME if old.get(f) != e.get(f)]
+                    if diff:
+                        what = "; ".join(f"{f} {old.get(f)!r} vs {e.get(f)!r}" for f in diff)
+                        raise LedgerConflict(f"{section[:-1]} {key!r} differs between "
+                                             f"{origin[section, key]} and {path}: {what}")
+                    if str(e.get("time", "")) <= str(old.get("time", "")):
+                        continue
+                out[section][key] = e
+                origin[section, key] = path
+    return out
+
+
+def write_merged(paths: list[Path], out: Path) -> dict:
+    """`pv ledger merge`: combine `paths` and write the result to `out` atomically (under
+    the ledger lock, so a concurrent writer to `out` is not lost)."""
+    data = combine(paths)
+    out = Path(out)
+    with _locked(out):
+        _write(data, out)
+    return data
