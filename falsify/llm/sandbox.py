@@ -9,6 +9,10 @@ kernel-enforced (they hold whatever the program does, C code included, and as ro
   - CPU time: RLIMIT_CPU, then SIGXCPU/SIGKILL;
   - memory: RLIMIT_AS (address space), so an unbounded allocation ends in MemoryError;
   - file size: RLIMIT_FSIZE on every file it writes, its stdout and stderr included;
+  - file system (Landlock, ABI 3 or later): writes of every kind only beneath the working
+    directory, reads only beneath it, the Python installation, /usr, /lib*, /etc and three
+    devices, however a path is reached (chdir, dir_fd, /proc/self/cwd, links, C code); with
+    ABI 4 or later TCP bind and connect are refused too;
   - system calls (seccomp, through libseccomp): no new process (fork, vfork, a clone without
     CLONE_THREAD; threads may run), no exec, no socket, no signal to another process, no
     ptrace, mount, namespace change, module or BPF load;
@@ -16,17 +20,19 @@ kernel-enforced (they hold whatever the program does, C code included, and as ro
     CLONE_NEWUSER|NEWNET without root), where the kernel allows one;
   - wall clock: the parent kills the whole process group after `wall_s`.
 interpreter-level (an audit hook, PEP 578; it cannot be removed once installed)
-  - any write, rename, removal, chmod or link outside the working directory is refused, and
-    any read outside it and the Python installation (so a program cannot copy the user's
-    files into its output, the one channel it has). This is the one containment C code could
-    step around: a program that needs to reach elsewhere must first load C code, and ctypes,
-    cffi and the like are refused at import;
+  - any write, rename, removal, chmod, link, fifo or node outside the working directory is
+    refused, and any read outside it and the Python installation, each path resolved against
+    the current directory at the time of the call or the directory behind its dir_fd; ctypes,
+    cffi and the like are refused at import. C code could step around this layer; Landlock
+    holds it then;
   - the process, socket and signal calls above fail earlier, with a message naming the call.
 
-The result records what was in force (`containment`). Without libseccomp the bootstrap stops
-before the program's first line (SandboxError): the program never runs less contained than
-this says. Only the network namespace may be missing (some container runtimes refuse it);
-seccomp's socket rule holds the network then, and the result says so.
+The result records what was in force (`containment`, with the Landlock ABI). Without
+libseccomp, or without Landlock ABI 3 unless the caller passes `allow_unconfined`, the
+bootstrap stops before the program's first line (SandboxError): the program never runs less
+contained than this says. Only the network namespace may be missing (some container
+runtimes refuse it); seccomp's socket rule and Landlock hold the network then, and the result
+says so.
 """
 
 from __future__ import annotations
