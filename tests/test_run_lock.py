@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 
 from falsify.llm import run as RUN
-from falsify.llm import run_lock as L
 
+# A live run as the lock sees it: the flock held on .falsify-run.lock and its record written.
+# Plain fcntl, not run_lock, so that the refusal is shown against code that takes no lock.
 _HOLDER = """
-import sys, time
-from falsify.llm import run_lock
-run_lock.acquire(sys.argv[1])
+import fcntl, json, os, sys, time
+from pathlib import Path
+run = Path(sys.argv[1])
+run.mkdir(parents=True, exist_ok=True)
+fd = os.open(run / ".falsify-run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
+                         "command": "holder"}).encode())
 print("held", flush=True)
 time.sleep(600)
 """
@@ -65,6 +71,7 @@ def test_every_run_type_takes_the_lock(tmp_path, verb):
     """A fresh run of each kind on a held directory is refused before it reads anything."""
     from falsify.llm import distill as D
     from falsify.llm import finetune as FT
+    from falsify.llm import run_lock as L
 
     run = tmp_path / "run"
     proc = _hold(run)
@@ -81,6 +88,8 @@ def test_every_run_type_takes_the_lock(tmp_path, verb):
 
 
 def test_a_killed_runs_lock_is_taken_over_with_a_message(tmp_path, caplog):
+    from falsify.llm import run_lock as L
+
     run = tmp_path / "run"
     proc = _hold(run)
     _kill(proc)  # kill -9: the kernel drops the flock, the file with its record stays
@@ -100,5 +109,7 @@ def test_a_killed_runs_lock_is_taken_over_with_a_message(tmp_path, caplog):
 
 def test_a_finished_run_releases_the_lock(tmp_path, short_run):
     """A completed run leaves an empty record, so the next run neither waits nor warns."""
+    from falsify.llm import run_lock as L
+
     assert (short_run / L.LOCK_NAME).read_text() == ""
     L.acquire(short_run).release()
