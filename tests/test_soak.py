@@ -146,7 +146,7 @@ def test_seeded_ci_runs_are_not_derandomized(monkeypatch):
 
 
 def test_commit_seed_is_stable_per_commit():
-    from falsify.cli.soak import commit_seed
+    from falsify.cli.session import commit_seed
 
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: there is no commit to derive a seed from")

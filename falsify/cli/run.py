@@ -16,62 +16,21 @@ import json
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from falsify.cli.session import (
+    ensure_generated,
+    repro_command,
+    resolve_seed,
+    run_manifest,
+    select_contracts,
+)
 from falsify.errors import UsageError
 
 SYMBOLIC = ("z3", "crosshair")
 
-
-def _select(names: list[str], proj):
-    """Contracts by id (the project's or the library's) or by path; the project's own
-    contracts when none is named. Each is parsed once, here, and handed to the runtime."""
-    from falsify.harness import runtime
-    from falsify.harness.model import resolve_arg
-    from falsify.harness.project import id_space, project_contracts
-    from falsify.harness.validate import validate
-
-    space = id_space(proj)  # a project contract that clashes with a library id is an error
-    paths = []
-    for n in names:
-        p = resolve_arg(n)
-        if not p.exists():
-            raise UsageError(f"no contract {n!r}: not a file, and not a contract id of the "
-                             "project or the library (`pv list` shows the library)")
-        known = space.get(p.name.rsplit(".", 1)[0])
-        if p.is_file() and known is not None and known.path != p.resolve():
-            # its results and generated module would be filed under the other file's id
-            raise UsageError(f"{p} has the id of {known.origin} contract {known.path}: rename "
-                             "it, or put it in the project and list the id under `overrides`")
-        paths.append(p)
-    if not names:
-        paths = project_contracts(proj)
-        if not paths:
-            raise UsageError(f"no contracts in {', '.join(map(str, proj.contract_dirs))}: add "
-                             "one, or name library contracts by id (`pv list` shows them)")
-    rep = validate(paths)
-    if rep.errors:
-        for f in rep.errors:
-            print(f, file=sys.stderr)
-        raise UsageError(f"{len(rep.errors)} validation error(s); run `pv validate`")
-    return [runtime.remember(c) for c in rep.contracts if c.mode == "native"]
-
-
-def _ensure_generated(contracts, proj) -> list[Path]:
-    from falsify.harness import generate
-
-    out = proj.generated_dir
-    expected = generate.plan_tests(contracts, out)
-    stale = [p for p, why in generate.stale_files(expected, out)
-             if p in expected]  # only the selected contracts' modules; never delete others
-    for p in stale:
-        generate.atomic_write(p, expected[p])
-    if stale:
-        print(f"falsify: regenerated {len(stale)} test module(s) in {out}", file=sys.stderr)
-    return [out / generate.module_name(c.id) for c in contracts]
 
 
 def _parse_binds(binds: list[str], contracts) -> dict[str, str]:
@@ -306,14 +265,6 @@ def _reusable(contracts, data: dict, keep: list[str], select: str, profile: str,
     return out
 
 
-def _manifest(proj, contracts, select: str, profile: str, backends: list[str],
-              binds: dict, ledger_path: Path, reuse: list[str] = ()) -> dict:
-    return dict(project_root=str(proj.root), select=select, profile=profile,
-                backends=list(backends), binds=binds, ledger=str(ledger_path),
-                reuse=list(reuse),
-                contracts={c.id: {"path": str(c.path.resolve()), "sha256": c.sha256}
-                           for c in contracts})
-
 
 def _results_table(contracts, ledger_data, backends, console):
     from rich.table import Table
@@ -361,8 +312,6 @@ def _print_failures(contracts, entries, console, seed=None, flags=""):
         if t and t.if_fails:
             console.print(f"  diagnosis (if_fails): {t.if_fails}", markup=False)
         if seed is not None:
-            from falsify.cli.soak import repro_command
-
             line = repro_command(e["contract"], seed, e["nodeid"], flags=flags)
             console.print(f"  reproduce: {line}", markup=False, soft_wrap=True)
 
@@ -526,14 +475,12 @@ def cmd_run(args) -> int:
         shard.parse(args.shard)  # a bad K/N is a usage error before anything is loaded
     proj = require_project("falsify run")
     console = Console(stderr=args.format != "table")
-    contracts = _shard(args, _select(args.contracts, proj), proj)
+    contracts = _shard(args, select_contracts(args.contracts, proj), proj)
     binds = _parse_binds(args.bind, contracts)
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
     keep = backends + [b for b in SYMBOLIC if b not in backends]
     profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else proj.profile)
-    from falsify.cli.soak import resolve_seed
-
     seed, origin = resolve_seed(args.seed)
     # what a failure's own reproduction needs beside its -k node id
     flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
@@ -550,13 +497,13 @@ def cmd_run(args) -> int:
                      "not the project's coverage")
     if not contracts:
         return _empty_shard(args, ledger_path, console)
-    modules = _ensure_generated(contracts, proj)
+    modules = ensure_generated(contracts, proj)
     select = "checks" if (args.no_mutants or binds) else "all"
     junit = Path(args.junit_file) if args.format == "junit" else None
     extra = (["--junitxml", str(junit)] if junit else []) + (["-k", args.k] if args.k else [])
     start = time.time()
     reuse = _reuse(args, contracts, ledger_path, keep, select, profile, console)
-    manifest = _manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
+    manifest = run_manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
     with _seeded(seed):
         rc, session = _pytest(modules, manifest, extra, args.workers, console)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
@@ -574,13 +521,13 @@ def cmd_mutants(args) -> int:
 
     proj = require_project("falsify mutants")
     console = Console()
-    contracts = _select(args.contracts, proj)
-    modules = _ensure_generated(contracts, proj)
+    contracts = select_contracts(args.contracts, proj)
+    modules = ensure_generated(contracts, proj)
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
     profile = "ci" if os.environ.get("CI") else proj.profile
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
-    manifest = _manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
+    manifest = run_manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
     rc, session = _pytest(modules, manifest, [], args.workers, console)
     t = Table(title="falsify mutants")
     for col in ("contract", "mutant", "obligation", "backend", "result", "killed by"):

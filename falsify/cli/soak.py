@@ -4,17 +4,15 @@ Each round runs one contract's checks (round-robin, so every contract comes roun
 seed in a child pytest, with the time left as its budget: the child is stopped at the deadline,
 so the soak ends within the minutes given. A failing check is reported with the one command
 that reproduces it (`falsify run CONTRACT --seed N -k TEST`): with a fixed seed every check
-draws the same examples again (falsify/harness/runtime.py `check_settings`). Each round keeps its
-own
-example database: a failure one round saved is not replayed in the next, where it would be
-reported under a seed that does not reproduce it.
+draws the same examples again (falsify/harness/runtime.py `check_settings`). Each round
+keeps its own example database: a failure one round saved is not replayed in the next, where
+it would be reported under a seed that does not reproduce it.
 
 Exit codes: 0 nothing failed, 1 a check failed (or errored), 2 usage error.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -26,51 +24,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from falsify.cli.session import ensure_generated, repro_command, run_manifest, select_contracts
 from falsify.errors import UsageError
 
-SEED_ENV = "FALSIFY_SEED"
 # pytest -v prints one line per test: "path::test_name PASSED [ 12%]"
 _RESULT = re.compile(r"^(?P<node>\S+::\S+) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 GRACE_S = 5.0  # after SIGTERM at the deadline, before SIGKILL
 
-
-def commit_seed(cwd: Path | None = None) -> tuple[int, str]:
-    """A 32-bit seed derived from the checked-out commit of the project in `cwd`, and the
-    commit: every CI run of one commit explores the same examples, each new commit new ones."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        raise UsageError(f"--seed commit: `git rev-parse HEAD` failed here ({e}); "
-                         "give a number instead") from None
-    digest = hashlib.sha256(f"falsify-seed:{head}".encode()).hexdigest()
-    return int(digest[:8], 16), head
-
-
-def resolve_seed(text: str | None) -> tuple[int | None, str]:
-    """`--seed N` (decimal or 0x...) or `--seed commit`; returns (seed, where it came from)."""
-    if text is None:
-        return None, ""
-    if text == "commit":
-        n, head = commit_seed()
-        return n, f"from commit {head[:12]}"
-    try:
-        n = int(text, 0)
-    except ValueError:
-        raise UsageError(f"--seed {text!r}: expected an integer or 'commit'") from None
-    if not 0 <= n < 2**32:
-        raise UsageError(f"--seed {n}: must be in [0, 2^32)")
-    return n, "given"
-
-
-def repro_command(contract: str, seed: int, nodeid: str, backend: str | None = None,
-                  flags: str = "") -> str:
-    """The one line that reruns a single check of a seeded run (`flags`: the run's --bind and
-    --thorough, which change what is checked or how much)."""
-    test = nodeid.split("::")[-1].split("[")[0]
-    b = f" --backend {backend}" if backend else ""
-    f = f" {flags}" if flags else ""
-    return f"falsify run {contract} --seed {seed}{b}{f} -k {test}"
 
 
 @dataclass
@@ -159,7 +119,6 @@ def seedless_keys(c) -> list[str]:
 
 
 def cmd_soak(args) -> int:
-    from falsify.cli.run import _ensure_generated, _manifest, _select
     from falsify.harness import handover
     from falsify.harness.project import require_project, resolve_id
 
@@ -169,11 +128,11 @@ def cmd_soak(args) -> int:
     # the deadline gets GRACE_S to exit, so that is kept in hand
     end = time.monotonic() + 60.0 * args.minutes - GRACE_S
     proj = require_project("falsify soak")
-    contracts = _select(args.contracts, proj)
+    contracts = select_contracts(args.contracts, proj)
     if not contracts:
         raise UsageError("no native contract to soak")
     by_id = {c.id: c for c in contracts}
-    modules = dict(zip(by_id, _ensure_generated(contracts, proj)))
+    modules = dict(zip(by_id, ensure_generated(contracts, proj)))
     # how `falsify run` names each contract again: its id where the id resolves to this file
     # (the project's or the library's), else its path
     names = {c.id: c.id if resolve_id(c.id, proj) == Path(c.path) else str(c.path)
@@ -199,7 +158,7 @@ def cmd_soak(args) -> int:
             seed = secrets.randbits(32)
             ledger = Path(tmp) / f"round-{k}.json"
             manifest = handover.write(Path(tmp) / f"round-{k}.manifest.json", handover.Manifest(
-                **_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger,
+                **run_manifest(proj, [by_id[cid]], "checks", "fast", backends, {}, ledger,
                             reuse=seedless_keys(by_id[cid])),
                 results=str(Path(tmp) / f"round-{k}.results.json"),
                 example_db=str(Path(tmp) / f"round-{k}.examples")))

@@ -188,8 +188,8 @@ def load_timings(path: Path | None, gpu: str | None) -> dict | None:
     """kernel -> backend -> ms from a bench baseline file; None without one."""
     if path is None:
         return None
-    from falsify.bench.baseline import load_baseline
     from falsify.errors import UsageError
+    from falsify.llm.bench_baseline import load_baseline
 
     try:
         doc = load_baseline(Path(path))

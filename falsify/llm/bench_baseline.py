@@ -1,7 +1,8 @@
 """The `falsify bench kernels` baseline file: its format and its validated reading.
 
 Apart from the benchmark (which imports every kernel) so that the dispatcher
-(falsify/llm/dispatch.py) can read a file's timings without importing them.
+(falsify/llm/dispatch.py) can read a file's timings without importing them; here, below
+the benchmark, because the application must not import falsify/bench.
 """
 
 from __future__ import annotations

@@ -1,0 +1,183 @@
+"""Layers point one way, read from the code's own imports (at any depth, function bodies
+included, and `importlib.import_module` of a literal or an f-string with a literal prefix).
+
+    contracts, reference          -> nothing of ours
+    kernels (torch, triton)       -> reference, for shared constants only (UPPER_CASE names)
+    harness                       -> contracts
+    llm (the application)         -> kernels, harness, reference
+    probes, mutants, proofs       -> llm, kernels, harness, reference
+    bench                         -> the above
+    cli                           -> everything; nothing imports cli but falsify/__main__.py
+    errors, triton_env            -> leaves anyone may import
+
+KNOWN lists the upward imports that remain, each with the reason it is still there. It is a
+ratchet: a new upward import fails the test, and so does removing one without removing its
+line here, so the list only shrinks."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAVES = {"errors", "triton_env"}
+ALLOWED = {
+    "package": {"leaf"},
+    "contracts": set(),
+    "reference": {"leaf"},
+    "kernels": {"reference-constant", "leaf"},
+    "harness": {"contracts", "leaf"},
+    "llm": {"kernels", "harness", "reference", "reference-constant", "contracts", "leaf"},
+    "checks": {"llm", "kernels", "harness", "reference", "reference-constant", "contracts",
+               "leaf"},
+    "bench": {"checks", "llm", "kernels", "harness", "reference", "reference-constant",
+              "contracts", "leaf"},
+    "cli": {"package", "bench", "checks", "llm", "kernels", "harness", "reference",
+            "reference-constant", "contracts", "leaf"},
+    "main": {"package", "cli", "leaf"},
+}
+CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+# (importing file, imported module): why it is still there
+KNOWN = {
+    ("falsify/bench/__init__.py", "falsify.cli.common"):
+        "`falsify bench` registers its verbs with the CLI's group helper",
+    ("falsify/bench/kernels.py", "falsify.cli"):
+        "`python -m falsify.bench.kernels` (the memory child) dispatches through the CLI",
+    ("falsify/llm/pipeline.py", "falsify.cli"):
+        "the pipeline runs each stage as its CLI verb; the verbs' bodies have to move into "
+        "library functions first",
+    ("falsify/llm/pipeline.py", "falsify.cli.merge"):
+        "load_adapted lives in the merge verb",
+    # The tokenizer's optimized backend is the application's own tokenizer (llm/data.py), and
+    # the reference reads the trained merges from it: the contract should hand both sides the
+    # tokenizer file as an input instead.
+    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm"): "the project's tokenizer recipe",
+    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.config"): "model_config's vocab",
+    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.preflight"): "the vocab check",
+    ("falsify/reference/bpe_tokenizer.py", "falsify.kernels.torch.bpe_tokenizer"):
+        "the trained merges under test",
+}
+# Argument checks and small helpers the kernels share with their reference (one definition of
+# the rule); they belong in falsify/kernels with the reference keeping its own.
+KNOWN.update({(f"falsify/kernels/{f}.py", f"falsify.reference.{r}"): "shared argument check"
+              for f, r in [("torch/adamw", "adamw"), ("torch/gguf_quants", "gguf_quants"),
+                           ("torch/grad_accumulation", "grad_accumulation"),
+                           ("torch/grad_clip", "grad_clip"), ("torch/lora", "lora"),
+                           ("torch/lr_schedule", "lr_schedule"), ("torch/merging", "merging"),
+                           ("torch/nf4", "nf4"), ("torch/pruning", "pruning"),
+                           ("torch/qlora", "lora"), ("torch/qlora", "nf4"),
+                           ("triton/adamw", "adamw"), ("triton/grad_clip", "grad_clip"),
+                           ("triton/lora", "lora"), ("triton/qlora", "lora")]})
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "falsify":
+        return None
+    if len(parts) == 1:
+        return "package"
+    top = parts[1]
+    if top in LEAVES:
+        return "leaf"
+    if top == "__main__":
+        return "main"
+    if top in ("probes", "mutants", "proofs"):
+        return "checks"
+    if top in ("contracts", "reference", "kernels", "harness", "llm", "bench", "cli"):
+        return top
+    return None
+
+
+def _module_of(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def _string_prefix(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0],
+                                                                          ast.Constant):
+        return node.values[0].value.rstrip(".")
+    return None
+
+
+def imports(source: str) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) for every import in `source`, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [a.name for a in node.names]
+            if node.module == "falsify":  # `from falsify import cli`: the submodules
+                out += [(node.lineno, f"falsify.{n}", []) for n in names]
+            else:
+                out.append((node.lineno, node.module, names))
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"):
+            mod = _string_prefix(node.args[0])
+            if mod:
+                out.append((node.lineno, mod, []))
+    return out
+
+
+def violations(root: Path) -> list[tuple[str, int, str, str, str]]:
+    """(file, line, importer layer, imported layer, module) for every import that points the
+    wrong way under `root` (a tree holding falsify/)."""
+    bad = []
+    for path in sorted((root / "falsify").rglob("*.py")):
+        src_layer = layer(_module_of(path, root))
+        if src_layer is None:
+            continue
+        rel = path.relative_to(root).as_posix()
+        for line, module, names in imports(path.read_text(encoding="utf-8")):
+            dst = layer(module)
+            if dst is None or dst == src_layer:
+                continue
+            if dst == "reference" and names and all(CONSTANT.match(n) for n in names):
+                dst = "reference-constant"
+            if dst not in ALLOWED[src_layer]:
+                bad.append((rel, line, src_layer, dst, module))
+    return bad
+
+
+def _render(v) -> str:
+    return f"{v[0]}:{v[1]}: {v[2]} -> {v[3]} ({v[4]})"
+
+
+def test_layers_point_one_way():
+    found = violations(ROOT)
+    new = [v for v in found if (v[0], v[4]) not in KNOWN]
+    assert not new, "upward imports:\n" + "\n".join(map(_render, new))
+    gone = set(KNOWN) - {(v[0], v[4]) for v in found}
+    assert not gone, f"fixed, so remove from KNOWN: {sorted(gone)}"
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def test_the_checker_fails_on_an_upward_import(tmp_path):
+    root = _tree(tmp_path, {
+        "falsify/__init__.py": "",
+        "falsify/harness/model.py": "def f():\n    from falsify.cli.common import group\n",
+        "falsify/reference/softmax.py": "import falsify.kernels.torch.softmax\n",
+        "falsify/kernels/torch/gemm.py": "from falsify.reference.gemm import check_args\n",
+        "falsify/kernels/torch/nf4.py": "from falsify.reference.nf4 import NF4_CODE\n",
+        "falsify/llm/ops.py": ("import importlib\n"
+                               "def k(b):\n"
+                               "    return importlib.import_module(f'falsify.bench.{b}')\n"),
+        "falsify/cli/run.py": "from falsify.llm import ops\n",
+    })
+    got = {(v[0], v[2], v[3]) for v in violations(root)}
+    assert got == {("falsify/harness/model.py", "harness", "cli"),
+                   ("falsify/reference/softmax.py", "reference", "kernels"),
+                   ("falsify/kernels/torch/gemm.py", "kernels", "reference"),
+                   ("falsify/llm/ops.py", "llm", "bench")}, got
