@@ -41,8 +41,6 @@ CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 # (importing file, imported module): why it is still there
 KNOWN = {
-    ("falsify/bench/__init__.py", "falsify.cli.common"):
-        "`falsify bench` registers its verbs with the CLI's group helper",
     ("falsify/bench/kernels.py", "falsify.cli"):
         "`python -m falsify.bench.kernels` (the memory child) dispatches through the CLI",
     ("falsify/llm/pipeline.py", "falsify.cli"):

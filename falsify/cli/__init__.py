@@ -25,7 +25,7 @@ from falsify.cli import common
 
 VERBS = (  # the order of `falsify --help`
     "falsify.cli.run",       # run, mutants
-    "falsify.bench",         # bench kernels | train | finetune
+    "falsify.cli.bench",     # bench kernels | train | finetune
     "falsify.cli.train",     # train
     "falsify.cli.distill",   # distill
     "falsify.cli.finetune",  # finetune
