@@ -36,7 +36,8 @@ PATH = re.compile(
     r"(?<![\w/.~$-])((?:" + "|".join(TOPS) + r")/[A-Za-z0-9_./-]*?"
     r"(?:\.(?:py|yaml|yml|md|json|jsonl|toml)|/))(?![\w/-])"
     r"(?::([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_]\w*)?))?")
-# `falsify.probes.train:name`: a module of ours by its import path, optionally with a name in it.
+# `falsify.probes.train_loop:name`: a module of ours by its import path, optionally with a name
+# in it.
 MODULE = re.compile(r"(?<![\w.])(falsify(?:\.[a-z_][a-z0-9_]*)+)(?::([A-Za-z_]\w*))?")
 DATA_SUFFIXES = (".toml", ".yml", ".yaml", ".json", ".md", ".py")  # falsify.toml is a file name
 # `falsify/X/Y.py`, `contracts/NAME-kernel-v1.yaml`: a pattern, not a file.
@@ -262,7 +263,8 @@ def test_missing_function_is_reported():
 
 
 def test_stale_module_is_reported():
-    assert stale_modules([("f.py", "falsify.toml, falsify.probes.train and falsify.harness")]) == []
+    assert stale_modules(
+        [("f.py", "falsify.toml, falsify.probes.train_loop and falsify.harness")]) == []
     assert stale_modules([("f.py", "falsify.impl.llm.run:PretrainRun")]) == [
         "f.py: module falsify.impl.llm.run does not exist"]
     assert stale_modules([("f.py", "falsify.reference.softmax:no_such_name")]) == [

@@ -260,7 +260,7 @@ def test_an_unresolved_policy_is_an_error_and_the_model_does_not_depend_on_the_d
 
     with pytest.raises(ops_mod.BackendUnavailableError, match="no run has resolved"):
         ops_mod.get_ops("fastest-verified")
-    deps = sources({"falsify.llm.model", "falsify.probes.parity"})
+    deps = sources({"falsify.llm.model", "falsify.probes.model_parity"})
     assert "falsify.llm.ops" in deps and "falsify.llm.dispatch" not in deps
     model = sources({"falsify.llm.model"})
     assert not [m for m in model if m.startswith("falsify.harness")]

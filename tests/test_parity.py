@@ -17,7 +17,7 @@ import torch
 
 from falsify.llm import parity as P
 from falsify.llm import parity_bisect as B
-from falsify.mutants import parity as M
+from falsify.mutants import model_parity as M
 
 SMALL = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
              intermediate_size=160, max_seq_len=32, init_std=0.2)
@@ -104,14 +104,14 @@ def test_cli_json_plot_and_pass(tmp_path):
 
 def test_cli_bisect_on_a_mutant_exits_1_and_names_the_obligation(tmp_path):
     r = _cli("--format", "json", "--backends", "torch", "--tokens", "16", "--bisect",
-             "--bind", "rmsnorm.torch=falsify.mutants.parity:rmsnorm_eps_10x", *SMALL_ARGS,
+             "--bind", "rmsnorm.torch=falsify.mutants.model_parity:rmsnorm_eps_10x", *SMALL_ARGS,
              cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)["bisect"]["torch"]
     assert rep["first"]["point"] == "L0.attn_norm"
     assert "RN-EQV-001" in rep["message"] and "rmsnorm-kernel-v1" in rep["message"]
     r = _cli("--backends", "torch", "--tokens", "16", "--bisect", "--bind",
-             "attention.torch=falsify.mutants.parity:attention_scale_fp16", *SMALL_ARGS,
+             "attention.torch=falsify.mutants.model_parity:attention_scale_fp16", *SMALL_ARGS,
              cwd=tmp_path)
     assert r.returncode == 1
     assert "no kernel-level obligation covers it" in " ".join(r.stdout.split())

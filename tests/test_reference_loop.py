@@ -4,7 +4,7 @@ the
 same initial weights on the same batches, for 12 optimizer steps with grad_accum 2, ignored
 targets (so micro-batches carry different token counts), warmup + cosine and active clipping.
 
-The run and the derived tolerances live in falsify/probes/train.py
+The run and the derived tolerances live in falsify/probes/train_loop.py
 (falsify/contracts/train-loop-v1.yaml,
 FALSIFY-TL-012 runs the same comparison as a contract check); this file keeps the negative
 controls: each of the known loop bugs (weight decay on norms/embeddings, clipping with ‖g‖², an
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from falsify.probes import train as PT
+from falsify.probes import train_loop as PT
 from falsify.reference import model as RM
 from falsify.reference import train as RT
 

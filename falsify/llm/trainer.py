@@ -113,8 +113,8 @@ def restore_position(trainer: Trainer, sampler: data_mod.BatchSampler, state: di
 @dataclass(frozen=True)
 class LoopParts:
     """The loop's swappable pieces. falsify/contracts/train-loop-v1.yaml binds each one, and its
-    mutants
-    (falsify/mutants/train.py) replace one at a time in the real loop; a run uses the defaults."""
+    mutants (falsify/mutants/train_loop.py) replace one at a time in the real loop; a run uses the
+    defaults."""
 
     build_optimizer: Callable = build_optimizer
     clip_gradients: Callable = clip_gradients

@@ -57,7 +57,7 @@ def _base(seed: int, scale: float = 0.08):
     """The tiny Transformer with weights N(0, scale), norm gains in [0.5, 1.5] (far from the
     near-zero init, so the policy's choices differ from token to token)."""
     from falsify.llm.finetune_base import Base
-    from falsify.probes.finetune import tiny_base
+    from falsify.probes.qlora_finetune import tiny_base
 
     return Base(tiny_base(seed, scale, **TINY), _tokenizer(), None, "probe tiny base", "memory")
 

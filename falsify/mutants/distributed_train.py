@@ -1,7 +1,7 @@
 """Mutants of data-parallel training (falsify/contracts/distributed-train-v1.yaml): buggy variants
 of
 falsify/llm/distributed.DistParts, each a bug seen in hand-rolled data-parallel loops. The probes
-(falsify/probes/distributed.py) hand each rank the bound piece, so the variant runs inside the
+(falsify/probes/distributed_train.py) hand each rank the bound piece, so the variant runs inside the
 real DistributedTrainer on every rank."""
 
 from __future__ import annotations

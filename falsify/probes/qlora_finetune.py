@@ -10,7 +10,7 @@ the non-checkpointed gradients, ln 2, the PEFT library's own loading of the expo
 
 The swappable pieces (loss, DPO loss, reward weights, LoRA init, freezing, merge, PEFT names)
 are looked up through the harness at call time (`_bound`), so when `falsify mutants` swaps a
-binding, the loop under test runs the mutant (falsify/mutants/finetune.py).
+binding, the loop under test runs the mutant (falsify/mutants/qlora_finetune.py).
 """
 from __future__ import annotations
 

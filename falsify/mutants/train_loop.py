@@ -1,7 +1,7 @@
 """Mutants of the pretraining loop (falsify/contracts/train-loop-v1.yaml): buggy variants of the
 loop's
 swappable pieces (falsify/llm/trainer.LoopParts), each one a bug seen in real training code. The
-contract's run functions (falsify/probes/train.py) build the real loop with whatever the
+contract's run functions (falsify/probes/train_loop.py) build the real loop with whatever the
 harness binds, so each variant runs inside the real Trainer / train()."""
 
 from __future__ import annotations
