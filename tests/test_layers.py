@@ -46,8 +46,6 @@ KNOWN = {
     ("falsify/llm/pipeline.py", "falsify.cli"):
         "the pipeline runs each stage as its CLI verb; the verbs' bodies have to move into "
         "library functions first",
-    ("falsify/llm/pipeline.py", "falsify.cli.merge"):
-        "load_adapted lives in the merge verb",
     # The tokenizer's optimized backend is the application's own tokenizer (llm/data.py), and
     # the reference reads the trained merges from it: the contract should hand both sides the
     # tokenizer file as an input instead.

@@ -45,6 +45,7 @@ from falsify.llm import lora_model as LM
 from falsify.llm.checkpoint import atomic_dir
 from falsify.llm.config import ConfigError
 from falsify.llm.data import DataError
+from falsify.llm.finetune_base import load_adapted  # noqa: F401  (export, eval, generate)
 
 U32 = 2.0**-24
 
@@ -81,27 +82,6 @@ def register(sub) -> None:
                    help="comma-separated: ours, hf (default: both)")
     p.add_argument("--backend", default="auto", choices=("torch", "triton", "auto"))
     p.set_defaults(func=cmd_merge)
-
-
-def load_adapted(adapter: str | Path, model_path: str | None, backend: str, console=None):
-    """(base+adapter model, Base, sidecar): the base is checked against the adapter's record."""
-    side = json.loads((Path(adapter) / LM.FALSIFY_META).read_text()) \
-        if (Path(adapter) / LM.FALSIFY_META).is_file() else None
-    if side is None:
-        raise LM.LoraConfigError(f"{adapter}: {LM.FALSIFY_META} is missing (not an adapter "
-                                 "written by `falsify finetune`)")
-    path = model_path or side.get("base_path")
-    if not path:
-        raise ConfigError(f"{adapter} does not record its base; pass --model")
-    if model_path is None and console is not None:
-        console.print(f"base: {path} (recorded in the adapter)")
-    base = FT.load_base(path, backend, need_tokenizer=False)
-    fp = FT.base_fingerprint(base.model)
-    if side.get("base_fingerprint") and fp != side["base_fingerprint"]:
-        raise ConfigError(f"base {path} is not the base adapter {adapter} was trained on "
-                          "(fingerprints differ)")
-    model = LM.load_adapter(base.model, adapter)
-    return model, base, side
 
 
 def probe_tolerance(model, logits: torch.Tensor) -> float:

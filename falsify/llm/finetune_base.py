@@ -19,7 +19,7 @@ from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
-from falsify.llm.config import FinetuneConfigError, TrainConfig, model_config
+from falsify.llm.config import ConfigError, FinetuneConfigError, TrainConfig, model_config
 from falsify.llm.config import config_from_dict as train_config_from_dict
 from falsify.llm.model import ModelConfig, Transformer, build_model
 
@@ -265,3 +265,24 @@ class AdapterView:
         with torch.no_grad():
             for k, p in own.items():
                 p.copy_(sd[k])
+
+
+def load_adapted(adapter: str | Path, model_path: str | None, backend: str, console=None):
+    """(base+adapter model, Base, sidecar): the base is checked against the adapter's record."""
+    side = json.loads((Path(adapter) / LM.FALSIFY_META).read_text()) \
+        if (Path(adapter) / LM.FALSIFY_META).is_file() else None
+    if side is None:
+        raise LM.LoraConfigError(f"{adapter}: {LM.FALSIFY_META} is missing (not an adapter "
+                                 "written by `falsify finetune`)")
+    path = model_path or side.get("base_path")
+    if not path:
+        raise ConfigError(f"{adapter} does not record its base; pass --model")
+    if model_path is None and console is not None:
+        console.print(f"base: {path} (recorded in the adapter)")
+    base = load_base(path, backend, need_tokenizer=False)
+    fp = base_fingerprint(base.model)
+    if side.get("base_fingerprint") and fp != side["base_fingerprint"]:
+        raise ConfigError(f"base {path} is not the base adapter {adapter} was trained on "
+                          "(fingerprints differ)")
+    model = LM.load_adapter(base.model, adapter)
+    return model, base, side

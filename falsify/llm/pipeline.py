@@ -150,7 +150,7 @@ def _perplexity(stage: str, model: str | None, backend: str) -> float | None:
         return None
     texts = [p.prompt + p.canonical_solution for p in EV.load_problems(None)]
     if stage == "finetune":
-        from falsify.cli.merge import load_adapted
+        from falsify.llm.finetune_base import load_adapted
 
         m, base, _ = load_adapted(model, None, backend, None)
         tok = base.tokenizer
