@@ -664,7 +664,7 @@ class FinetuneRun:
         self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
         self.result.resumed_from = str(self.ckpt_path)
         if self.writes:
-            R.truncate_metrics(self.metrics_path, tr.step, state)
+            R.truncate_metrics(self.metrics_path, tr.step, state, self.ckpt_path)
 
     def save(self, metrics=None) -> Path:
         tr = self.trainer

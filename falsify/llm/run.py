@@ -135,11 +135,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def truncate_metrics(path: Path, step: int, state: dict | None = None) -> None:
+def truncate_metrics(path: Path, step: int, state: dict | None = None,
+                     ckpt: Path | None = None) -> None:
     """After resuming at `step`, drop records a killed run wrote for later steps, and a torn last
-    line (said so): checkpoint.truncate_metrics. The records of `step` itself are rewritten
-    from the checkpoint's copy (`state`'s METRICS_RECORDS) when it carries one."""
-    ckpt_mod.truncate_metrics(path, step, (state or {}).get(METRICS_RECORDS))
+    line (said so): checkpoint.truncate_metrics. When the checkpoint `ckpt` is this run's own,
+    the records of `step` itself are rewritten from its copy (`state`'s METRICS_RECORDS); a
+    run resumed into another directory starts its log after the checkpoint."""
+    own = ckpt is not None and ckpt_mod.run_dir_of(ckpt).resolve() == path.parent.resolve()
+    ckpt_mod.truncate_metrics(path, step, (state or {}).get(METRICS_RECORDS) if own else None)
 
 
 METRICS_RECORDS = "metrics_records"  # the checkpoint step's metrics.jsonl records, in state.json
@@ -444,7 +447,7 @@ class PretrainRun:
             self.best_val = state.get("best_val_loss")
             self.result.resumed_from = str(self.ckpt_path)
             if self.writes:
-                truncate_metrics(self.metrics_path, self.trainer.step, state)
+                truncate_metrics(self.metrics_path, self.trainer.step, state, self.ckpt_path)
             log.info("resumed from %s at step %d", self.ckpt_path, self.trainer.step)
 
     def next_batch(self) -> list:
