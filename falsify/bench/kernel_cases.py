@@ -83,25 +83,14 @@ def _ints(high, *shape, dev="cpu", seed=2):
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed)).to(dev)
 
 
-def cases(quick: bool = False) -> list[Case]:
-    """Every case. `quick`: small shapes (the whole run in about a minute on 2 cores, so CI can
-    afford it); the full run uses model-scale shapes."""
-    out: list[Case] = []
+# `add(contract, kernel, size, label, setup, ours, baseline, name, **costs)` and
+# `pick(quick_normal, quick_large, normal, large)` of `cases`, handed to each kernel's entry.
+Add = Callable[..., None]
+Pick = Callable[..., tuple]
 
-    def pick(q_normal, q_large, normal, large):
-        return (("normal", q_normal), ("large", q_large)) if quick else \
-            (("normal", normal), ("large", large))
 
-    def add(contract, kernel, size, label, setup, ours, baseline, name, *, flops=0.0,
-            nbytes=0.0, triton=None, passes=(FWD, FWD_BWD)):
-        """One case per pass; the fwd+bwd pass costs about 3× the forward (the backward of a
-        GEMM is two GEMMs; an elementwise backward reads the input and dy, writes dx)."""
-        for p in passes:
-            k = 3.0 if p == FWD_BWD else 1.0
-            out.append(Case(contract, kernel, size, label, p, setup, ours, baseline, name,
-                            flops * k, nbytes * k, triton))
-
-    # ------------------------------------------------------------------ GEMM
+def _gemm(add: Add, pick: Pick) -> None:
+    """GEMM."""
     from falsify.kernels.torch.gemm import gemm
 
     for size, (m, n, k) in pick((256, 256, 256), (512, 511, 513), (1024, 1024, 1024),
@@ -112,7 +101,9 @@ def cases(quick: bool = False) -> list[Case]:
             lambda a: gemm(a["a"], a["b"]), lambda a: a["a"] @ a["b"], "a @ b",
             flops=2.0 * m * n * k, triton=lambda a: _triton("gemm", "gemm")(a["a"], a["b"]))
 
-    # ------------------------------------------------------------------ softmax (no backward)
+
+def _softmax(add: Add, pick: Pick) -> None:
+    """Softmax (no backward)."""
     from falsify.kernels.torch.softmax import softmax
 
     def eager_softmax(a):
@@ -126,7 +117,9 @@ def cases(quick: bool = False) -> list[Case]:
             nbytes=8.0 * m * n, triton=lambda a: _triton("softmax", "softmax")(a["x"]),
             passes=(FWD,))
 
-    # ------------------------------------------------------------------ RMSNorm
+
+def _rmsnorm(add: Add, pick: Pick) -> None:
+    """RMSNorm."""
     from falsify.kernels.torch.rmsnorm import rmsnorm
 
     def eager_rmsnorm(a):
@@ -141,7 +134,9 @@ def cases(quick: bool = False) -> list[Case]:
             "eager x * rsqrt(mean(x²) + eps) * w", nbytes=8.0 * m * n,
             triton=lambda a: _triton("rmsnorm", "rmsnorm")(a["x"], a["w"], 1e-6))
 
-    # ------------------------------------------------------------------ RoPE
+
+def _rope(add: Add, pick: Pick) -> None:
+    """RoPE."""
     from falsify.kernels.torch.rope import rope
 
     def eager_rope(a):
@@ -162,7 +157,9 @@ def cases(quick: bool = False) -> list[Case]:
             "eager rotate_half: x*cos + rotate_half(x)*sin", nbytes=8.0 * b * s * h * d,
             triton=lambda a: _triton("rope", "rope")(a["x"], a["pos"], 1e4))
 
-    # ------------------------------------------------------------------ SwiGLU, GELU
+
+def _swiglu_gelu(add: Add, pick: Pick) -> None:
+    """SwiGLU, GELU."""
     from falsify.kernels.torch.gelu import gelu
     from falsify.kernels.torch.swiglu import swiglu
 
@@ -179,7 +176,9 @@ def cases(quick: bool = False) -> list[Case]:
             "F.gelu(x, approximate='tanh')", nbytes=8.0 * t * f,
             triton=lambda a: _triton("gelu", "gelu")(a["x"], "tanh"))
 
-    # ------------------------------------------------------------------ attention
+
+def _attention(add: Add, pick: Pick) -> None:
+    """Attention."""
     from falsify.kernels.torch.attention import flash_attention
 
     def eager_attention(a):
@@ -213,7 +212,9 @@ def cases(quick: bool = False) -> list[Case]:
     # while the tiled side's per-step tile stays [128, 128]; the same shape in both modes.
     attn_case("S=2048", 1, 4, 4, 2048, 64, passes=(FWD,))
 
-    # ------------------------------------------------------------------ cross-entropy family
+
+def _cross_entropy_family(add: Add, pick: Pick) -> None:
+    """Cross-entropy family."""
     from falsify.kernels.torch.cross_entropy import cross_entropy
 
     def ce_setup(t, v):
@@ -287,7 +288,9 @@ def cases(quick: bool = False) -> list[Case]:
             lambda a: eager_kd(a["z"], a["zt"], a["y"]),
             "F.kl_div(log_softmax(z / T), ...) + F.cross_entropy", nbytes=8.0 * t * v)
 
-    # ------------------------------------------------------------------ DPO
+
+def _dpo(add: Add, pick: Pick) -> None:
+    """DPO."""
     from falsify.kernels.torch.dpo_loss import dpo_loss
 
     def eager_dpo(a):
@@ -303,7 +306,9 @@ def cases(quick: bool = False) -> list[Case]:
             lambda a: dpo_loss(a["pc"], a["pr"], a["rc"], a["rr"], 0.1), eager_dpo,
             "-F.logsigmoid(β·((πc − rc) − (πr − rr))).mean()", nbytes=16.0 * b)
 
-    # ------------------------------------------------------------------ GRPO
+
+def _grpo(add: Add, pick: Pick) -> None:
+    """GRPO."""
     from falsify.kernels.torch.grpo_loss import grpo_loss
 
     def grpo_setup(dev, g, b, t):
@@ -332,7 +337,9 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("grpo_loss", "grpo_loss")(a["lp"], a["old"], a["ref"],
                                                                a["a"], a["m"], 0.2, 0.04))
 
-    # ------------------------------------------------------------------ embedding
+
+def _embedding(add: Add, pick: Pick) -> None:
+    """Embedding."""
     from falsify.kernels.torch.embedding import embedding
 
     for size, (t, v, d) in pick((1024, 8192, 256), (4096, 32000, 512), (8192, 32000, 1024),
@@ -344,7 +351,9 @@ def cases(quick: bool = False) -> list[Case]:
             "F.embedding(ids, table)", nbytes=8.0 * t * d,
             triton=lambda a: _triton("embedding", "embedding")(a["ids"], a["table"]))
 
-    # ------------------------------------------------------------------ optimizer and clipping
+
+def _optimizer_and_clipping(add: Add, pick: Pick) -> None:
+    """Optimizer and clipping."""
     from falsify.kernels.torch.adamw import adamw_multi
     from falsify.kernels.torch.grad_clip import clip_grad_norm_
 
@@ -397,7 +406,9 @@ def cases(quick: bool = False) -> list[Case]:
             triton=lambda a: _triton("grad_clip", "clip_grad_norm_")(a["g"], 1.0, 1e-6, False),
             passes=(FWD,))
 
-    # ------------------------------------------------------------------ LoRA, QLoRA, NF4
+
+def _lora_qlora_nf4(add: Add, pick: Pick) -> None:
+    """LoRA, QLoRA, NF4."""
     from falsify.kernels.torch.lora import lora_linear
     from falsify.kernels.torch.nf4 import nf4_dequantize, nf4_quantize, tables
     from falsify.kernels.torch.qlora import qlora_linear
@@ -475,7 +486,9 @@ def cases(quick: bool = False) -> list[Case]:
             passes=(FWD,),
             triton=lambda a: _triton("nf4", "nf4_quantize")(a["w"], 64))
 
-    # ------------------------------------------------------------------ GGUF q4_k dequantize
+
+def _gguf_q4_k_dequantize(add: Add, pick: Pick) -> None:
+    """GGUF q4_k dequantize."""
     from falsify.kernels.torch.gguf_quants import q4_k_dequantize
 
     def q4_k_setup(o, i):
@@ -515,7 +528,9 @@ def cases(quick: bool = False) -> list[Case]:
             nbytes=(144 / 256 + 4.0) * o * i, passes=(FWD,),
             triton=lambda a: _triton("gguf_quants", "q4_k_dequantize")(a["blocks"]))
 
-    # ------------------------------------------------------------------ post-training quantize
+
+def _post_training_quantize(add: Add, pick: Pick) -> None:
+    """Post-training quantize."""
     from falsify.kernels.torch.quantize import int4_groupwise, int8_per_channel
 
     def eager_int8(a):
@@ -537,7 +552,9 @@ def cases(quick: bool = False) -> list[Case]:
             lambda a: int4_groupwise(a["w"], 128, True), eager_int4,
             "eager group absmax/7, round(w / scale)", nbytes=8.0 * o * i, passes=(FWD,))
 
-    # ------------------------------------------------------------------ merging, pruning
+
+def _merging_pruning(add: Add, pick: Pick) -> None:
+    """Merging, pruning."""
     from falsify.kernels.torch.merging import linear as merge_linear
     from falsify.kernels.torch.pruning import n_m, wanda
 
@@ -573,6 +590,49 @@ def cases(quick: bool = False) -> list[Case]:
         add("pruning", "pruning n_m 2:4", size, f"{o}x{i}", setup,
             lambda a: n_m(a["w"], a["xn"], 2, 4), eager_2_4,
             "eager |w|·‖x‖ topk per group of 4, scatter 0", nbytes=8.0 * o * i, passes=(FWD,))
+
+
+# One entry per kernel family, each registering its cases through `add`, sizes through
+# `pick`; the order here is the order of the output.
+REGISTRY: tuple[Callable[[Add, Pick], None], ...] = (
+    _gemm,
+    _softmax,
+    _rmsnorm,
+    _rope,
+    _swiglu_gelu,
+    _attention,
+    _cross_entropy_family,
+    _dpo,
+    _grpo,
+    _embedding,
+    _optimizer_and_clipping,
+    _lora_qlora_nf4,
+    _gguf_q4_k_dequantize,
+    _post_training_quantize,
+    _merging_pruning,
+)
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """Every case. `quick`: small shapes (the whole run in about a minute on 2 cores, so CI can
+    afford it); the full run uses model-scale shapes."""
+    out: list[Case] = []
+
+    def pick(q_normal, q_large, normal, large):
+        return (("normal", q_normal), ("large", q_large)) if quick else \
+            (("normal", normal), ("large", large))
+
+    def add(contract, kernel, size, label, setup, ours, baseline, name, *, flops=0.0,
+            nbytes=0.0, triton=None, passes=(FWD, FWD_BWD)):
+        """One case per pass; the fwd+bwd pass costs about 3× the forward (the backward of a
+        GEMM is two GEMMs; an elementwise backward reads the input and dy, writes dx)."""
+        for p in passes:
+            k = 3.0 if p == FWD_BWD else 1.0
+            out.append(Case(contract, kernel, size, label, p, setup, ours, baseline, name,
+                            flops * k, nbytes * k, triton))
+
+    for register in REGISTRY:
+        register(add, pick)
     # grouped by kernel, in the order the kernels first appear above
     first: dict[str, int] = {}
     for c in out:
