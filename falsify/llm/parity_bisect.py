@@ -66,12 +66,7 @@ def _rel(y: torch.Tensor, r: np.ndarray) -> float:
 def isolate(point: str, setup: P.Setup, ref: dict, ops) -> list[dict]:
     """Each kernel of `point`'s op run on the reference's input to it: [{kernel, where,
     y (fp32 output), ref (float64), dims}]."""
-    from falsify.reference import model as R
-
     cfg, params = setup.cfg, P.ref_params(setup.weights)
-    b, s = setup.ids.shape
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    pos = torch.arange(s)
     w = {k: v.float() for k, v in setup.weights.items()}
     out = []
 
@@ -107,44 +102,67 @@ def isolate(point: str, setup: P.Setup, ref: dict, ops) -> list[dict]:
                 ops.rmsnorm(_t(x_mid), w[p + "post_attention_layernorm.weight"],
                             cfg.rms_norm_eps), ref[point], n=cfg.hidden_size)
         elif op == "attn":
-            a = ref[f"L{n}.attn_norm"]
-            lin = {}
-            for nm, heads in (("q", hq), ("k", hkv), ("v", hkv)):
-                wn = p + f"self_attn.{nm}_proj.weight"
-                lin[nm] = (a @ params[wn].T).reshape(b, s, heads, d)
-                add("linear", wn[:-7], ops.linear(_t(a), w[wn]), a @ params[wn].T,
-                    k=cfg.hidden_size)
-            cos, sin = R.rope_tables(s, d, cfg.rope_theta)
-            rot = {}
-            for nm in ("q", "k"):
-                rot[nm] = R.rope_fwd(lin[nm], cos, sin)
-                add("rope", p + f"self_attn ({nm})", ops.rope(_t(lin[nm]), pos, cfg.rope_theta),
-                    rot[nm], d=d, s=s)
-            qh, kh, vh = (np.ascontiguousarray(z.transpose(0, 2, 1, 3))
-                          for z in (rot["q"], rot["k"], lin["v"]))
-            o, _ = R.attention_fwd(qh, kh, vh, 1.0 / math.sqrt(d))
-            add("attention", p + "self_attn", ops.attention(
-                _t(qh), _t(kh), _t(vh), causal=True, scale=1.0 / math.sqrt(d)), o, d=d, s=s,
-                vmax=float(np.abs(vh).max()), qk=float(np.abs(qh).max() * np.abs(kh).max()))
-            o2 = o.transpose(0, 2, 1, 3).reshape(b, s, hq * d)
-            wn = p + "self_attn.o_proj.weight"
-            add("linear", wn[:-7], ops.linear(_t(o2), w[wn]), ref[point], k=hq * d)
+            _isolate_attention(add, setup, ref, ops, w, params, n)
         elif op == "mlp":
-            m = ref[f"L{n}.mlp_norm"]
-            gate = m @ params[p + "mlp.gate_proj.weight"].T
-            up = m @ params[p + "mlp.up_proj.weight"].T
-            for nm, r in (("gate", gate), ("up", up)):
-                wn = p + f"mlp.{nm}_proj.weight"
-                add("linear", wn[:-7], ops.linear(_t(m), w[wn]), r, k=cfg.hidden_size)
-            act = gate * R._sigmoid(gate) * up
-            add("swiglu", p + "mlp", ops.swiglu(_t(gate), _t(up)), act,
-                gmax=float(np.abs(gate).max()))
-            wn = p + "mlp.down_proj.weight"
-            add("linear", wn[:-7], ops.linear(_t(act), w[wn]), ref[point],
-                k=cfg.intermediate_size)
+            _isolate_mlp(add, ref, ops, w, params, n, cfg.hidden_size, cfg.intermediate_size)
         elif op == "block":  # each branch within budget, the sum not: the residual add
             add("residual add", p[:-1], _t(x_mid) + _t(ref[f"L{n}.mlp"]), ref[point])
     return out
+
+
+def _isolate_attention(add, setup: P.Setup, ref: dict, ops, w: dict, params: dict,
+                       n: int) -> None:
+    """Layer n's attention: q/k/v projections, RoPE on q and k, attention, o projection, each
+    on the reference's input to it."""
+    from falsify.reference import model as R
+
+    cfg = setup.cfg
+    b, s = setup.ids.shape
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pos = torch.arange(s)
+    p, point = f"layers.{n}.", f"L{n}.attn"
+    a = ref[f"L{n}.attn_norm"]
+    lin = {}
+    for nm, heads in (("q", hq), ("k", hkv), ("v", hkv)):
+        wn = p + f"self_attn.{nm}_proj.weight"
+        lin[nm] = (a @ params[wn].T).reshape(b, s, heads, d)
+        add("linear", wn[:-7], ops.linear(_t(a), w[wn]), a @ params[wn].T,
+            k=cfg.hidden_size)
+    cos, sin = R.rope_tables(s, d, cfg.rope_theta)
+    rot = {}
+    for nm in ("q", "k"):
+        rot[nm] = R.rope_fwd(lin[nm], cos, sin)
+        add("rope", p + f"self_attn ({nm})", ops.rope(_t(lin[nm]), pos, cfg.rope_theta),
+            rot[nm], d=d, s=s)
+    qh, kh, vh = (np.ascontiguousarray(z.transpose(0, 2, 1, 3))
+                  for z in (rot["q"], rot["k"], lin["v"]))
+    o, _ = R.attention_fwd(qh, kh, vh, 1.0 / math.sqrt(d))
+    add("attention", p + "self_attn", ops.attention(
+        _t(qh), _t(kh), _t(vh), causal=True, scale=1.0 / math.sqrt(d)), o, d=d, s=s,
+        vmax=float(np.abs(vh).max()), qk=float(np.abs(qh).max() * np.abs(kh).max()))
+    o2 = o.transpose(0, 2, 1, 3).reshape(b, s, hq * d)
+    wn = p + "self_attn.o_proj.weight"
+    add("linear", wn[:-7], ops.linear(_t(o2), w[wn]), ref[point], k=hq * d)
+
+
+def _isolate_mlp(add, ref: dict, ops, w: dict, params: dict, n: int, hidden: int,
+                 intermediate: int) -> None:
+    """Layer n's MLP: gate and up projections, SwiGLU, down projection."""
+    from falsify.reference import model as R
+
+    p, point = f"layers.{n}.", f"L{n}.mlp"
+    m = ref[f"L{n}.mlp_norm"]
+    gate = m @ params[p + "mlp.gate_proj.weight"].T
+    up = m @ params[p + "mlp.up_proj.weight"].T
+    for nm, r in (("gate", gate), ("up", up)):
+        wn = p + f"mlp.{nm}_proj.weight"
+        add("linear", wn[:-7], ops.linear(_t(m), w[wn]), r, k=hidden)
+    act = gate * R._sigmoid(gate) * up
+    add("swiglu", p + "mlp", ops.swiglu(_t(gate), _t(up)), act,
+        gmax=float(np.abs(gate).max()))
+    wn = p + "mlp.down_proj.weight"
+    add("linear", wn[:-7], ops.linear(_t(act), w[wn]), ref[point],
+        k=intermediate)
 
 
 def kernel_verdict(kernel: str, y: torch.Tensor, r: np.ndarray, dims: dict) -> dict:
