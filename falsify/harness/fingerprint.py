@@ -1,21 +1,36 @@
-"""What a result was computed from: a hash of the implementation a check exercised.
+"""What a result was computed from: a fingerprint of the code a check executes.
 
-`impl_hash(contract, backend, check)` covers the source of what the check executes: for a
-symbolic check its `target`, for a static check its `kernel`, otherwise every binding on that
-backend and on `reference` (the oracle most checks compare against) plus a training check's
-`run:` probe; for a mutant, its replacement as well. The local modules those import count too,
-transitively: the modules of the project and of falsify itself, not third-party packages.
-The ledger stores it with each entry; `pv coverage` calls an entry whose hash no longer
+`impl_hash(contract, backend, check)` starts from what the check calls: for a symbolic check
+its `target`, for a static check its `kernel`, otherwise every binding on that backend and on
+`reference` (the oracle most checks compare against) plus a training check's `run:` probe; for
+a mutant, its replacement as well. From each `module:function` it follows the names the
+function's body uses (module-level functions, classes, assignments, and names imported from
+other local modules: `from x import f` is f in x, `import x as X; X.f` is f in x),
+transitively, through the modules of the project and of falsify itself, not third-party
+packages. What it hashes is the normalised AST of those top-level statements (`ast.dump`
+without positions, docstrings removed): a comment, a docstring, formatting, or an edit to a
+function nothing reached uses leaves the hash alone; a constant, a default argument or a
+decorator of a reached function changes it. A module's statements that bind no name (a
+registration call) run on import and count for every function reached in it.
+
+Where a reference cannot be followed statically (a module object used itself rather than an
+attribute of it, `getattr` with a computed name, `importlib.import_module` of a computed name,
+`globals()`, a star import), the whole module counts, with everything it uses;
+`fallbacks(contract)` lists each (check, module, reason) where that happened, for an audit.
+
+The ledger stores the hash with each entry; `pv coverage` calls an entry whose hash no longer
 matches `stale`, and `falsify run --changed` re-runs only what has no passing entry for the
-current hashes.
+current hashes. Entries written under the former scheme (the raw text of every imported module)
+read as stale once.
 
-Modules are found with importlib's finders and read as source; nothing is imported beyond the
-parent packages `find_spec` needs.
+Modules are found with importlib's finders and parsed as source; nothing is imported beyond
+the parent packages `find_spec` needs.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import importlib.util
 import site
@@ -64,6 +79,9 @@ def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
     for r in roots:
         if str(r) not in sys.path and r != _FALSIFY_TREE:
             sys.path.insert(0, str(r))  # the project's own modules, as the run imports them
+    top = name.partition(".")[0]
+    if top != name and _module_file(top, roots) is None and not _local_package(top, roots):
+        return None  # a third-party package: finding its submodules would import it
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError, AttributeError):
@@ -72,6 +90,18 @@ def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
         return None
     path = Path(spec.origin).resolve()
     return path if _local(path, roots) else None
+
+
+@cache
+def _local_package(name: str, roots: tuple[Path, ...]) -> bool:
+    """Whether the top-level package `name` lies under one of `roots` (a namespace package has
+    no file of its own)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    locs = list(spec.submodule_search_locations or []) if spec else []
+    return any(_local(Path(p).resolve(), roots) for p in locs)
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -112,6 +142,242 @@ def sources(modules: set[str]) -> dict[str, Path]:
     return out
 
 
+_DYNAMIC = {"getattr", "globals", "vars", "locals", "__import__", "import_module", "exec", "eval"}
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    """Docstrings are documentation: drop the first string statement of every body."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _bound(stmt: ast.stmt) -> set[str]:
+    """The module-level names a top-level statement binds."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name.split(".")[0]) for a in stmt.names if a.name != "*"}
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, (ast.Store, ast.Del))} | \
+        {a.asname or a.name.split(".")[0] for n in ast.walk(stmt)
+         if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names if a.name != "*"}
+
+
+class _Module:
+    """One local module, parsed once: its top-level statements by the names they bind (a
+    statement that binds nothing, such as a registration call, runs on import and counts for
+    every name of the module), and where each imported name comes from."""
+
+    def __init__(self, name: str, path: Path):
+        self.name, self.path = name, path
+        tree = _strip_docstrings(ast.parse(path.read_text(encoding="utf-8")))
+        self.dump = ast.dump(tree)
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        self.binds: dict[str, list[ast.stmt]] = {}
+        self.prelude: list[ast.stmt] = []
+        self.imports: dict[str, tuple[str, str | None]] = {}  # local name -> (module, attr)
+        self.star = False
+        self.memo: dict = {}  # per statement and per name: what reaching it adds
+        for stmt in tree.body:
+            names = _bound(stmt)
+            for n in names:
+                self.binds.setdefault(n, []).append(stmt)
+            if not names:
+                self.prelude.append(stmt)
+        for node in ast.walk(tree):  # imports inside functions bind names there too
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    # `import a.b` binds `a`; `import a.b as X` binds X to a.b
+                    self.imports[a.asname or a.name.split(".")[0]] = \
+                        (a.name if a.asname else a.name.split(".")[0], None)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    parent = ".".join(parts[:len(parts) - node.level + 1])
+                    base = f"{parent}.{base}" if base else parent
+                for a in node.names:
+                    if a.name == "*":
+                        self.star = True
+                    else:
+                        self.imports[a.asname or a.name] = (base, a.name)
+
+
+@cache
+def _parsed(path: Path, stamp: tuple[int, int], name: str) -> _Module | None:
+    try:
+        return _Module(name, path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _dynamic(call: ast.Call) -> str | None:
+    """Why `call` names code in a way the fingerprint cannot follow, or None."""
+    f = call.func
+    fname = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    if fname not in _DYNAMIC or (isinstance(f, ast.Attribute) and fname != "import_module"):
+        return None
+    literal = [a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if fname == "getattr" and len(call.args) >= 2 and call.args[1] in literal:
+        return None  # obj.attr spelled as a call: an attribute of a value, not a code lookup
+    if fname == "import_module" and call.args and call.args[0] in literal:
+        return None  # followed as an import (below)
+    return f"{fname}() with a name known only at run time"
+
+
+class _Closure:
+    """The top-level statements a set of `module:function` refs execute, transitively."""
+
+    def __init__(self, roots: tuple[Path, ...]):
+        self.roots = roots
+        self.parts: dict[tuple[str, str], str] = {}
+        self.fallbacks: dict[str, str] = {}
+        self.seen: set[tuple[str, str | None]] = set()
+        self.todo: list[tuple[str, str | None]] = []
+
+    def module(self, name: str) -> _Module | None:
+        path = _module_file(name, self.roots)
+        if path is None:
+            return None
+        st = path.stat()
+        return _parsed(path, (st.st_mtime_ns, st.st_size), name)
+
+    def whole(self, module: str, reason: str) -> None:
+        if self.module(module) is not None:
+            self.fallbacks.setdefault(module, reason)
+            self.todo.append((module, None))
+
+    def run(self, refs: set[str]) -> dict[tuple[str, str], str]:
+        for r in sorted(refs):
+            mod, _, qual = r.partition(":")
+            self.todo.append((mod, qual.split(".")[0] or None))
+            if not qual:
+                self.whole(mod, "bound as a module, not a function")
+        while self.todo:
+            item = self.todo.pop()
+            if item in self.seen:
+                continue
+            self.seen.add(item)
+            self.visit_once(*item)
+        return self.parts
+
+    def visit_once(self, m: str, n: str | None) -> None:
+        """`visit`, remembered per module version and name across closures: most checks reach
+        the same statements, and walking and dumping them dominates the cost."""
+        mod = self.module(m)
+        if mod is None:
+            return
+        memo = mod.memo.get(n or "*")
+        if memo is None:
+            saved = self.parts, self.todo, self.fallbacks
+            self.parts, self.todo, self.fallbacks = {}, [], {}
+            try:
+                self.visit(m, n)
+                memo = mod.memo[n or "*"] = (self.parts, self.todo, self.fallbacks)
+            finally:
+                self.parts, self.todo, self.fallbacks = saved
+        self.parts.update(memo[0])
+        self.todo += memo[1]
+        for k, v in memo[2].items():
+            self.fallbacks.setdefault(k, v)
+
+    def visit(self, m: str, n: str | None) -> None:
+        mod = self.module(m)
+        if mod is None:
+            return  # third-party or missing: outside the project's code
+        # statements that bind nothing run on every import
+        self.parts[(m, "")] = "\n".join(ast.dump(s) for s in mod.prelude)
+        for s in mod.prelude:
+            self.uses(mod, s)
+        if n is None:
+            self.parts[(m, "*")] = mod.dump
+            self.todo += [(m, b) for b in mod.binds]
+            return
+        stmts = mod.binds.get(n, [])
+        for i, s in enumerate(stmts):
+            self.parts[(m, f"{n}#{i}")] = ast.dump(s)
+            if not isinstance(s, (ast.Import, ast.ImportFrom)):
+                self.uses(mod, s)
+        if n in mod.imports and not self.is_module(mod, n):
+            self.follow(mod, n, None)  # module objects are followed where they are used
+        elif not stmts and mod.star:
+            self.whole(m, f"{n} may come from a star import")
+
+    def is_module(self, mod: _Module, name: str) -> bool:
+        """Whether the imported `name` is a module object (`import x`, `from pkg import sub`)."""
+        if name not in mod.imports:
+            return False
+        base, attr = mod.imports[name]
+        if attr is None:
+            return True
+        owner = self.module(base)
+        return self.module(f"{base}.{attr}") is not None and \
+            (owner is None or attr not in owner.binds)
+
+    def follow(self, mod: _Module, name: str, chain: list[str] | None) -> None:
+        """Resolve a use of the imported `name`, with the attributes read off it (`chain`)."""
+        base, attr = mod.imports[name]
+        target = base if attr is None else f"{base}.{attr}"
+        if not self.is_module(mod, name):
+            self.todo.append((base, attr))  # `from x import f`: f in x
+            return
+        cur = target  # a module object: walk `X.sub.f` down to f in X.sub
+        for a in chain or []:
+            if self.module(f"{cur}.{a}") is None:
+                self.todo.append((cur, a))
+                return
+            cur = f"{cur}.{a}"
+        self.whole(cur, f"the module object {name} is used itself, not an attribute of it")
+
+    def uses(self, mod: _Module, stmt: ast.stmt) -> None:
+        """Queue what `stmt` uses; the same statement reached again queues the same."""
+        memo = mod.memo.get(id(stmt))
+        if memo is None:
+            todo, fb = self.todo, self.fallbacks
+            self.todo, self.fallbacks = [], {}
+            try:
+                self._uses(mod, stmt)
+                memo = mod.memo[id(stmt)] = (self.todo, self.fallbacks)
+            finally:
+                self.todo, self.fallbacks = todo, fb
+        self.todo += memo[0]
+        for k, v in memo[1].items():
+            self.fallbacks.setdefault(k, v)
+
+    def _uses(self, mod: _Module, stmt: ast.stmt) -> None:
+        chains: dict[int, list[str]] = {}  # id(Name) -> attributes read off it
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Attribute):
+                attrs, v = [], node
+                while isinstance(v, ast.Attribute):
+                    attrs.insert(0, v.attr)
+                    v = v.value
+                if isinstance(v, ast.Name) and len(attrs) > len(chains.get(id(v), [])):
+                    chains[id(v)] = attrs
+            elif isinstance(node, ast.Call):
+                why = _dynamic(node)
+                if why:
+                    self.whole(mod.name, why)
+                elif isinstance(node.func, (ast.Name, ast.Attribute)) and node.args and \
+                        getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+                    self.whole(node.args[0].value, "imported with importlib.import_module")
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+                continue
+            x = node.id
+            if self.is_module(mod, x):
+                self.follow(mod, x, chains.get(id(node), []))
+            elif x in mod.binds or x in mod.imports:
+                self.todo.append((mod.name, x))
+            elif mod.star and x not in dir(builtins):
+                self.whole(mod.name, f"{x} may come from a star import")
+
+
 def _bindings(c: Contract, backend: str) -> set[str]:
     from falsify.harness import backends as be
 
@@ -142,18 +408,42 @@ def _refs(c: Contract, backend: str, check: Check | None, mutant: Mutant | None)
 
 
 _HASHES: dict[tuple, str] = {}
+_FALLBACKS: dict[tuple, dict[str, str]] = {}
+
+
+def _closure(refs: set[str]) -> tuple[str, dict[str, str]]:
+    key = tuple(sorted(refs))
+    if key not in _HASHES:
+        cl = _Closure(_roots())
+        parts = cl.run(refs)
+        h = hashlib.sha256()
+        for (mod, name), dump in sorted(parts.items()):
+            h.update(f"{mod}:{name}".encode() + b"\0" + dump.encode() + b"\0")
+        _HASHES[key], _FALLBACKS[key] = h.hexdigest(), cl.fallbacks
+    return _HASHES[key], _FALLBACKS[key]
+
+
+def reset_cache() -> None:
+    """Forget the hashes computed so far (they are cached per process: sources do not change
+    mid-run); for a caller that edits sources between two calls."""
+    _HASHES.clear()
+    _FALLBACKS.clear()
 
 
 def impl_hash(c: Contract, backend: str, check: Check | None = None,
               mutant: Mutant | None = None) -> str:
-    """sha256 over the (name, source) of every local module the check (or the mutant's
-    checks) on `backend` executes. Cached per process: sources do not change mid-run."""
-    refs = _refs(c, backend, check, mutant)
-    key = (c.path, c.sha256, tuple(sorted(refs)))
-    if key not in _HASHES:
-        mods = {r.split(":", 1)[0] for r in refs if ":" in r}
-        h = hashlib.sha256()
-        for name, path in sorted(sources(mods).items()):
-            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
+    """sha256 over the normalised AST of every top-level statement the check (or the mutant's
+    checks) on `backend` executes, by module and name."""
+    return _closure(_refs(c, backend, check, mutant))[0]
+
+
+def fallbacks(c: Contract, backends: tuple[str, ...] | None = None) -> list[tuple[str, str, str]]:
+    """(check, module, reason) for each module a check's fingerprint counts whole, because a
+    reference in what the check executes could not be followed to a function."""
+    out = set()
+    for check in c.checks:
+        for b in backends or tuple(sorted({b for eq in c.equations.values()
+                                           for b in eq.bindings})):
+            for mod, why in _closure(_refs(c, b, check, None))[1].items():
+                out.add((check.id, mod, why))
+    return sorted(out)

@@ -1,0 +1,96 @@
+"""A result goes stale only when the code its check executes changes: comments, docstrings and
+functions the check never reaches do not count; the bound function, a helper it calls in
+another module, a constant it reads and its default arguments do.
+
+A temporary project binds one contract to `fp_kern:f`; `fp_kern.g` is unrelated and `f` calls
+`fp_helper.h`. Each edit is checked with the harness's own `impl_hash`, the hash `pv coverage`
+compares a ledger entry against.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from falsify.harness import fingerprint
+from falsify.harness.model import load_contract
+from falsify.harness.project import library_dir
+
+KERN = '''"""Kernels."""
+from fp_helper import h
+
+SCALE = 2.0  # the scale
+
+
+def f(x, dim=-1):
+    """Scaled."""
+    return h(x) * SCALE
+
+
+def g(x):
+    return x + 1
+'''
+HELPER = '''def h(x):
+    return x
+'''
+
+
+@pytest.fixture
+def proj(tmp_path, monkeypatch):
+    (tmp_path / "contracts").mkdir()
+    (tmp_path / "falsify.toml").write_text('backends = ["reference", "torch"]\n')
+    data = yaml.safe_load((library_dir() / "softmax-kernel-v1.yaml").read_text())
+    eq = data["equations"]["softmax"]
+    eq["bindings"].pop("triton")
+    eq["bindings"]["torch"] = "fp_kern:f"
+    (tmp_path / "contracts" / "fp-v1.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "fp_kern.py").write_text(KERN)
+    (tmp_path / "fp_helper.py").write_text(HELPER)
+    monkeypatch.chdir(tmp_path)
+    fingerprint.reset_cache()
+    yield tmp_path
+    fingerprint.reset_cache()
+
+
+def _hashes(proj) -> dict[tuple[str, str], str]:
+    fingerprint.reset_cache()
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    return {(ch.id, b): fingerprint.impl_hash(c, b, ch)
+            for ch in c.checks for b in ("reference", "torch")}
+
+
+def _staled(proj, path: str, old: str, new: str) -> set[tuple[str, str]]:
+    before = _hashes(proj)
+    p = proj / path
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new))
+    after = _hashes(proj)
+    p.write_text(text)
+    return {k for k in before if before[k] != after[k]}
+
+
+def test_only_edits_to_what_runs_stale(proj):
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    # the checks that execute f: everything on torch except symbolic/static ones with a target
+    torch_checks = {(ch.id, "torch") for ch in c.checks
+                    if (ch.spec or {}).get("kind") not in ("symbolic", "static")}
+    assert torch_checks
+    assert _staled(proj, "fp_kern.py", "# the scale", "# a comment edit") == set()
+    assert _staled(proj, "fp_kern.py", '"""Scaled."""', '"""Scaled, edited."""') == set()
+    assert _staled(proj, "fp_kern.py", '"""Kernels."""', '"""Kernels, edited."""') == set()
+    assert _staled(proj, "fp_kern.py", "return x + 1", "return x + 2") == set()  # g
+    for path, old, new in [("fp_kern.py", "* SCALE", "* SCALE * 1"),        # f's body
+                           ("fp_helper.py", "return x", "return x * 1"),   # the helper f calls
+                           ("fp_kern.py", "SCALE = 2.0", "SCALE = 3.0"),   # a constant f reads
+                           ("fp_kern.py", "dim=-1", "dim=0")]:             # f's default
+        assert _staled(proj, path, old, new) == torch_checks, (path, old)
+
+
+def test_a_dynamic_lookup_counts_the_whole_module_and_says_so(proj):
+    (proj / "fp_kern.py").write_text(KERN.replace("return h(x) * SCALE",
+                                                  "return globals()['g'](h(x))"))
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    fb = fingerprint.fallbacks(c, ("torch",))
+    assert fb and {m for _, m, _ in fb} == {"fp_kern"}
+    assert _staled(proj, "fp_kern.py", "return x + 1", "return x + 2")  # g now counts
