@@ -48,18 +48,47 @@ def _size_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*.safetensors")) / 2**20
 
 
-def cmd_quantize(args) -> int:
+def _self_check(model, deq, args, spec, out: Path) -> list[str]:
+    """The tensors whose decoded form is not exactly the kernels' round trip of the original
+    (and, for nf4, the bitsandbytes checkpoint's tensors that differ from the dequantized
+    model): a quantized directory is trusted only when this is empty."""
     import torch
 
-    from falsify.cli.merge import write_ours
     from falsify.kernels.torch import nf4 as nf4_kernel
     from falsify.kernels.torch import quantize as q_kernel
+    from falsify.llm import quantize_model as Q
+    from falsify.llm.prune import projection_weights
+
+    bad = []
+    got = projection_weights(deq)
+    for name, w in projection_weights(model).items():
+        w = w.detach().float().cpu()
+        if args.method == "int8":
+            want = q_kernel.int8_roundtrip(w)
+        elif args.method == "int4":
+            want = q_kernel.int4_roundtrip(w, args.group, spec.symmetric)
+        else:
+            want = nf4_kernel.nf4_roundtrip(w, Q.NF4_BLOCK, spec.double_quant)
+        if not torch.equal(got[name].detach().cpu(), want):
+            bad.append(name)
+    if args.method == "nf4":
+        # the bitsandbytes checkpoint decodes (by our kernel) to exactly the dequantized model
+        hf_state = Q.read_hf_bnb(out / Q.BNB_DIR)
+        ours = deq.state_dict()
+        bad += sorted(f"{Q.BNB_DIR}:{k}" for k in set(ours) | set(hf_state)
+                      if k not in ours or k not in hf_state
+                      or not torch.equal(ours[k].detach().cpu(), hf_state[k]))
+    return bad
+
+
+def cmd_quantize(args) -> int:
+
+    from falsify.cli.merge import write_ours
     from falsify.llm import evaluate as EV
     from falsify.llm import finetune as FT
     from falsify.llm import quantize_model as Q
     from falsify.llm.config import ConfigError
     from falsify.llm.data import DataError
-    from falsify.llm.prune import projection_weights
 
     console = Console()
     spec = Q.QuantSpec(args.method, args.group, not args.asymmetric, args.double_quant)
@@ -80,26 +109,7 @@ def cmd_quantize(args) -> int:
             Q.export_hf_bnb(out / "quantized", out / Q.BNB_DIR, base.tokenizer_path)
     except (Q.QuantizeError, ConfigError, DataError) as e:
         raise UsageError(f"falsify quantize: {e}") from None
-    # self-check: what the directory decodes to is exactly the kernels' round trip
-    bad = []
-    got = projection_weights(deq)
-    for name, w in projection_weights(model).items():
-        w = w.detach().float().cpu()
-        if args.method == "int8":
-            want = q_kernel.int8_roundtrip(w)
-        elif args.method == "int4":
-            want = q_kernel.int4_roundtrip(w, args.group, spec.symmetric)
-        else:
-            want = nf4_kernel.nf4_roundtrip(w, Q.NF4_BLOCK, spec.double_quant)
-        if not torch.equal(got[name].detach().cpu(), want):
-            bad.append(name)
-    if args.method == "nf4":
-        # the bitsandbytes checkpoint decodes (by our kernel) to exactly the dequantized model
-        hf_state = Q.read_hf_bnb(out / Q.BNB_DIR)
-        ours = deq.state_dict()
-        bad += sorted(f"{Q.BNB_DIR}:{k}" for k in set(ours) | set(hf_state)
-                      if k not in ours or k not in hf_state
-                      or not torch.equal(ours[k].detach().cpu(), hf_state[k]))
+    bad = _self_check(model, deq, args, spec, out)
     report = {"from": base.source, "method": args.method, "group": args.group,
               "double_quant": spec.double_quant,
               "symmetric": spec.symmetric,
