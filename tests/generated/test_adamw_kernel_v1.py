@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9137a6227661f93b8b1a23d657234c53a0b3d692c8275b30fc9e09d84a988a88"
+SHA256 = "cb7216ad8e074a02cb5b441a74dc0e714f65220905f9ec13ca69a768a2008cb0"
 CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 
 

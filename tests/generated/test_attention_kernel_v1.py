@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "704d5f97a2adf08b0a96ecc7c63136b9cb8aa8fe0b831f612290d3ac8c9146e4"
+SHA256 = "388880865e266eb6e2ce799c9e77864fad9bf3db34464f2fce7d25b8b1c28d50"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 
@@ -201,7 +201,7 @@ def test_falsify_att_005__triton__float16():
 def test_falsify_att_006__z3__proof():
     rt.execute(CONTRACT, "FALSIFY-ATT-006", "z3", "proof", None)
 
-# FALSIFY-ATT-007 → ATT-EQV-004 (symbolic): Seed 003's fused-attention update is false (z3)
+# FALSIFY-ATT-007 → ATT-EQV-004 (symbolic): The fused-attention update without the accumulator rescale is false (z3)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-004", check="FALSIFY-ATT-007", backend="z3", variant="proof")
 def test_falsify_att_007__z3__proof():
@@ -888,7 +888,7 @@ def test_falsify_att_038__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-038", "torch", "float32", case)
 
 
-# MUT-ATT-001 → ATT-EQV-001: seed 003's fused-attention update: l rescaled by exp(m_old − m_new), the accumulator not
+# MUT-ATT-001 → ATT-EQV-001: fused-attention update with l rescaled by exp(m_old − m_new) and the accumulator not
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-ATT-001", obligation="ATT-EQV-001", backend="triton")
 def test_mut_att_001():
     rt.assert_killed(CONTRACT, "MUT-ATT-001")

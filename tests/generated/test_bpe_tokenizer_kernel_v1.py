@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2d07976e116cb2029920971d64112eac85c9362f4ecc4c8472696a9c9cd23231"
+SHA256 = "0d004d8bce74d91e119de0a42bfbf8bb91a7a50818c896a0a28c81a96606ab31"
 CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0377c272ad71a745eb1ffd21dc54db3aec76cd8c58b873cb5fd7224280bc6b82"
+SHA256 = "49b48b79347b96366a945903b0f95f29d15bf6c80c01bddf433d0fe4d8332c48"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8537d468447cc4ff59803de141a1175931864d5100d5cae1c2c098b24d3f12fe"
+SHA256 = "055aeb42514acbe02b225e6f13305ee8df09af2d56a2ad020822ea427c1afa3e"
 CONTRACT = rt.library_contract("distill-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "2a2485fd482a4c76c2520966b6f5fd73540ee16a236154dd194437b55ab0e0d5"
+SHA256 = "35436e7feb609ab72fcaca7e5ab1ce91abaad34d68bfffd8f61f363022d91bb7"
 CONTRACT = rt.library_contract("distributed-train-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "af2803e96c7281075b8c2189ab260fba3b5bc425431b7e978b41317844487d66"
+SHA256 = "0f9eedad50c9a2dcb8248f8d82db04b78c8d729c058d150bf60862edd0df1ab1"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e52f118f80e7c5a3cb3e8631b87712fc65347ca4438cfcf8662eacfc805cf574"
+SHA256 = "7ecb674edbb75986242b0d21173740503799b776ae15a25c1922786d66274466"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 

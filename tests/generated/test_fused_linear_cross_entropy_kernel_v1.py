@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0802ab9b4340ee22ce70908bf8794080c8462c321d197a7b053a43dacdb52163"
+SHA256 = "08ecdfdecca0a6350b953d6cb75ec96092deb0ccbb4d384ce91d088526bde0fa"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

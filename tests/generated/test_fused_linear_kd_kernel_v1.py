@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "046bc3a65d9b74c25d5cecc42f4d5a3f0c9f71eb166b3fd2ebf7746b397c1efa"
+SHA256 = "1cb0c990a4be520052612c48453761ad8a4fe8662224724ff855970a36b8fac2"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 

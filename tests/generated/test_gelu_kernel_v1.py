@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "756161808ba8d412c0a7350754f5432eb4a1e112bd648ae24517c0ab0f0fe4b7"
+SHA256 = "032fd3ed9c6441b9b4590655f22f9b609ab1854e116f676c662289ed0ea2cb7e"
 CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 
 

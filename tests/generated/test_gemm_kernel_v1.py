@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a331e218bf625f94986979ee772cbc2bc74a77e564e12491a87531f2f908c9ea"
+SHA256 = "9c5155f28615f65593c1e9769dcbc0050e762551bb56f134efc64b4b02a91f29"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0ee32c60587609e9597a9f40a205e58cf679995397fd53467b15d375a37e94f5"
+SHA256 = "80350434cc0f8484034c651a22d5855070806c0dacb29c048136495f20c509bc"
 CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 
 

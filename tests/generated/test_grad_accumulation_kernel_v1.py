@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "eacc15ce47f7f7b66b1fed8916f1b51c925758cecceea9a05d73383057c3455f"
+SHA256 = "51818c8b671bd435823951acb7facebff3aa2b5c048c434a718dd32881595cc5"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e69a9ee05ab915dae5f263b15df941a5bc72cc4416a12a84b00350343ec324d5"
+SHA256 = "29cc746ed02441c16c479f22ef73da8fdc660e6ca1b04b0374907d43f8840711"
 CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 
 

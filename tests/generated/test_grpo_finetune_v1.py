@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0b142fa243c16e8266b1dfa2b605a70638415b5c52f41d04eb12774045e230be"
+SHA256 = "46632d64edfdbd5b333e18ee027c6665572e3e46f3f5c6fb53ac2ac6792072bb"
 CONTRACT = rt.library_contract("grpo-finetune-v1.yaml", SHA256)
 
 

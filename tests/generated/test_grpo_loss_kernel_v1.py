@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "52aebec47e8be10d6d7f207375882eb1703c00498bf4f4fadd7ef73542333c4e"
+SHA256 = "c1423393f5e815ab2d90baace1ab8161a1baf9f16f173db4345734e5f269bc7d"
 CONTRACT = rt.library_contract("grpo-loss-kernel-v1.yaml", SHA256)
 
 

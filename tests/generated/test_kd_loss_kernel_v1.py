@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b6d91997c9df1770c3a116f6e51681092e8d8670e0a348a4c0186e49e23471dc"
+SHA256 = "3d7ab62ccab7db138e28ea8a2a6410a5edc5169f334ebc24b10117a1567e35f6"
 CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 
 

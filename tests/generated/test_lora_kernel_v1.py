@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b8740da24d5d58f87b736bc82334e401ebc5b85a27b96eb3f82921a869077031"
+SHA256 = "520745f5e773696ecc84758ed6c856ea5844f3bb01c21b279cc2f376be62256c"
 CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 
 

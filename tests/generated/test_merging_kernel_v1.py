@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ad02cf1d5a76096263929592aeebf5f4cf12354c6c629d5bdbd21713884e3bf2"
+SHA256 = "acd7bea24110d1fd56bcda80883f278cdc70a9c899821a9531a3528b47fb5177"
 CONTRACT = rt.library_contract("merging-kernel-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7a2d1b26a6273fa27000b9a6cd12ddcd02bcf36cac0bfc2be6b3d1bb9c0ef575"
+SHA256 = "ad889a47d32c51c6c7b4f3b5c249b2bbb08433d00b592a6e7b7404dc1aa83e12"
 CONTRACT = rt.library_contract("model-parity-v1.yaml", SHA256)
 
 

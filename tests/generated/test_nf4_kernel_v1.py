@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "642ea24a815fef60fd8b76fb4a17618e41a6ce3721149ee95e47f5a2d4871f20"
+SHA256 = "b2ad879a5818ca05d11cb7e5203e8ddbb6c0bf651e33251d912aab2e2c721d83"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

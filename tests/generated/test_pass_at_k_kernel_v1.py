@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "e27e5586aecf791a2af8a8c7c45b1ddda66374f75bd06a669ddb1afe7616a444"
+SHA256 = "0342bb594996e7d18dcd705d4bbd5b9480277455df7a147ea0138164ee6da73c"
 CONTRACT = rt.library_contract("pass-at-k-kernel-v1.yaml", SHA256)
 
 

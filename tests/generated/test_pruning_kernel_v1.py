@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8459d39f7c11d38df8b15d9afa746d17651b6dbbf0f79c2c6e03fd58bf8bd9fb"
+SHA256 = "8e6569af5d9d48742e6aa8764db180b21061b5492cde2120ad53ff506d2fca5b"
 CONTRACT = rt.library_contract("pruning-kernel-v1.yaml", SHA256)
 
 

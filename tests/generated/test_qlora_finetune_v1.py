@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0c44d5252a4e7c7af5d6f0c1baa38550766bb73edcf55bb80f57d5e0665d40dd"
+SHA256 = "d542aedf23352ce36f49dbfbbfe48b421d08bc34a7a770bdae96db7babb4cdd8"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "045033c048fb37915c786a6042f754e2b8ce33a4302e8183b17fb3a5ba574a22"
+SHA256 = "9749919a218252b7497406520ff2f6ae501fbbc5171d54d4c3ce9df4ba306eee"
 CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 
 

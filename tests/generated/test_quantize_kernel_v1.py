@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "91e2f7db407a7d554c3ebd18fdcce3b33724f3a647dd38dd238d056e913baf83"
+SHA256 = "556dc0537428fd0e6ade5b4eee5cfa45b16b69fa4c940680f0956e9d643aaf0c"
 CONTRACT = rt.library_contract("quantize-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "653be074357410d87a48a131b0af93a4fe7d5a231e0e9c90a084e1e839eae2dd"
+SHA256 = "84dcdbcd5a5be7c9c43d4c25a2473ddc6cced57a400a11c5235783e0d37b16ae"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 
@@ -692,7 +692,7 @@ def test_mut_rn_002():
     rt.assert_killed(CONTRACT, "MUT-RN-002")
 
 
-# MUT-RN-003 → RN-EQV-004: Triton backward with seed 002's d_input = (g·W − normed·dW_colsum)·inv_var
+# MUT-RN-003 → RN-EQV-004: Triton backward with d_input = (g·W − normed·dW_colsum)·inv_var (the column sum in place of the row mean)
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-RN-003", obligation="RN-EQV-004", backend="triton")
 def test_mut_rn_003():
     rt.assert_killed(CONTRACT, "MUT-RN-003")

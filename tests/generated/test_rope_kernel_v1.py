@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "8fd9771742b302c3bda85a51c73d81aee99cbb1b2345e7ae5ebbbe44a8da8ff5"
+SHA256 = "219cf5dd1072a0acbd0eea32db8b55b823b742d5d1060764953717aad1466077"
 CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a69529515bb46e906e2f2d2479557b5a4a608e353f06036e369e95afe852bc91"
+SHA256 = "08a75fae1a1883af2d8ec7e4d29fc438bf723d70eb30c87c8f25891dc2032c31"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 

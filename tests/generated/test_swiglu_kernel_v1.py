@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "c7bb3b0bec562e3421cf80f3c8bd6058dceaa201cad4d517481434b67d466092"
+SHA256 = "b30e79981d4d92cd019b45d130dbe84064713a98f0dfdb58533ac6dead7256f0"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "ddc48a61ccc7f88ce5e67e98cf7408b282006bbc73025890feb6b4fed6523f89"
+SHA256 = "9417ec506834841edb3b28a1d70af070050736107664139ad791a64952890738"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
