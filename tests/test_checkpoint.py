@@ -45,7 +45,7 @@ def test_resume_without_data_position_would_differ(tmp_path):
     state["data"]["step_in_epoch"] = 0
 
     state_file.write_text(json.dumps(state))
-    C._write_manifest(ck)  # a deliberate edit: re-seal it, or resume refuses it as damaged
+    C.write_manifest(ck)  # a deliberate edit: re-seal it, or resume refuses it as damaged
     resumed = RUN.train(cfg, resume="auto")
     assert resumed.losses != straight.losses[4:]
 

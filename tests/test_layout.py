@@ -1,7 +1,7 @@
-"""Every folder is its import path, and bound code lives where a reader looks for its role: `run:` functions in
-falsify/probes/, symbolic targets in falsify/proofs/, mutants in falsify/mutants/, reference
-bindings in reference/; probes import no benchmark, and the benchmark's case list is complete
-in the memory subprocess that loads it as __main__."""
+"""Every folder is its import path, and bound code lives where a reader looks for its role:
+`run:` functions in falsify/probes/, symbolic targets in falsify/proofs/, mutants in
+falsify/mutants/, reference bindings in falsify/reference/; probes import no benchmark, and the
+benchmark's case list is complete in the memory subprocess that loads it as __main__."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import hf
 from falsify.llm import lora_model as LM
-from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.checkpoint import STATE_HASHES, atomic_dir, content_hashes, write_manifest
 from falsify.llm.config import ConfigError
 from falsify.llm.data import DataError
 from falsify.llm.finetune_base import load_adapted  # noqa: F401  (export, eval, generate)
@@ -93,8 +93,8 @@ def probe_tolerance(model, logits: torch.Tensor) -> float:
 
 def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict,
                masks: dict | None = None) -> Path:
-    """Our layout: model.safetensors + state.json (with the model config), atomically; with
-    `masks`, the pruning masks in masks.safetensors beside the weights."""
+    """Our layout: model.safetensors + state.json (with the model config) + manifest.json,
+    atomically; with `masks`, the pruning masks in masks.safetensors beside the weights."""
     from safetensors.torch import save_file
 
     def fill(tmp: Path):
@@ -103,13 +103,15 @@ def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict,
         save_file(sd, str(tmp / "model.safetensors"))
         if masks is not None:
             LM.save_masks(masks, tmp / LM.MASKS_FILE)
-        (tmp / "state.json").write_text(json.dumps(
-            {"step": 0, "time": time.time(), "config": {"model": model.cfg.to_dict()},
-             "merged_from": meta}, indent=1, default=str))
         if tokenizer_path:
             import shutil
 
             shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        (tmp / "state.json").write_text(json.dumps(
+            {"step": 0, "time": time.time(), "config": {"model": model.cfg.to_dict()},
+             "merged_from": meta, STATE_HASHES: content_hashes(tmp)}, indent=1, default=str))
+        # verified like any checkpoint when it is read back as a base (falsify/llm/checkpoint.py)
+        write_manifest(tmp)
 
     return atomic_dir(out, fill)
 

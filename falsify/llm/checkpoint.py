@@ -418,7 +418,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        _write_manifest(tmp)
+        write_manifest(tmp)
         if final.exists():
             # Re-saving a step (e.g. resumed at it): move the old one aside first; os.replace
             # cannot replace a non-empty directory.
@@ -434,7 +434,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
     return final
 
 
-def _write_manifest(tmp: Path) -> None:
+def write_manifest(tmp: Path) -> None:
     """Last file of a checkpoint: size + sha256 of every other file (those in subdirectories,
     the shards of a sharded checkpoint, by their relative path), atomically replaced in."""
     files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}

@@ -117,7 +117,7 @@ def save(run_dir: str | Path, step: int, model, optimizer, param_names: list[str
             for f in (part / "model.safetensors", part / C.STATE):
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-            C._write_manifest(part)
+            C.write_manifest(part)
             if final.exists():
                 C._discard(final)
             os.replace(part, final)
