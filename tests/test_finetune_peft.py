@@ -22,6 +22,7 @@ import torch
 from falsify.llm import finetune as FT
 from falsify.llm import hf
 from falsify.llm import lora_model as LM
+from falsify.llm.run_lock import LOCK_NAME
 from tests.test_finetune import (
     CFG,
     logit_tolerance,
@@ -192,7 +193,9 @@ def test_adapter_dir_is_complete_and_atomic(trained):
     files = sorted(p.name for p in Path(adapter).iterdir())
     assert files == sorted([LM.ADAPTER_CONFIG, LM.ADAPTER_WEIGHTS, LM.FALSIFY_META,
                             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"])
-    assert not any(p.name.startswith(".") for p in Path(adapter).parent.iterdir())
+    # no temporary left behind; the run directory's lock file stays by design (llm/run_lock.py)
+    assert not any(p.name.startswith(".") and p.name != LOCK_NAME
+                   for p in Path(adapter).parent.iterdir())
     side = json.loads((adapter / LM.FALSIFY_META).read_text())
     assert side["lora_spec"]["method"] == "qlora" and side["lora_spec"]["double_quant"] is True
     assert side["base_fingerprint"] == FT.base_fingerprint(tiny_model())
