@@ -159,3 +159,22 @@ def emit(args, payload: dict, text: str) -> None:
         print(json.dumps(payload, indent=2, default=str))
     else:
         print(text)
+
+
+def resolve_user_binding(option: str, ref: str, allow_any_import: bool):
+    """Import the `module:function` a command-line option names (`--bind ...`): from the
+    current project or the installed packages only, unless `--allow-any-import`
+    (falsify/harness/trust.py); located first, so a refused module runs nothing."""
+    from falsify.harness import trust
+    from falsify.harness.project import find_project
+    from falsify.harness.validate import resolve_binding
+
+    if not allow_any_import:
+        proj = find_project()
+        where = trust.import_origin_error(ref.split(":")[0], proj.root if proj else None)
+        if where:
+            raise UsageError(f"{option}: {where}")
+    fn, err = resolve_binding(ref, allow_import=True)
+    if err:
+        raise UsageError(f"{option}: {err[1]}")
+    return fn

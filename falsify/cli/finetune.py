@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from falsify.cli.train import add_launch_args, leave_rank
+from falsify.harness.project import find_project
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import finetune as FT
 from falsify.llm.config import ConfigError, parse_overrides, read_yaml_config
@@ -36,7 +37,7 @@ from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.llm.data import DataError
 from falsify.llm.lora_model import LoraConfigError
 from falsify.llm.preflight import PreflightError
-from falsify.llm.rewards import RewardConfigError, RewardFailed
+from falsify.llm.rewards import RewardConfigError, RewardFailed, check_reward_origin
 from falsify.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
@@ -80,6 +81,9 @@ def register(sub) -> None:
                    help="training data, repeatable (chat, prompt/response, text, +reward, or "
                         "preference pairs; detected per file); default: the shipped stdlib "
                         "dataset")
+    p.add_argument("--allow-any-import", action="store_true",
+                   help="let a `module:function` reward import a module from outside the "
+                        "project and the installed packages (it runs that module's code)")
     p.add_argument("--config", metavar="FILE",
                    help=f"YAML file of FinetuneConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
                         "keys and YAML tags are errors)")
@@ -210,6 +214,11 @@ def _clip(text: str, lines: int = 12) -> str:
                                        if len(parts) > lines else "")
 
 
+def _check_reward(cfg: FT.FinetuneConfig, args) -> None:
+    proj = find_project()
+    check_reward_origin(cfg.reward, proj.root if proj else None, args.allow_any_import)
+
+
 def cmd_finetune(args) -> int:
     from falsify.llm import distributed
 
@@ -233,10 +242,12 @@ def _launch(args, console: Console) -> int:
     try:
         cfg = resolve_config(args, console)
         cfg.validate()
+        _check_reward(cfg, args)
         if cfg.model is None:
             builtin_base(cfg, console)
         argv = [*(["--config", args.config] if args.config else []),
                 *(["--resume", args.resume] if args.resume else []),
+                *(["--allow-any-import"] if args.allow_any_import else []),
                 *_flag_overrides(args), *args.overrides]
         return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
                                   ["finetune", *argv])
@@ -250,6 +261,7 @@ def _finetune(args, console: Console) -> int:
     cfg = None
     try:
         cfg = resolve_config(args, console)
+        _check_reward(cfg, args)
         shipped = FT.SHIPPED
         if cfg.method == "grpo":
             from falsify.llm.grpo import shipped_toy_problems

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+from falsify.cli.common import resolve_user_binding
 from falsify.errors import UsageError
 
 KERNELS = ("linear", "rmsnorm", "rope", "attention", "swiglu", "embedding")
@@ -48,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--bind", action="append", default=[],
                    metavar="KERNEL.BACKEND=module:function",
                    help="run another function as one of the model's kernels (a mutant)")
+    p.add_argument("--allow-any-import", action="store_true",
+                   help="let --bind import a module from outside the project and the installed "
+                        "packages (it runs that module's code)")
     p.add_argument("--train", action="store_true",
                    help="train two backends side by side and report where they separate")
     p.add_argument("--steps", type=int, default=50, help="--train steps (default 50, max 50)")
@@ -106,10 +110,8 @@ def _backends(spec: str | None) -> list[str]:
     return out
 
 
-def _binds(items: list[str]) -> dict[str, dict]:
+def _binds(items: list[str], allow_any_import: bool) -> dict[str, dict]:
     """{backend: {kernel: function}}."""
-    from falsify.harness.validate import resolve_binding
-
     out: dict[str, dict] = {}
     for b in items:
         key, sep, ref = b.partition("=")
@@ -117,10 +119,8 @@ def _binds(items: list[str]) -> dict[str, dict]:
         if not sep or not dot or kernel not in KERNELS or backend not in ("torch", "triton"):
             raise UsageError(f"--bind {b!r}: expected KERNEL.BACKEND=module:function, KERNEL "
                              f"one of {', '.join(KERNELS)}, BACKEND torch or triton")
-        fn, err = resolve_binding(ref, allow_import=True)
-        if err:
-            raise UsageError(f"--bind {b!r}: {err[1]}")
-        out.setdefault(backend, {})[kernel] = fn
+        out.setdefault(backend, {})[kernel] = resolve_user_binding(f"--bind {b!r}", ref,
+                                                                   allow_any_import)
     return out
 
 
@@ -149,7 +149,7 @@ def cmd_parity(args) -> int:
     if args.plot and not args.plot.endswith(".png"):
         raise UsageError(f"--plot {args.plot}: must name a .png file")
     backends = _backends(args.backends)
-    binds = _binds(args.bind)
+    binds = _binds(args.bind, args.allow_any_import)
     for b in binds:
         if b not in backends:
             raise UsageError(f"--bind names backend {b}, which --backends does not compare")

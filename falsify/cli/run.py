@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from falsify.cli.common import resolve_user_binding
 from falsify.cli.session import (
     ensure_generated,
     repro_command,
@@ -33,11 +34,10 @@ SYMBOLIC = ("z3", "crosshair")
 
 
 
-def _parse_binds(binds: list[str], contracts) -> dict[str, str]:
+def _parse_binds(binds: list[str], contracts, allow_any: bool) -> dict[str, str]:
     """`--bind EQUATION.BACKEND=module:function`: the equation and backend must be one a
-    selected contract binds, or the run would silently check the built-in kernel."""
-    from falsify.harness.validate import resolve_binding
-
+    selected contract binds, or the run would silently check the built-in kernel; the module
+    must lie in the project or the installed packages unless `allow_any`."""
     bound = {(eq, b) for c in contracts for eq, e in c.equations.items() for b in e.bindings}
     equations = sorted({eq for eq, _ in bound})
     out = {}
@@ -56,9 +56,7 @@ def _parse_binds(binds: list[str], contracts) -> dict[str, str]:
             have = sorted(be for e, be in bound if e == eq)
             raise UsageError(f"--bind {b!r}: equation {eq!r} has no {backend} binding to "
                              f"replace (bound: {', '.join(have)})")
-        _, err = resolve_binding(ref, allow_import=True)
-        if err:
-            raise UsageError(f"--bind {b!r}: {err[1]}")
+        resolve_user_binding(f"--bind {b!r}", ref, allow_any)
         out[key] = ref
     return out
 
@@ -398,6 +396,7 @@ def _echo_seed(args, seed, origin, console) -> None:
     what runs or how hard it searches, so the line reruns this run and not a larger one."""
     argv = ["falsify", "run", *args.contracts, "--seed", str(seed)]
     argv += [a for b in args.bind for a in ("--bind", b)]
+    argv += ["--allow-any-import"] if args.allow_any_import else []
     argv += ["--backend", args.backend] if args.backend else []
     argv += ["-k", args.k] if args.k else []
     argv += ["--shard", args.shard] if args.shard else []
@@ -476,14 +475,15 @@ def cmd_run(args) -> int:
     proj = require_project("falsify run")
     console = Console(stderr=args.format != "table")
     contracts = _shard(args, select_contracts(args.contracts, proj), proj)
-    binds = _parse_binds(args.bind, contracts)
+    binds = _parse_binds(args.bind, contracts, args.allow_any_import)
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
     keep = backends + [b for b in SYMBOLIC if b not in backends]
     profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else proj.profile)
     seed, origin = resolve_seed(args.seed)
     # what a failure's own reproduction needs beside its -k node id
-    flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough))
+    flags = " ".join([f"--bind {b}" for b in args.bind] + ["--thorough"] * bool(args.thorough)
+                     + ["--allow-any-import"] * bool(args.allow_any_import))
     if seed is not None:
         _echo_seed(args, seed, origin, console)
     ledger_path = Path(args.ledger) if args.ledger else proj.ledger_path
@@ -570,6 +570,9 @@ def register(sub) -> None:
     r.add_argument("--bind", action="append", default=[],
                    metavar="EQUATION.BACKEND=module:function",
                    help="check another implementation against a contract without editing it")
+    r.add_argument("--allow-any-import", action="store_true",
+                   help="let --bind import a module from outside the project and the installed "
+                        "packages (it runs that module's code)")
     r.add_argument("--ledger", default=None, help="default: the project's `ledger`")
     r.add_argument("-k", default=None, help="pytest -k expression to select checks")
     r.add_argument("--changed", action="store_true",

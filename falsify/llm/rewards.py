@@ -13,7 +13,9 @@ problems and models that are not adversarial (the toy set, small models).
 A user reward is `module:function` taking (prompt, completion, problem) and returning a finite
 real number. What happens when it raises (or returns something else) is the config's
 `reward_error`: by default the failures are counted and the run stops after the step with the
-first one named; `score:X` substitutes X, still counting and reporting every failure.
+first one named; `score:X` substitutes X, still counting and reporting every failure. Its
+module must lie in the project or the installed packages unless `--allow-any-import` is given
+(`check_reward_origin`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from falsify.harness import trust
 from falsify.llm.evaluate import Problem, truncate
 from falsify.llm.sandbox import Limits, run_python
 
@@ -115,6 +119,17 @@ class UnitTestReward:
     def score(self, problems: list[Problem], completions: list[str]) -> list[float]:
         with ThreadPoolExecutor(self.workers) as ex:
             return list(ex.map(self.one, problems, completions))
+
+
+def check_reward_origin(spec: str, project_root: Path | None, allow_any: bool) -> None:
+    """Refuse a `module:function` reward whose module lies outside the project and the
+    installed packages (see falsify.harness.trust), before anything imports it."""
+    mod = spec.partition(":")[0]
+    if allow_any or spec.startswith("builtin:") or not mod:
+        return
+    where = trust.import_origin_error(mod, project_root)
+    if where:
+        raise RewardConfigError(f"config field reward={spec!r}: {where}")
 
 
 def load_reward(spec: str) -> Callable | UnitTestReward:
