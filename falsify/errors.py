@@ -5,3 +5,9 @@ without importing the command line."""
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
+
+
+class NonFiniteGradNorm(FloatingPointError):
+    """The total gradient norm is NaN or infinite: the gradients were left unchanged. Raised
+    by gradient clipping with error_if_nonfinite=True in the reference and every backend alike,
+    so the contract's check can catch one type."""
