@@ -42,8 +42,6 @@ CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 # (importing file, imported module): why it is still there
 KNOWN = {
-    ("falsify/bench/kernels.py", "falsify.cli"):
-        "`python -m falsify.bench.kernels` (the memory child) dispatches through the CLI",
     ("falsify/llm/pipeline.py", "falsify.cli"):
         "the pipeline runs each stage as its CLI verb; the verbs' bodies have to move into "
         "library functions first",
