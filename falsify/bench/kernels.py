@@ -245,6 +245,11 @@ def _throughput(case: Case, seconds: float, peaks) -> str:
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time, memory, baselines",
                        description=__doc__.split("\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=cmd_kernels)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure", nargs=4, metavar=("KERNEL", "SHAPE", "PASS", "WHICH"),
                    help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true",
@@ -259,7 +264,6 @@ def register(sub) -> None:
     p.add_argument("--check", type=Path, metavar="FILE",
                    help="compare each row's ratio ours/eager with FILE's: > 10%% slower fails "
                         "(exit 1), 5-10%% warns")
-    p.set_defaults(func=cmd_kernels)
 
 
 def _selected(args) -> list[Case]:
@@ -389,7 +393,20 @@ def _print_check(args, baseline, rows, missing, new, failed, out) -> None:
              "relative to eager" if failed else "passed"), file=out)
 
 
-if __name__ == "__main__":  # `python -m falsify.bench.kernels ...` is `falsify bench kernels ...`
-    from falsify.cli import main
+def main(argv: list[str] | None = None) -> int:
+    """`python -m falsify.bench.kernels ...`, the same as `falsify bench kernels ...`: parsed
+    here, with the verb's own arguments, so that the benchmark does not import the command
+    line. A usage or I/O error is one line on stderr and exit 2, as under `falsify`."""
+    p = argparse.ArgumentParser(prog="python -m falsify.bench.kernels",
+                                description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return cmd_kernels(args)
+    except (UsageError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
-    sys.exit(main(["bench", "kernels", *sys.argv[1:]]))
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -344,21 +344,44 @@ def source_of(ref: str) -> tuple[str | None, int | None, str | None]:
 
 
 def contract_page(c: Contract, contracts: list[Contract], view: ContractView) -> str:
-    ids = {x.id for x in contracts}
     L = _head(c.id) + [f"# {c.id}", "", text(c.description), ""]
-    killed, nmut = mutant_counts(c, view)
-    L += [f"- **Version** {code(c.version)} · **status** {text(c.status)}"
-          f" · **kernel** {code(c.kernel or '–')} · **critical** {'yes' if c.critical else 'no'}"
-          f" · **format** {text(c.mode)}",
-          f"- **Coverage** **{pct(view.covered, view.total)}**: {view.covered}/{view.total} "
-          f"obligations covered · **mutants** {killed}/{nmut} killed",
-          f"- **Source** {code(_rel(c.path))} (sha256 {code(c.sha256[:12])})", ""]
-
+    L += _summary(c, view)
     L += ["## References", ""]
     L += [f"- {text(r)}" for r in c.references] or ["_none given_"]
     L += [""]
+    L += _dependencies(c, contracts)
+    L += ["## Equations", ""]
+    for eq in c.equations.values():
+        L += _equation(c, eq)
+    if c.inputs:
+        L += ["## Input strategies", ""]
+        for name, spec in c.inputs.items():
+            L += _input(c, name, spec)
+    L += _obligations(c, view)
+    L += _invariance(c)
+    L += ["## Checks", ""]
+    for chk in c.checks:
+        L += _check(c, chk, view)
+    L += _mutants(c, view)
+    L += _extras(c)
+    return "\n".join(L).rstrip() + "\n"
 
-    L += ["## Dependencies", ""]
+
+def _summary(c: Contract, view: ContractView) -> list[str]:
+    """Version, status, kernel, coverage and mutant counts, and the source file."""
+    killed, nmut = mutant_counts(c, view)
+    return [f"- **Version** {code(c.version)} · **status** {text(c.status)}"
+            f" · **kernel** {code(c.kernel or '–')} · **critical** {'yes' if c.critical else 'no'}"
+            f" · **format** {text(c.mode)}",
+            f"- **Coverage** **{pct(view.covered, view.total)}**: {view.covered}/{view.total} "
+            f"obligations covered · **mutants** {killed}/{nmut} killed",
+            f"- **Source** {code(_rel(c.path))} (sha256 {code(c.sha256[:12])})", ""]
+
+
+def _dependencies(c: Contract, contracts: list[Contract]) -> list[str]:
+    """What the contract depends on, what depends on it, and the graph around it."""
+    ids = {x.id for x in contracts}
+    L = ["## Dependencies", ""]
     if c.depends_on:
         L += ["Depends on: " + ", ".join(
             f"[{d}]({d}.md)" if d in ids else f"{code(d)} (missing)" for d in c.depends_on)]
@@ -367,21 +390,15 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
     users = sorted(x.id for x in contracts if c.id in x.depends_on)
     if users:
         L += ["", "Used by: " + ", ".join(f"[{u}]({u}.md)" for u in users)]
-    L += ["", "```mermaid", _mermaid(contracts, focus=c.id), "```", ""]
+    return L + ["", "```mermaid", _mermaid(contracts, focus=c.id), "```", ""]
 
-    L += ["## Equations", ""]
-    for eq in c.equations.values():
-        L += _equation(c, eq)
 
-    if c.inputs:
-        L += ["## Input strategies", ""]
-        for name, spec in c.inputs.items():
-            L += _input(c, name, spec)
-
-    L += ["## Proof obligations", "",
-          "Status is computed from the results ledger: an obligation is *covered* when every "
-          "check bound to it ran on every declared backend and passed, and every mutant "
-          "declared for it was killed.", ""]
+def _obligations(c: Contract, view: ContractView) -> list[str]:
+    """The obligations table, then their results per backend."""
+    L = ["## Proof obligations", "",
+         "Status is computed from the results ledger: an obligation is *covered* when every "
+         "check bound to it ran on every declared backend and passed, and every mutant "
+         "declared for it was killed.", ""]
     all_backends = backend_order({cell["backend"] for chk in c.checks if chk.spec
                                   and chk.obligation in view.obligations
                                   for cell in run_cells(c, chk, view.obligations[chk.obligation])})
@@ -407,31 +424,33 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
         L += ["**Results per backend** (expected runs of the obligation's checks: every dtype "
               "or GPU target the check declares)", ""]
         L += table(["obligation"] + all_backends, per_backend)
+    return L
 
-    L += _invariance(c)
-    L += ["## Checks", ""]
-    for chk in c.checks:
-        L += _check(c, chk, view)
 
-    L += ["## Mutants", ""]
-    if c.mutants:
-        L += ["Each mutant is a deliberately buggy variant of a bound function. Running its "
-              "obligation's checks against it must fail at least one check (*killed*); a "
-              "surviving mutant means the checks or tolerances are too weak.", ""]
-        rows = []
-        for m in c.mutants:
-            st, by = mutant_state(c, view, m.id, m.obligation)
-            result = badge(st) + (" by " + ", ".join(f"[{k}](#{anchor(k)})" for k in
-                                                     by.split(", ") if k) if by else "")
-            rows.append([f'<a id="{anchor(m.id)}"></a>{code(m.id)}',
-                         f"[{m.obligation}](#{anchor(m.obligation)})",
-                         f"{code(m.replaces)} ← {code(m.with_)}",
-                         text(m.description) + (f" (source: {text(m.source)})" if m.source
-                                                else ""), result])
-        L += table(["id", "obligation", "replaces ← with", "description", "result"], rows)
-    else:
-        L += ["No mutants declared.", ""]
+def _mutants(c: Contract, view: ContractView) -> list[str]:
+    """The mutants table: what each replaces and which checks killed it."""
+    if not c.mutants:
+        return ["## Mutants", "", "No mutants declared.", ""]
+    L = ["## Mutants", "",
+         "Each mutant is a deliberately buggy variant of a bound function. Running its "
+         "obligation's checks against it must fail at least one check (*killed*); a "
+         "surviving mutant means the checks or tolerances are too weak.", ""]
+    rows = []
+    for m in c.mutants:
+        st, by = mutant_state(c, view, m.id, m.obligation)
+        result = badge(st) + (" by " + ", ".join(f"[{k}](#{anchor(k)})" for k in
+                                                 by.split(", ") if k) if by else "")
+        rows.append([f'<a id="{anchor(m.id)}"></a>{code(m.id)}',
+                     f"[{m.obligation}](#{anchor(m.obligation)})",
+                     f"{code(m.replaces)} ← {code(m.with_)}",
+                     text(m.description) + (f" (source: {text(m.source)})" if m.source
+                                            else ""), result])
+    return L + table(["id", "obligation", "replaces ← with", "description", "result"], rows)
 
+
+def _extras(c: Contract) -> list[str]:
+    """The QA gate and the compat format's Kani harnesses, where the contract has them."""
+    L = []
     if c.qa_gate:
         L += ["## QA gate", ""]
         L += [f"- **{k}**: {value(v) if isinstance(v, (list, dict)) else text(v)}"
@@ -439,7 +458,7 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
     if c.kani_harnesses:
         L += ["## Kani harnesses (compat)", ""]
         L += [f"- {value(h)}" for h in c.kani_harnesses] + [""]
-    return "\n".join(L).rstrip() + "\n"
+    return L
 
 
 def _invariance(c: Contract) -> list[str]:

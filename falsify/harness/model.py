@@ -291,64 +291,11 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
     bad = {tuple(e.absolute_path) for e in (schema_errors(data) if errors is None else errors)}
     stem = path.name.rsplit(".", 1)[0]
     md = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
-    eqs = {}
-    for name, e in (data.get("equations") or {}).items() if isinstance(data.get("equations"),
-                                                                       dict) else []:
-        e = e if isinstance(e, dict) else {}
-        inv = e.get("invariants")
-        eqs[str(name)] = Equation(
-            name=str(name), formula=_str(e.get("formula")) or "", latex=_str(e.get("latex")),
-            domain=_str(e.get("domain")), codomain=_str(e.get("codomain")),
-            invariants=[_text(i) for i in inv] if isinstance(inv, list) else [],
-            derivation=_str(e.get("derivation")),
-            bindings={k: v for k, v in (e.get("bindings") or {}).items() if isinstance(v, str)}
-            if isinstance(e.get("bindings"), dict) else {},
-            gpu_only=dict(e.get("gpu_only") or {}) if isinstance(e.get("gpu_only"), dict) else {},
-            outputs=[o for o in e["outputs"] if isinstance(o, str)]
-            if isinstance(e.get("outputs"), list) else [],
-            non_differentiable=[o for o in e["non_differentiable"] if isinstance(o, str)]
-            if isinstance(e.get("non_differentiable"), list) else [],
-        )
+    eqs = _build_equations(data)
     prefix = _prefix(stem, data)
-    obligations, counters = [], {}
-    raw_obs = _list(data.get("proof_obligations"))
-    # derived ids: PREFIX-ABBR-NNN numbered per type in file order (same file -> same ids),
-    # skipping numbers an explicit id already uses
-    taken = {_str(o.get("id")) for o in raw_obs if isinstance(o, dict) and o.get("id")}
-    for i, o in enumerate(raw_obs):
-        o = o if isinstance(o, dict) else {}
-        otype = _str(o.get("type")) or "invariant"
-        oid, derived = _str(o.get("id")), False
-        while not oid or (derived and oid in taken):
-            counters[otype] = counters.get(otype, 0) + 1
-            oid = f"{prefix}-{TYPE_ABBR.get(otype, 'OBL')}-{counters[otype]:03d}"
-            derived = True
-        at = o.get("applies_to")
-        applies = [at] if isinstance(at, str) else [str(a) for a in at] if isinstance(at,
-                                                                                       list) else []
-        obligations.append(Obligation(oid, otype, _str(o.get("property")) or "",
-                                      _str(o.get("formal")), o.get("tolerance"), applies, derived,
-                                      i))
-    checks = []
-    raw_tests = _list(data.get("falsification_tests"))
-    taken = {_str(t.get("id")) for t in raw_tests if isinstance(t, dict) and t.get("id")}
-    for i, t in enumerate(raw_tests):
-        t = t if isinstance(t, dict) else {}
-        spec = well_typed(t.get("check"), "check", ("falsification_tests", i, "check"), bad)
-        cid, n = _str(t.get("id")), i + 1
-        while not cid or (cid in taken and not t.get("id")):
-            cid, n = f"FALSIFY-{prefix}-{n:03d}", n + 1
-        checks.append(Check(cid,
-                            _str(t.get("rule")) or "", _str(t.get("prediction")) or "",
-                            _str(t.get("obligation")), _str(t.get("if_fails")),
-                            _str(t.get("test")), spec, i))
-    mutants = []
-    for i, m in enumerate(_list(data.get("mutants"))):
-        if isinstance(m, dict):
-            mutants.append(Mutant(_str(m.get("id")) or f"MUT-{prefix}-{i + 1:03d}",
-                                  _str(m.get("obligation")) or "", _str(m.get("replaces")) or ".",
-                                  _str(m.get("with")) or "", _str(m.get("description")) or "",
-                                  _str(m.get("source")), i))
+    obligations = _build_obligations(data, prefix)
+    checks = _build_checks(data, prefix, bad)
+    mutants = _build_mutants(data, prefix)
     deps = md.get("depends_on")
     refs = md.get("references")
     return Contract(
@@ -370,6 +317,84 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
         inapplicable={str(k): str(v) for k, v in md["inapplicable"].items()}
         if isinstance(md.get("inapplicable"), dict) else {},
     )
+
+
+def _build_equations(data: dict) -> dict[str, Equation]:
+    """The equations by name; a malformed field becomes empty (the schema findings say so)."""
+    eqs = {}
+    for name, e in (data.get("equations") or {}).items() if isinstance(data.get("equations"),
+                                                                       dict) else []:
+        e = e if isinstance(e, dict) else {}
+        inv = e.get("invariants")
+        eqs[str(name)] = Equation(
+            name=str(name), formula=_str(e.get("formula")) or "", latex=_str(e.get("latex")),
+            domain=_str(e.get("domain")), codomain=_str(e.get("codomain")),
+            invariants=[_text(i) for i in inv] if isinstance(inv, list) else [],
+            derivation=_str(e.get("derivation")),
+            bindings={k: v for k, v in (e.get("bindings") or {}).items() if isinstance(v, str)}
+            if isinstance(e.get("bindings"), dict) else {},
+            gpu_only=dict(e.get("gpu_only") or {}) if isinstance(e.get("gpu_only"), dict) else {},
+            outputs=[o for o in e["outputs"] if isinstance(o, str)]
+            if isinstance(e.get("outputs"), list) else [],
+            non_differentiable=[o for o in e["non_differentiable"] if isinstance(o, str)]
+            if isinstance(e.get("non_differentiable"), list) else [],
+        )
+    return eqs
+
+
+def _build_obligations(data: dict, prefix: str) -> list[Obligation]:
+    """The proof obligations, each with its id, derived where the contract gives none."""
+    obligations, counters = [], {}
+    raw_obs = _list(data.get("proof_obligations"))
+    # derived ids: PREFIX-ABBR-NNN numbered per type in file order (same file -> same ids),
+    # skipping numbers an explicit id already uses
+    taken = {_str(o.get("id")) for o in raw_obs if isinstance(o, dict) and o.get("id")}
+    for i, o in enumerate(raw_obs):
+        o = o if isinstance(o, dict) else {}
+        otype = _str(o.get("type")) or "invariant"
+        oid, derived = _str(o.get("id")), False
+        while not oid or (derived and oid in taken):
+            counters[otype] = counters.get(otype, 0) + 1
+            oid = f"{prefix}-{TYPE_ABBR.get(otype, 'OBL')}-{counters[otype]:03d}"
+            derived = True
+        at = o.get("applies_to")
+        applies = [at] if isinstance(at, str) else [str(a) for a in at] if isinstance(at,
+                                                                                       list) else []
+        obligations.append(Obligation(oid, otype, _str(o.get("property")) or "",
+                                      _str(o.get("formal")), o.get("tolerance"), applies, derived,
+                                      i))
+    return obligations
+
+
+def _build_checks(data: dict, prefix: str, bad: set) -> list[Check]:
+    """The falsification tests, each with its id (derived where none is given) and its
+    well-typed check spec."""
+    checks = []
+    raw_tests = _list(data.get("falsification_tests"))
+    taken = {_str(t.get("id")) for t in raw_tests if isinstance(t, dict) and t.get("id")}
+    for i, t in enumerate(raw_tests):
+        t = t if isinstance(t, dict) else {}
+        spec = well_typed(t.get("check"), "check", ("falsification_tests", i, "check"), bad)
+        cid, n = _str(t.get("id")), i + 1
+        while not cid or (cid in taken and not t.get("id")):
+            cid, n = f"FALSIFY-{prefix}-{n:03d}", n + 1
+        checks.append(Check(cid,
+                            _str(t.get("rule")) or "", _str(t.get("prediction")) or "",
+                            _str(t.get("obligation")), _str(t.get("if_fails")),
+                            _str(t.get("test")), spec, i))
+    return checks
+
+
+def _build_mutants(data: dict, prefix: str) -> list[Mutant]:
+    """The declared mutants (entries that are not mappings are skipped)."""
+    mutants = []
+    for i, m in enumerate(_list(data.get("mutants"))):
+        if isinstance(m, dict):
+            mutants.append(Mutant(_str(m.get("id")) or f"MUT-{prefix}-{i + 1:03d}",
+                                  _str(m.get("obligation")) or "", _str(m.get("replaces")) or ".",
+                                  _str(m.get("with")) or "", _str(m.get("description")) or "",
+                                  _str(m.get("source")), i))
+    return mutants
 
 
 def _list(x) -> list:

@@ -215,71 +215,83 @@ def load(text: str, path: str = "<string>", repair: bool = False,
             return Located(data=None, repairs=repairs)
         raise YamlError(path, 1, "empty document (only comments)")
     loc = Located(data=None, repairs=repairs)
-    budget = [MAX_NODES]
-    constructor = yaml.SafeLoader("")  # only used for scalar resolution/construction
+    loc.data = _Builder(path, loc).build(node, ())
+    return loc
 
-    def scalar(n: yaml.Node):
+
+class _Builder:
+    """Turns one composed YAML node tree into plain data, recording in `loc` the line of every
+    value and every duplicate key. Refuses what would make the data lie or explode: tags other
+    than plain maps and lists, merge keys, non-scalar keys, cycles, and more than MAX_NODES
+    nodes or MAX_DEPTH levels (alias bombs)."""
+
+    def __init__(self, path: str, loc: Located):
+        self.path, self.loc = path, loc
+        self.budget = MAX_NODES
+        self.constructor = yaml.SafeLoader("")  # only used for scalar resolution/construction
+        self.open_nodes: set[int] = set()  # collections being built: meeting one again is a cycle
+
+    def scalar(self, n: yaml.Node):
         if n.tag in _AS_WRITTEN:
             return n.value
         if n.tag == _STR and not n.style and _FLOAT12.match(n.value):  # plain, unquoted
             return float(n.value)
         try:
-            return constructor.construct_object(n, deep=True)
+            return self.constructor.construct_object(n, deep=True)
         except (yaml.constructor.ConstructorError, ValueError, OverflowError) as e:
             problem = getattr(e, "problem", None) or str(e)
-            raise YamlError(path, n.start_mark.line + 1, f"cannot read value: {problem}") from None
+            raise YamlError(self.path, n.start_mark.line + 1,
+                            f"cannot read value: {problem}") from None
 
-    open_nodes: set[int] = set()  # collections being built: meeting one again is a cycle
-
-    def build(n: yaml.Node, at: tuple):
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise YamlError(path, n.start_mark.line + 1,
+    def build(self, n: yaml.Node, at: tuple):
+        self.budget -= 1
+        if self.budget < 0:
+            raise YamlError(self.path, n.start_mark.line + 1,
                             f"document expands to more than {MAX_NODES} nodes "
                             "(alias bomb or oversized file)")
         if isinstance(n, yaml.ScalarNode):
-            loc.lines.setdefault(at, n.start_mark.line + 1)
-            return scalar(n)
-        if id(n) in open_nodes:
-            raise YamlError(path, n.start_mark.line + 1,
+            self.loc.lines.setdefault(at, n.start_mark.line + 1)
+            return self.scalar(n)
+        if id(n) in self.open_nodes:
+            raise YamlError(self.path, n.start_mark.line + 1,
                             "recursive alias: an alias refers to the anchored node that "
                             f"contains it (at {_pointer(at)})")
         if len(at) >= MAX_DEPTH:
-            raise YamlError(path, n.start_mark.line + 1,
+            raise YamlError(self.path, n.start_mark.line + 1,
                             f"nested deeper than {MAX_DEPTH} levels (through aliases)")
-        open_nodes.add(id(n))
+        self.open_nodes.add(id(n))
         try:
-            return collection(n, at)
+            return self.collection(n, at)
         finally:
-            open_nodes.discard(id(n))
+            self.open_nodes.discard(id(n))
 
-    def collection(n: yaml.Node, at: tuple):
-        loc.lines.setdefault(at, n.start_mark.line + 1)
+    def collection(self, n: yaml.Node, at: tuple):
+        self.loc.lines.setdefault(at, n.start_mark.line + 1)
         if not isinstance(n, yaml.ScalarNode) and n.tag not in _PLAIN_COLLECTIONS:
             # `!!python/object/apply:os.system [...]` must not read as a harmless list
-            raise YamlError(path, n.start_mark.line + 1, f"unsupported YAML tag {n.tag!r}")
+            raise YamlError(self.path, n.start_mark.line + 1, f"unsupported YAML tag {n.tag!r}")
         if isinstance(n, yaml.MappingNode):
-            out = {}
-            for k, v in n.value:
-                if not isinstance(k, yaml.ScalarNode):
-                    raise YamlError(path, k.start_mark.line + 1, "mapping keys must be scalars")
-                if k.tag.endswith(":merge") or k.value == "<<":
-                    raise YamlError(path, k.start_mark.line + 1,
-                                    "merge keys (<<) are not supported")
-                key = scalar(k)
-                if not isinstance(key, str):
-                    # JSON objects have string keys: `1:`, `yes:`, `~:` or a date are kept as
-                    # written (YAML 1.1 would make them int, True, None, date)
-                    key = k.value
-                if key in out:
-                    loc.duplicates.append((at + (key,), k.start_mark.line + 1))
-                loc.lines[at + (key,)] = k.start_mark.line + 1
-                out[key] = build(v, at + (key,))
-            return out
-        return [build(v, at + (i,)) for i, v in enumerate(n.value)]
+            return self.mapping(n, at)
+        return [self.build(v, at + (i,)) for i, v in enumerate(n.value)]
 
-    loc.data = build(node, ())
-    return loc
+    def mapping(self, n: yaml.MappingNode, at: tuple) -> dict:
+        out = {}
+        for k, v in n.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise YamlError(self.path, k.start_mark.line + 1, "mapping keys must be scalars")
+            if k.tag.endswith(":merge") or k.value == "<<":
+                raise YamlError(self.path, k.start_mark.line + 1,
+                                "merge keys (<<) are not supported")
+            key = self.scalar(k)
+            if not isinstance(key, str):
+                # JSON objects have string keys: `1:`, `yes:`, `~:` or a date are kept as
+                # written (YAML 1.1 would make them int, True, None, date)
+                key = k.value
+            if key in out:
+                self.loc.duplicates.append((at + (key,), k.start_mark.line + 1))
+            self.loc.lines[at + (key,)] = k.start_mark.line + 1
+            out[key] = self.build(v, at + (key,))
+        return out
 
 
 def _pointer(at: tuple) -> str:

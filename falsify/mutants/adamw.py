@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.arguments import check_hyperparameters
 from falsify.kernels.torch.adamw import check_tensors
 from falsify.kernels.triton.adamw import launch_config
-from falsify.reference.adamw import check_hyperparameters
 
 
 def _adam_core(param, grad, m, v, step, lr, beta1, beta2, eps, decoupled_decay, bias_correction):

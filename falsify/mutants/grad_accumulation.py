@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from falsify.arguments import check_accumulation_args
 from falsify.kernels.torch.grad_accumulation import head_loss_sum
 from falsify.kernels.torch.grad_clip import clip_grad_norm_, total_norm
-from falsify.reference.grad_accumulation import check_accumulation_args, micro_batch_slices
+from falsify.reference.grad_accumulation import micro_batch_slices
 
 
 def _micro_grads(x, weight, labels, n_micro, ignore_index):

@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.arguments import check_clip_args
 from falsify.kernels.torch.grad_clip import check_grads, total_norm
 from falsify.kernels.triton import grad_clip as tg
-from falsify.reference.grad_clip import check_clip_args
 
 
 def _finish(gs, coef, norm):

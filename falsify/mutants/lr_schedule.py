@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from falsify.reference.lr_schedule import check_schedule_args
+from falsify.arguments import check_schedule_args
 
 
 def _tensor(step, fn):

@@ -59,7 +59,7 @@ def vs_torch_clip(backend, dtype, max_norm, seed):
 def nonfinite_raises(backend, dtype):
     """error_if_nonfinite=True raises NonFiniteGradNorm for an inf and for a NaN gradient and
     leaves the inputs untouched; False returns the NaN/inf norm with the gradients unchanged."""
-    from falsify.reference.grad_clip import NonFiniteGradNorm
+    from falsify.errors import NonFiniteGradNorm
 
     fn = _bound_clip(backend)
     dev = device(backend)

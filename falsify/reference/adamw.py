@@ -20,34 +20,10 @@ be silently replaced by a library's 0.999.
 """
 
 import math
-import numbers
 
 import numpy as np
 
-
-def check_hyperparameters(step, lr, beta1, beta2, eps, weight_decay):
-    """Raise ValueError for values outside AdamW's domain. Shared by every backend so that
-    they reject the same inputs with the same message."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) and not (
-            isinstance(step, numbers.Real) and float(step).is_integer()):
-        raise ValueError(f"step={step!r}: must be an integer ≥ 1 (the 1-based update index)")
-    if int(step) < 1:
-        raise ValueError(f"step={step!r}: must be ≥ 1; bias correction divides by 1 − β^step")
-    for name, val in (("lr", lr), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
-                      ("weight_decay", weight_decay)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Real) or not math.isfinite(val):
-            raise ValueError(f"{name}={val!r}: must be a finite real number")
-    if lr < 0:
-        raise ValueError(f"lr={lr!r}: must be ≥ 0")
-    if not 0.0 <= beta1 < 1.0:
-        raise ValueError(f"beta1={beta1!r}: must lie in [0, 1)")
-    if not 0.0 <= beta2 < 1.0:
-        raise ValueError(f"beta2={beta2!r}: must lie in [0, 1)")
-    if not eps > 0:
-        raise ValueError(f"eps={eps!r}: must be > 0 (it keeps the denominator away from 0)")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay={weight_decay!r}: must be ≥ 0")
-    return int(step)
+from falsify.arguments import check_hyperparameters
 
 
 def adamw_step(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):

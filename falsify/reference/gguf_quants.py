@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from falsify.arguments import check_qtype
+
 QK8_0 = 32  # values per q8_0 block
 Q8_0_BYTES = 34  # 2 (fp16 d) + 32 int8
 QK_K = 256  # values per k-quant super-block
@@ -228,22 +230,9 @@ QTYPES = {  # name -> (values per block, bytes per block)
 GGML_TYPE_NAMES = {8: "q8_0", 12: "q4_k", 14: "q6_k"}  # ggml_type ids in a GGUF tensor header
 
 
-def check_qtype(qtype, n, k, fn: str) -> tuple[int, int]:
-    """(values per block, bytes per block) of `qtype`; n, k: non-negative ints, k whole blocks."""
-    if qtype not in QTYPES:
-        raise ValueError(f"{fn}: qtype must be one of {', '.join(QTYPES)}, got {qtype!r}")
-    for name, v in (("n", n), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{fn}: {name} must be a non-negative int, got {v!r}")
-    qk, nbytes = QTYPES[qtype]
-    if k % qk:
-        raise ValueError(f"{fn}: k = {k} is not a multiple of {qtype}'s {qk}-value block")
-    return qk, nbytes
-
-
 def weight(blocks, qtype, n, k, fn="dequant_matmul") -> np.ndarray:
     """The dequantized weight W [n, k] (float32 values, exactly ggml's), as float64."""
-    qk, nbytes = check_qtype(qtype, n, k, fn)
+    qk, nbytes = check_qtype(qtype, n, k, fn, QTYPES)
     b = np.asarray(blocks)
     row = k // qk * nbytes
     if b.shape not in ((n * row,), (n, row)):

@@ -18,35 +18,10 @@ This reference computes the full-batch gradient in closed form (no micro-batches
 ∂L/∂W = Σ_{t valid} (softmax(z_t) − e_{y_t}) x_tᵀ / n.
 """
 
-import math
 
 import numpy as np
 
-
-def check_accumulation_args(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps):
-    if x.ndim != 2 or weight.ndim != 2 or labels.ndim != 1:
-        raise ValueError(f"expected x [B, H], weight [V, H], labels [B]; got {x.shape}, "
-                         f"{weight.shape}, {labels.shape}")
-    if x.shape[1] != weight.shape[1] or x.shape[0] != labels.shape[0]:
-        raise ValueError(f"shape mismatch: x {x.shape}, weight {weight.shape}, labels "
-                         f"{labels.shape}")
-    B, V = x.shape[0], weight.shape[0]
-    if V == 0:  # the logsumexp of no logits is −∞ and no label is valid
-        raise ValueError(f"vocabulary size V = 0 (weight {weight.shape})")
-    if isinstance(n_micro, bool) or not isinstance(n_micro, (int, np.integer)):
-        raise ValueError(f"n_micro={n_micro!r}: must be an integer")
-    if B == 0:  # no micro-batch can hold a token, and the loss is a mean over none
-        raise ValueError("no tokens: B = 0")
-    if not 1 <= n_micro <= B:
-        raise ValueError(f"n_micro={n_micro}: must lie in [1, B={B}]")
-    lab = np.asarray(labels)
-    bad = (lab != ignore_index) & ((lab < 0) | (lab >= V))
-    if bad.any():
-        raise ValueError(f"labels out of range [0, {V}) that are not ignore_index={ignore_index}")
-    if not (isinstance(max_norm, (int, float)) and math.isfinite(max_norm) and max_norm > 0):
-        raise ValueError(f"max_norm={max_norm!r}: must be finite and > 0")
-    if not (isinstance(clip_eps, (int, float)) and math.isfinite(clip_eps) and clip_eps >= 0):
-        raise ValueError(f"clip_eps={clip_eps!r}: must be finite and ≥ 0")
+from falsify.arguments import check_accumulation_args
 
 
 def micro_batch_slices(B, n_micro):

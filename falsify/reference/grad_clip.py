@@ -17,21 +17,8 @@ import math
 
 import numpy as np
 
-
-class NonFiniteGradNorm(FloatingPointError):
-    """The total gradient norm is NaN or infinite: the gradients were left unchanged."""
-
-
-def check_clip_args(max_norm, eps, error_if_nonfinite):
-    for name, val in (("max_norm", max_norm), ("eps", eps)):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-            raise ValueError(f"{name}={val!r}: must be a finite real number")
-    if max_norm <= 0:
-        raise ValueError(f"max_norm={max_norm!r}: must be > 0 (0 would zero every gradient)")
-    if eps < 0:
-        raise ValueError(f"eps={eps!r}: must be ≥ 0")
-    if not isinstance(error_if_nonfinite, bool):
-        raise ValueError(f"error_if_nonfinite={error_if_nonfinite!r}: must be True or False")
+from falsify.arguments import check_clip_args
+from falsify.errors import NonFiniteGradNorm
 
 
 def clip_coefficient(norm, max_norm, eps):

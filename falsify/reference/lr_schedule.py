@@ -18,10 +18,10 @@ step. `lr_at` below is an independent float64 formulation of the same math (nump
 used as the reference.
 """
 
-import math
-import numbers
 
 import numpy as np
+
+from falsify.arguments import check_schedule_args
 
 WARMUP, DECAY, FLOOR = 0, 1, 2
 
@@ -46,22 +46,6 @@ def schedule_phase(step: int, warmup: int, total: int) -> tuple:
     if step < total:
         return (DECAY, step - warmup, total - warmup)
     return (FLOOR, 1, 1)
-
-
-def check_schedule_args(warmup, total, lr_max, lr_min):
-    for name, val in (("warmup", warmup), ("total", total)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
-            raise ValueError(f"{name}={val!r}: must be an integer number of steps")
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup}: must be ≥ 0")
-    if not warmup < total:
-        raise ValueError(f"warmup={warmup} ≥ total={total}: the warmup would never reach the "
-                         "peak; choose warmup < total")
-    for name, val in (("lr_max", lr_max), ("lr_min", lr_min)):
-        if isinstance(val, bool) or not isinstance(val, numbers.Real) or not math.isfinite(val):
-            raise ValueError(f"{name}={val!r}: must be a finite real number")
-    if not 0 <= lr_min <= lr_max:
-        raise ValueError(f"need 0 ≤ lr_min ≤ lr_max, got lr_min={lr_min}, lr_max={lr_max}")
 
 
 def lr_at(step, warmup, total, lr_max, lr_min):

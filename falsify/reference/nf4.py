@@ -39,6 +39,8 @@ not always produce: see the compatibility note above.
 
 import numpy as np
 
+from falsify.arguments import empty_weight
+
 # bitsandbytes' NF4 table (create_normal_map(offset=0.9677083, use_extra_value=True), hard-coded
 # there as float32). 7 negative values, an exact 0, 8 positive: the table is asymmetric.
 NF4_CODE = np.array([
@@ -156,15 +158,6 @@ def decode_absmax(qabsmax, absmax2, offset):
         raise ValueError(f"absmax2 has {absmax2.size} values, expected cdiv({q.size}, 256)")
     return DYNAMIC_CODE[q].astype(np.float64) * absmax2[np.arange(q.size) // DQ_BLOCKSIZE] \
         + offset[0]
-
-
-def empty_weight(fn: str, shape, names=("m", "n")) -> ValueError:
-    """The error for a weight with no elements (no blocks, so no absmax to scale by), naming
-    its dims as the contracts do: (m, n) for a weight, (o, i) for a layer's base weight."""
-    shape = tuple(int(s) for s in shape)
-    dims = (", ".join(f"{k} = {s}" for k, s in zip(names, shape)) if len(shape) == len(names)
-            else f"shape {shape}")
-    return ValueError(f"{fn}: empty weight ({dims})")
 
 
 def nf4_dequantize(packed, absmax, shape, blocksize=64, absmax2=None, offset=None, dtype=None):

@@ -211,32 +211,48 @@ def run(ctx, case):
         x = bargs[arg]
         pool = np.arange(x.size) if keep is None else np.flatnonzero(keep)
         coords = rng.choice(pool, size=min(GG_COORDS, pool.size), replace=False)
-        fd, tols = [], []
-        for fi in coords:
-            idx = np.unravel_index(fi, x.shape)
-            h = H0 * max(1.0, abs(float(x[idx])))
-            d1 = central_difference(contracted, bargs, arg, idx, h, v_idx)
-            d2 = central_difference(contracted, bargs, arg, idx, 2 * h, v_idx)
-            t = fd_tolerance(d1, d2, h, rho, 0.0)
-            if not all(map(math.isfinite, (d1, d2, t))):
-                raise FiniteDifferenceError(
-                    f"∂S/∂{label}{tuple(int(i) for i in idx)}: finite differences of the "
-                    f"reference backward are not finite (D(h) = {d1!r}, D(2h) = {d2!r}, "
-                    f"tolerance {t!r}): no judgement")
-            fd.append((idx, d1, d2))
-            tols.append(t)
-        ref_max = max(abs(d1) for _, d1, _ in fd) if fd else 0.0
-        atol, rtol = ctx.tol(case, ref_max)
-        g = got[label]
-        for (idx, d1, d2), t in zip(fd, tols):
-            err = abs(float(g[idx]) - d1)
-            worst = max(worst, err / (t + atol + rtol * abs(d1)) if err else 0.0)
-            if not err <= t + atol + rtol * abs(d1):
-                raise CheckFailed(
-                    f"∂S/∂{label}{tuple(int(i) for i in idx)} (S = Σ_w ⟨∂L/∂w, v_w⟩): "
-                    f"{ctx.backend} double backward {float(g[idx])!r} vs central difference "
-                    f"of the reference backward {d1!r} (|diff| {err:.3g} > {t:.3g} finite-"
-                    f"difference bound [2·truncation {abs(d2 - d1) / 3:.3g} + 3·rounding "
-                    f"{rho / (H0 * max(1.0, abs(float(x[idx])))):.3g}] + {atol:.3g} + "
-                    f"{rtol:.3g}·|ref|; {tolerance_terms(ctx, case, atol, rtol)})")
+        fd, tols = _central_differences(contracted, bargs, arg, label, coords, v_idx, rho)
+        worst = max(worst, _compare(ctx, case, label, x, got[label], fd, tols, rho))
     return {"second_order": "values", "worst_ratio_to_bound": round(worst, 4)}
+
+
+def _central_differences(contracted, bargs: dict, arg: str, label: str, coords, v_idx: dict,
+                         rho: float) -> tuple[list, list]:
+    """([(index, D(h), D(2h))], [finite-difference bound]) of ∂S/∂arg at each sampled flat
+    coordinate, differencing the reference backward contracted with the directions."""
+    x = bargs[arg]
+    fd, tols = [], []
+    for fi in coords:
+        idx = np.unravel_index(fi, x.shape)
+        h = H0 * max(1.0, abs(float(x[idx])))
+        d1 = central_difference(contracted, bargs, arg, idx, h, v_idx)
+        d2 = central_difference(contracted, bargs, arg, idx, 2 * h, v_idx)
+        t = fd_tolerance(d1, d2, h, rho, 0.0)
+        if not all(map(math.isfinite, (d1, d2, t))):
+            raise FiniteDifferenceError(
+                f"∂S/∂{label}{tuple(int(i) for i in idx)}: finite differences of the "
+                f"reference backward are not finite (D(h) = {d1!r}, D(2h) = {d2!r}, "
+                f"tolerance {t!r}): no judgement")
+        fd.append((idx, d1, d2))
+        tols.append(t)
+    return fd, tols
+
+
+def _compare(ctx, case, label: str, x, g, fd: list, tols: list, rho: float) -> float:
+    """Fail unless the backend's double backward `g` is within bound of every central
+    difference; returns the worst |diff| / bound ratio."""
+    ref_max = max(abs(d1) for _, d1, _ in fd) if fd else 0.0
+    atol, rtol = ctx.tol(case, ref_max)
+    worst = 0.0
+    for (idx, d1, d2), t in zip(fd, tols):
+        err = abs(float(g[idx]) - d1)
+        worst = max(worst, err / (t + atol + rtol * abs(d1)) if err else 0.0)
+        if not err <= t + atol + rtol * abs(d1):
+            raise CheckFailed(
+                f"∂S/∂{label}{tuple(int(i) for i in idx)} (S = Σ_w ⟨∂L/∂w, v_w⟩): "
+                f"{ctx.backend} double backward {float(g[idx])!r} vs central difference "
+                f"of the reference backward {d1!r} (|diff| {err:.3g} > {t:.3g} finite-"
+                f"difference bound [2·truncation {abs(d2 - d1) / 3:.3g} + 3·rounding "
+                f"{rho / (H0 * max(1.0, abs(float(x[idx])))):.3g}] + {atol:.3g} + "
+                f"{rtol:.3g}·|ref|; {tolerance_terms(ctx, case, atol, rtol)})")
+    return worst

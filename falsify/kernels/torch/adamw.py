@@ -24,8 +24,8 @@ import math
 
 import torch
 
+from falsify.arguments import check_hyperparameters
 from falsify.kernels.dtypes import CHECKED, FP32, require
-from falsify.reference.adamw import check_hyperparameters
 
 # adamw_multi is the training loop's update (falsify/llm/ops.py) and AdamW its optimizer
 # (falsify/llm/trainer.py): adamw_step calls adamw_multi on every path, and adamw_run steps an

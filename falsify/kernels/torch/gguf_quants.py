@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from falsify.arguments import check_qtype
 from falsify.kernels.dtypes import CHECKED, FP32, require
 from falsify.reference.gguf_quants import (
     FP16_OVERFLOW,
@@ -25,7 +26,6 @@ from falsify.reference.gguf_quants import (
     Q8_0_BYTES,
     QK8_0,
     QTYPES,
-    check_qtype,
 )
 
 __all__ = ["q8_0_dequantize", "q4_k_dequantize", "q6_k_dequantize", "q8_0_quantize",
@@ -242,7 +242,7 @@ def _as_rows(blocks, qtype: str, n: int, k: int, fn: str) -> torch.Tensor:
 
 def check_matmul_args(x, blocks, qtype, n, k, fn: str, dtypes: tuple = CHECKED):
     """Validate dequant_matmul's arguments; returns blocks as [n, row bytes]."""
-    check_qtype(qtype, n, k, fn)
+    check_qtype(qtype, n, k, fn, QTYPES)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: x must be a tensor, got {type(x).__name__}")
     require(fn, dtypes, x=x)

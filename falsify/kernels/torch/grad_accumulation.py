@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from falsify.arguments import check_accumulation_args
 from falsify.kernels.dtypes import FP32, require
 from falsify.kernels.torch.grad_clip import clip_grad_norm_
 
@@ -78,6 +79,18 @@ def head_loss_sum(x, weight, labels, ignore_index):
     return s, (labels != ignore_index).sum()
 
 
+def micro_batch_slices(B, n_micro):
+    """n_micro contiguous chunks of B rows whose sizes differ by at most one, the larger first
+    (np.array_split's rule)."""
+    base, extra = divmod(B, n_micro)
+    out, start = [], 0
+    for i in range(n_micro):
+        size = base + (1 if i < extra else 0)
+        out.append(slice(start, start + size))
+        start += size
+    return out
+
+
 class _NoStep:
     """Stands in for an optimizer when only the accumulated gradient is wanted."""
 
@@ -88,9 +101,7 @@ class _NoStep:
 def accumulate_grad(x, weight, labels, n_micro, ignore_index, max_norm, clip_eps):
     """The contract's binding: accumulate over n_micro contiguous micro-batches (sizes
     differing by ≤ 1) of a linear LM head; returns (clipped ∂L/∂W, L, n_tokens, ‖∂L/∂W‖)."""
-    from falsify.reference.grad_accumulation import check_accumulation_args, micro_batch_slices
-
-    # the reference's argument check reads labels with numpy: hand it a host copy (CUDA labels
+    # the shared argument check reads labels with numpy: hand it a host copy (CUDA labels
     # cannot be viewed as an array)
     host_labels = labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels
     check_accumulation_args(x, weight, host_labels, n_micro, ignore_index, max_norm, clip_eps)

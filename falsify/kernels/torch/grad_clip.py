@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from falsify.arguments import check_clip_args
+from falsify.errors import NonFiniteGradNorm
 from falsify.kernels.dtypes import CHECKED, require
-from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
 # clip_grad_norm_ is the training loop's clip (falsify/llm/ops.py): the bound clip_grad_norm
 # clips its copies with it on every path, so every check of the binding runs it.

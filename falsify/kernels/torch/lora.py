@@ -15,10 +15,17 @@ import math
 import torch
 
 from falsify.kernels.dtypes import CHECKED, require
-from falsify.reference.lora import lora_scale
 
 __all__ = ["lora_linear", "lora_merge", "lora_init"]
 
+
+def lora_scale(alpha, r, rslora=False):
+    """s = α / r, or α / √r for rsLoRA. The backends' own: the scale is part of the result, so
+    the reference (falsify/reference/lora.py) computes its own and the checks compare the two."""
+    r = int(r)
+    if r < 1:
+        raise ValueError(f"LoRA rank r = {r}: must be ≥ 1")
+    return float(alpha) / (math.sqrt(r) if rslora else r)
 
 
 def check_args(x, w, a, b, r, dtypes: tuple = CHECKED):

@@ -17,13 +17,8 @@ import math
 
 import torch
 
-from falsify.reference.lr_schedule import (
-    DECAY,
-    FLOOR,
-    WARMUP,
-    check_schedule_args,
-    schedule_phase,
-)
+from falsify.arguments import check_schedule_args
+from falsify.reference.lr_schedule import DECAY, FLOOR, WARMUP, schedule_phase
 
 # set_lr is the training loop's per-step call (falsify/llm/ops.py) and lr_at_step the rate
 # falsify/llm/trainer.py reads: the bound lr_at runs set_lr for every step it returns, and

@@ -15,7 +15,7 @@ import math
 import torch
 
 from falsify.kernels.dtypes import CHECKED, require
-from falsify.reference.merging import DOT_THRESHOLD, dare_keep, n_kept
+from falsify.reference.merging import DOT_THRESHOLD, dare_keep
 
 __all__ = ["dare_linear", "linear", "slerp", "ties", "trim"]
 
@@ -80,6 +80,17 @@ def slerp(t: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"slerp: t = {t}: must be in [0, 1]")
     s0, s1 = _coefficients(t, a, b)
     return (s0 * a.float() + s1 * b.float()).to(a.dtype)
+
+
+def n_kept(density: float, size: int) -> int:
+    """Entries a magnitude trim keeps: int(density·N) (as mergekit 0.1.5), at least one of a
+    nonempty tensor; density ∈ (0, 1]. The backend's own count: the reference computes its
+    own, so a wrong count shows up as a mask that disagrees."""
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density = {density}: must be in (0, 1]")
+    if size == 0:
+        return 0
+    return min(size, max(1, int(density * size)))
 
 
 def _keep_mask(x: torch.Tensor, density: float) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from falsify.arguments import empty_weight
 from falsify.kernels.dtypes import CHECKED, require
 from falsify.kernels.launch import cdiv, log2_exact, nf4_block_of, nf4_byte_of, nf4_shift_of
 from falsify.reference.nf4 import (
@@ -29,7 +30,6 @@ from falsify.reference.nf4 import (
     NF4_CODE,
     NF4_MIDPOINTS,
     ZERO_CODE,
-    empty_weight,
 )
 
 # check_blocksize validates the blocksize of a LoRA config (falsify/llm/lora_model.py): the

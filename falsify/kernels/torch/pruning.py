@@ -3,12 +3,23 @@ falsify/reference/pruning.py's. Scores are computed in float64, where |w|·‖x�
 is
 exact, so the mask equals the reference's bit for bit on every device."""
 
+import math
+
 import torch
 
 from falsify.kernels.dtypes import CHECKED, require
-from falsify.reference.pruning import n_pruned
 
 __all__ = ["magnitude", "n_m", "wanda"]
+
+
+def n_pruned(sparsity: float, n_in: int) -> int:
+    """k = ⌊sparsity·in⌋ of the decimal sparsity, the float64 product rounded to 9 decimals
+    first (0.7 of 90 columns prunes 63, not 62). The backend's own count: the reference
+    (falsify/reference/pruning.py) computes its own, so a wrong count shows up as a mask that
+    disagrees."""
+    if not 0.0 <= sparsity <= 1.0:
+        raise ValueError(f"sparsity = {sparsity}: must be in [0, 1]")
+    return math.floor(round(sparsity * n_in, 9))
 
 
 def _check(w, xnorm, name):

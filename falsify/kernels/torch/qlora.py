@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from falsify.arguments import empty_weight
 from falsify.kernels.dtypes import CHECKED
 from falsify.kernels.torch import lora as _lora
 from falsify.kernels.torch import nf4 as _nf4
-from falsify.reference.lora import lora_scale
-from falsify.reference.nf4 import empty_weight
+from falsify.kernels.torch.lora import lora_scale
 
 __all__ = ["qlora_linear"]
 

@@ -30,10 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.arguments import check_hyperparameters
 from falsify.kernels.dtypes import FP32, require, triton_dtypes
 from falsify.kernels.launch import cdiv, next_power_of_2_capped
 from falsify.kernels.torch.adamw import check_tensors, optimizer_run, step_scalars
-from falsify.reference.adamw import check_hyperparameters
 
 # adamw_multi is the training loop's update on this backend (falsify/llm/ops.py): the bound
 # adamw_run hands it to the AdamW optimizer class, which calls it on every step.

@@ -24,10 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from falsify.arguments import check_clip_args
+from falsify.errors import NonFiniteGradNorm
 from falsify.kernels.dtypes import triton_dtypes
 from falsify.kernels.launch import cdiv, next_power_of_2_capped
 from falsify.kernels.torch.grad_clip import check_grads
-from falsify.reference.grad_clip import NonFiniteGradNorm, check_clip_args
 
 # clip_grad_norm_ is the training loop's clip on this backend (falsify/llm/ops.py): the bound
 # clip_grad_norm clips its copies with it on every path.

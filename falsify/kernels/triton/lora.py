@@ -34,7 +34,6 @@ from falsify.kernels.dtypes import triton_dtypes
 from falsify.kernels.launch import cdiv, next_power_of_2_clamped
 from falsify.kernels.torch import lora as _t
 from falsify.kernels.triton.autograd import once_differentiable
-from falsify.reference.lora import lora_scale
 
 __all__ = ["lora_linear", "lora_merge"]
 
@@ -177,7 +176,7 @@ class _LoraLinear(torch.autograd.Function):
 def lora_linear(x, w, a, b, alpha, r, rslora=False, out=None):
     out_f, in_f = _t.check_args(x, w, a, b, r, triton_dtypes())
     _check_backend(x, w, a, b)
-    s = lora_scale(alpha, r, rslora)
+    s = _t.lora_scale(alpha, r, rslora)
     needs_grad = torch.is_grad_enabled() and any(v.requires_grad for v in (x, a, b))
     _t.check_out(out, (*x.shape[:-1], out_f), x.dtype, needs_grad)
     if out is None:
@@ -193,5 +192,5 @@ def lora_merge(w, a, b, alpha, r, rslora=False):
     W @ I would waste work, so W is added in fp32 here and rounded once)."""
     _t.check_args(torch.zeros(1, w.shape[1], dtype=w.dtype), w, a, b, r, triton_dtypes())
     delta = torch.empty(w.shape, dtype=torch.float32, device=w.device)
-    matmul2(b, a, delta, lora_scale(alpha, r, rslora))
+    matmul2(b, a, delta, _t.lora_scale(alpha, r, rslora))
     return (w.float() + delta).to(w.dtype)

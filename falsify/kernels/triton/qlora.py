@@ -26,10 +26,10 @@ import triton.language as tl
 from falsify.kernels.dtypes import triton_dtypes
 from falsify.kernels.launch import log2_exact
 from falsify.kernels.torch import qlora as _t
+from falsify.kernels.torch.lora import lora_scale
 from falsify.kernels.triton import lora as _lora
 from falsify.kernels.triton import nf4 as _nf4
 from falsify.kernels.triton.autograd import once_differentiable
-from falsify.reference.lora import lora_scale
 
 __all__ = ["qlora_linear"]
 
