@@ -6,9 +6,19 @@ runs alone while the other worker idles; started first, the short tests fill in 
 and the workers finish together (longest-first scheduling). Nothing else depends on order.
 Shrinking: see the end of this file."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 from hypothesis import Phase, settings
+
+# Caches derived from sources (falsify/harness/stamp_cache.py) go to a directory of this
+# session, not the user's: the tests make hundreds of temporary projects. Set here, in the
+# first process, so xdist workers and the commands tests run inherit the same one.
+if "FALSIFY_CACHE_DIR" not in os.environ:
+    os.environ["FALSIFY_CACHE_DIR"] = tempfile.mkdtemp(prefix="falsify-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FALSIFY_CACHE_DIR"], True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from falsify.harness import expr
+from falsify.harness.case_spec import DEFAULT_TEXT_MAX, FLOAT_DTYPES, dtype_takers  # noqa: F401
 
-FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
 NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
               "bfloat16": np.float32, "int64": np.int64, "int32": np.int32, "uint8": np.uint8,
               "bool": np.bool_}
@@ -75,17 +75,6 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def arg_dtype(argspec: dict, case_dtype: str) -> str:
     return argspec.get("dtype", case_dtype)
-
-
-def dtype_takers(spec: dict, call: dict | None) -> list[str]:
-    """What the case dtype reaches: array arguments of the input declaration `spec` without a
-    `dtype` of their own, and `call:` keys whose expression reads `dtype` (an output-dtype
-    parameter). Empty: every dtype variant of a check runs the same computation."""
-    out = [k for k, a in (spec.get("args") or {}).items()
-           if isinstance(a, dict) and "shape" in a and "dtype" not in a]
-    out += [k for k, v in (call or {}).items()
-            if isinstance(v, str) and "dtype" in expr.names_in(v)]
-    return out
 
 
 def eval_int(v, dims: dict, where: str) -> int:
@@ -236,7 +225,6 @@ EDGE_CHARS = "".join(EDGE_GROUPS)
 # last character differently (GPT-2's `\s+(?!\S)`), which single characters never show.
 WHITESPACE_RUN_CHARS = " \t\n\r\u3000\xa0"
 MAX_SPLICES = 4
-DEFAULT_TEXT_MAX = 64
 _MAX_CODE_POINT = 0x10FFFF
 
 

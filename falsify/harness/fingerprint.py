@@ -23,8 +23,9 @@ matches `stale`, and `falsify run --changed` re-runs only what has no passing en
 current hashes. Entries written under the former scheme (the raw text of every imported module)
 read as stale once.
 
-Modules are found with importlib's finders and parsed as source; nothing is imported beyond
-the parent packages `find_spec` needs.
+A top-level name is found with importlib's finders (which import nothing for a top-level
+name), its submodules as paths under it, and every module is parsed as source: computing a
+fingerprint imports nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
+from falsify.harness import stamp_cache
 from falsify.harness.model import Check, Contract, Mutant
+from falsify.harness.stamp_cache import StampCache
 
 _FALSIFY_TREE = Path(__file__).resolve().parents[1]
 
@@ -74,34 +77,48 @@ def _roots() -> tuple[Path, ...]:
 
 
 @cache
-def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
-    """The source file of a local module (under one of `roots`), else None."""
+def _top_locations(top: str, roots: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Where the top-level module or package `top` lies, if it is local (under one of
+    `roots`): its file, or its package directories. Found with `find_spec` of the top-level
+    name alone, which imports nothing."""
     for r in roots:
         if str(r) not in sys.path and r != _FALSIFY_TREE:
             sys.path.insert(0, str(r))  # the project's own modules, as the run imports them
-    top = name.partition(".")[0]
-    if top != name and _module_file(top, roots) is None and not _local_package(top, roots):
-        return None  # a third-party package: finding its submodules would import it
+    loaded = sys.modules.get(top)
     try:
-        spec = importlib.util.find_spec(name)
+        spec = loaded.__spec__ if loaded is not None else importlib.util.find_spec(top)
     except (ImportError, ValueError, AttributeError):
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    path = Path(spec.origin).resolve()
-    return path if _local(path, roots) else None
+        return ()
+    if spec is None:
+        return ()
+    if spec.submodule_search_locations:
+        locs = [Path(p).resolve() for p in spec.submodule_search_locations]
+    elif spec.origin and spec.origin.endswith(".py"):
+        locs = [Path(spec.origin).resolve()]
+    else:
+        return ()
+    return tuple(p for p in locs if _local(p, roots))
 
 
 @cache
-def _local_package(name: str, roots: tuple[Path, ...]) -> bool:
-    """Whether the top-level package `name` lies under one of `roots` (a namespace package has
-    no file of its own)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError, AttributeError):
-        return False
-    locs = list(spec.submodule_search_locations or []) if spec else []
-    return any(_local(Path(p).resolve(), roots) for p in locs)
+def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
+    """The source file of a local module (under one of `roots`), else None. A submodule is
+    looked up as a path under its top-level package, so nothing is imported: finding
+    `pkg.sub.f` with importlib would run `pkg/sub.py` (and whatever it imports)."""
+    top, _, rest = name.partition(".")
+    for loc in _top_locations(top, roots):
+        if not rest:
+            f = loc / "__init__.py" if loc.is_dir() else loc
+            if f.is_file():
+                return f
+            continue
+        if not loc.is_dir():
+            continue
+        base = loc.joinpath(*rest.split("."))
+        for f in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if f.is_file():
+                return f
+    return None
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -409,25 +426,47 @@ def _refs(c: Contract, backend: str, check: Check | None, mutant: Mutant | None)
 
 _HASHES: dict[tuple, str] = {}
 _FALLBACKS: dict[tuple, dict[str, str]] = {}
+_STORES: dict[tuple[Path, ...], StampCache] = {}
+
+
+def _store(roots: tuple[Path, ...]) -> StampCache:
+    """The persisted hashes for these roots; the algorithm's own source is part of the scope,
+    so a change to how fingerprints are taken drops every earlier one."""
+    if roots not in _STORES:
+        algo = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        _STORES[roots] = StampCache("fingerprints", "\0".join([algo, *map(str, roots)]))
+    return _STORES[roots]
 
 
 def _closure(refs: set[str]) -> tuple[str, dict[str, str]]:
+    """(hash, fallbacks) for `refs`: from this process's memory, else from the stamp cache
+    while every file it was computed from is unchanged, else computed."""
     key = tuple(sorted(refs))
     if key not in _HASHES:
-        cl = _Closure(_roots())
-        parts = cl.run(refs)
-        h = hashlib.sha256()
-        for (mod, name), dump in sorted(parts.items()):
-            h.update(f"{mod}:{name}".encode() + b"\0" + dump.encode() + b"\0")
-        _HASHES[key], _FALLBACKS[key] = h.hexdigest(), cl.fallbacks
+        roots = _roots()
+        store, skey = _store(roots), "\n".join(key)
+        hit = store.get(skey)
+        if hit is None:
+            cl = _Closure(roots)
+            parts = cl.run(refs)
+            h = hashlib.sha256()
+            for (mod, name), dump in sorted(parts.items()):
+                h.update(f"{mod}:{name}".encode() + b"\0" + dump.encode() + b"\0")
+            hit = [h.hexdigest(), cl.fallbacks]
+            files = {_module_file(m, roots) for m, _ in parts}
+            store.put(skey, hit, {f for f in files if f is not None})
+        _HASHES[key], _FALLBACKS[key] = hit[0], dict(hit[1])
     return _HASHES[key], _FALLBACKS[key]
 
 
 def reset_cache() -> None:
-    """Forget the hashes computed so far (they are cached per process: sources do not change
-    mid-run); for a caller that edits sources between two calls."""
+    """Forget the hashes computed so far in this process (the stamp cache checks its files
+    itself); for a caller that edits sources between two calls."""
     _HASHES.clear()
     _FALLBACKS.clear()
+    _module_file.cache_clear()
+    _top_locations.cache_clear()
+    stamp_cache.forget()
 
 
 def impl_hash(c: Contract, backend: str, check: Check | None = None,

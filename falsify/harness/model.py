@@ -19,6 +19,7 @@ import jsonschema
 from falsify.errors import UsageError
 from falsify.harness import yamlio
 from falsify.harness.project import find_project, library_dir, resolve_id
+from falsify.harness.stamp_cache import StampCache
 
 BACKENDS = ("reference", "torch", "triton")
 MAX_SCHEMA_FINDINGS = 100
@@ -434,9 +435,27 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
         sev, rule = ("error", "V004") if mode == "native" else ("warning", "W104")
         findings.append(Finding(rule, sev, spath, line, json_path(where),
                                 f"duplicate key {where[-1]!r}: YAML keeps only the last value"))
-    errors = schema_errors(loc.data)
+    errors = [] if _known_schema_clean(text) else schema_errors(loc.data)
+    if not errors:
+        _remember_schema_clean(text)
     findings += schema_findings(loc, spath, mode, errors)
     return build_contract(path, loc, mode, errors), findings
+
+
+# Checking a contract against the JSON Schema is a third of loading it. A text that passed
+# once passes again under the same schema: remembered by the digest of the text (and of the
+# schema, in the cache's scope), in the user's cache directory (falsify/harness/stamp_cache.py).
+@cache
+def _schema_store() -> StampCache:
+    return StampCache("schema-clean", hashlib.sha256(schema_path().read_bytes()).hexdigest())
+
+
+def _known_schema_clean(text: str) -> bool:
+    return _schema_store().get(hashlib.sha256(text.encode()).hexdigest()) is True
+
+
+def _remember_schema_clean(text: str) -> None:
+    _schema_store().put(hashlib.sha256(text.encode()).hexdigest(), True, set())
 
 
 def content_hash(path: str | Path) -> str:

@@ -76,7 +76,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from falsify.harness import cases, expr, graph
+from falsify.harness import case_spec, expr, graph
 from falsify.harness.model import (
     BACKENDS,
     Contract,
@@ -564,11 +564,11 @@ def _input_texts(ctx, c: Contract) -> None:
                         "array and scalar arguments and would be ignored (text options go "
                         "inside `text:`)")
             t = a["text"]
-            lo, hi = t.get("min_size", 0), t.get("max_size", cases.DEFAULT_TEXT_MAX)
+            lo, hi = t.get("min_size", 0), t.get("max_size", case_spec.DEFAULT_TEXT_MAX)
             if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
                 ctx.add("V031", path + ("text",), field_ + ".text",
                         f"argument {n!r}: min_size {lo} > max_size {hi}" + (
-                            f" (max_size defaults to {cases.DEFAULT_TEXT_MAX})"
+                            f" (max_size defaults to {case_spec.DEFAULT_TEXT_MAX})"
                             if "max_size" not in t else ""))
 
 
@@ -860,8 +860,8 @@ def _check_spec(ctx, c: Contract, t, base, fname, allow_import, import_bindings)
                     f"{t.id}: input {spec['input']!r} is not declared under `inputs` "
                     f"(declared: {', '.join(c.inputs) or 'none'})")
     if kind in INPUT_KINDS and isinstance(inp, dict):
-        listed = [v for v in variants_of(c, t) if v in cases.FLOAT_DTYPES]
-        if len(listed) > 1 and not cases.dtype_takers(inp, spec.get("call")):
+        listed = [v for v in variants_of(c, t) if v in case_spec.FLOAT_DTYPES]
+        if len(listed) > 1 and not case_spec.dtype_takers(inp, spec.get("call")):
             ctx.add("V024", base + ("check", "input"), fname + ".check.input",
                     f"{t.id}: runs in {', '.join(listed)}, but no argument of input "
                     f"{spec['input']!r} takes the case dtype (each declares its own `dtype`) "
