@@ -295,7 +295,8 @@ def test_fd_directions_see_a_single_wrong_entry(tmp_path):
 
 def test_fd_a_nan_gradient_where_the_function_is_smooth_fails(tmp_path):
     c, case = _fd_contract(tmp_path, "cube", "cube_backward_nan_entry")
-    with pytest.raises(runtime.CheckFailed, match=r"d/dx\(0,\): the reference backward gives .*nan.* is finite"):
+    with pytest.raises(runtime.CheckFailed,
+                       match=r"d/dx\(0,\): the reference backward gives .*nan.* is finite"):
         run_check(c, 0, "reference", "float32", case)
 
 

@@ -10,7 +10,10 @@ import pytest
 
 from falsify.harness import fingerprint, stamp_cache
 from falsify.harness.model import load_contract
-from tests.test_fingerprint import _hashes, proj  # noqa: F401  (the temporary project)
+from tests import test_fingerprint
+
+proj = test_fingerprint.proj  # the temporary project, a fixture
+_hashes = test_fingerprint._hashes
 
 
 @pytest.fixture(autouse=True)
