@@ -39,6 +39,7 @@ SMOKE = {
     "falsify bench grpo": "tests/test_grpo.py::test_bench_grpo_times_both_sides",
     "falsify bench distributed":
         "tests/test_distributed.py::test_bench_distributed_counts_the_whole_gradient_once",
+    "falsify bench self": "tests/test_bench_self.py::test_every_job_is_timed_beside_its_goal",
     "falsify train": f"{HERE}::test_train_config_file_then_resume_auto",
     "falsify distill": "tests/test_distill.py::test_distill_from_our_checkpoint",
     "falsify pipeline":

@@ -7,5 +7,5 @@ subcommand with `register(sub)`, like every verb.
 from __future__ import annotations
 
 BENCHES = ("falsify.bench.kernels", "falsify.bench.train", "falsify.bench.finetune",
-           "falsify.bench.distributed", "falsify.bench.grpo")
+           "falsify.bench.distributed", "falsify.bench.grpo", "falsify.bench.self")
 

@@ -426,6 +426,28 @@ def _reuse(args, contracts, ledger_path, keep, select, profile, console) -> list
     return []
 
 
+def _all_reused(contracts, keep: list[str], select: str, reuse: list[str]) -> bool:
+    """Whether every test the run would keep (the generated tests are exactly the plan's runs
+    and mutants, filtered by backend and `select` as the pytest plugin does) is reused, so
+    that there is nothing to start workers for."""
+    from falsify.harness.ledger import mutant_key, run_key
+    from falsify.harness.plan import runs
+
+    reused = set(reuse)
+    for c in contracts:
+        for t in c.checks if select != "mutants" else []:
+            for r in runs(c, t):
+                key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
+                                   variant=r.variant))
+                if r.backend in keep and "run:" + key not in reused:
+                    return False
+        for m in c.mutants if select != "checks" else []:
+            if m.backend in keep and \
+                    "mutant:" + mutant_key(dict(contract=c.id, mutant=m.id)) not in reused:
+                return False
+    return True
+
+
 def _report(args, contracts, session, rc, ctx, console) -> int:
     """Failures, survivors, the table (or JSON) and the summary line; the exit code."""
     from falsify.harness import ledger
@@ -504,8 +526,11 @@ def cmd_run(args) -> int:
     start = time.time()
     reuse = _reuse(args, contracts, ledger_path, keep, select, profile, console)
     manifest = run_manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
-    with _seeded(seed):
-        rc, session = _pytest(modules, manifest, extra, args.workers, console)
+    if reuse and not junit and _all_reused(contracts, keep, select, reuse):
+        rc, session = 5, {"runs": [], "mutants": []}  # starting pytest would only deselect
+    else:
+        with _seeded(seed):
+            rc, session = _pytest(modules, manifest, extra, args.workers, console)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
         rc = 0
     ctx = dict(ledger=ledger_path, seed=seed, flags=flags, keep=keep, select=select,
