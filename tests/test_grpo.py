@@ -219,7 +219,7 @@ def test_grpo_cli_smallest_run_writes_metrics_curve_and_adapter(tmp_path, capsys
     assert main(["finetune", "--method", "grpo", f"cache_dir={tmp_path / 'cache'}",
                  f"out_dir={bad}", "progress=false", "base_steps=20", "max_steps=2",
                  "prompts_per_step=2", "group_size=2", "threads=1",
-                 "reward=bad_reward_mod:score"]) == 2
+                 "reward=bad_reward_mod:score", "--allow-any-import"]) == 2
     text = capsys.readouterr().out
     assert "failed on 4 of 4 completions" in text and "RuntimeError: boom" in text
     last = json.loads((bad / "metrics.jsonl").read_text().splitlines()[-1])

@@ -9,5 +9,5 @@ from falsify.cli.common import group
 
 
 def register(sub) -> None:
-    group(sub, "bench", "kernels|train|finetune|distributed|grpo: ours vs the baseline; "
-          "self: falsify's own verdicts timed beside their goals", BENCHES)
+    group(sub, "bench", "ours vs the baseline; self: falsify's own run times",
+          BENCHES)
