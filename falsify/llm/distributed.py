@@ -368,7 +368,7 @@ def distributed_run_class():
             finally:
                 self.cfg = local_cfg
 
-        def next_batch(self) -> list:
+        def next_micro(self) -> list:
             return self.dparts.shard(self.sampler.next_step(), self.world.rank, self.world.size)
 
         def make_trainer(self) -> Trainer:

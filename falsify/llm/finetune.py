@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import time
 import typing
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -44,7 +43,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
@@ -74,6 +72,7 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
 )
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
+from falsify.llm.run_base import RunBase
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
@@ -503,28 +502,31 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
                 distributed.leave(completed, getattr(run, "trainer", None))
 
 
-class FinetuneRun:
-    """One fine-tuning run's state, built in stages (open -> load -> build -> loop)."""
+class FinetuneRun(RunBase):
+    """One fine-tuning run's state, built in stages (open -> load -> build -> loop); the loop,
+    cadences and files are RunBase's (falsify/llm/run_base.py). What is ours: the base and
+    adapters, the example data, epoch-end evaluation with early stopping, the adapter export."""
 
-    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
-    world_size = 1  # processes training the adapters (falsify/llm/distributed.py)
+    progress_log = log
 
     def __init__(self, cfg: FinetuneConfig, obj: Objectives):
-        self.t_start = time.perf_counter()
+        super().__init__()
         cfg.validate()
         if cfg.max_steps is not None and cfg.warmup_steps is not None:
             check_warmup(cfg.max_steps, cfg.warmup_steps)  # before any base or data work
         self.cfg, self.obj = cfg, obj
         self.device, self.autocast = R.resolve_device(cfg)
         self.out = Path(cfg.out_dir)
-        self.ckpt_path: Path | None = None
-        self.best_val, self.bad_evals = None, 0
+        self.bad_evals = 0
         self.console = None
-        self.lock: run_lock.RunLock | None = None
+        self.val_batches: list = []
+
+    @property
+    def max_steps(self) -> int:
+        return self.rcfg.max_steps  # resolved from the data (resolve_steps)
 
     def open(self, resume) -> None:
-        if self.writes:  # one writer per run directory, before its checkpoints are read
-            self.lock = run_lock.acquire(self.out)
+        self.lock_run(self.out)  # one writer per run directory, before its checkpoints are read
         if resume is not None:
             self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"
                                                       else resume)
@@ -629,11 +631,7 @@ class FinetuneRun:
             "masks": masks_info, "world_size": self.world_size,
             "device": str(self.device), **R.kernel_record(model)}
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.writes:
-            R.atomic_write_text(self.out / "config.json",
-                                json.dumps(self.effective, indent=1, default=str))
-            R.atomic_write_text(self.out / "config.yaml",
-                                yaml.safe_dump(asdict(cfg), sort_keys=False))
+        self.write_config(self.effective)
         self.result = FinetuneResult(out_dir=str(self.out), kind=self.dataset.kind,
                                      max_steps=self.rcfg.max_steps, data_info=data_info,
                                      base_info=base_info, memory=mem)
@@ -662,106 +660,69 @@ class FinetuneRun:
         tr.step = int(state["step"])
         self.sampler.load_state_dict(state["data"])
         self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
-        self.result.resumed_from = str(self.ckpt_path)
-        if self.writes:
-            R.truncate_metrics(self.metrics_path, tr.step, state, self.ckpt_path)
+        self.resumed(state)
 
-    def save(self, metrics=None) -> Path:
-        tr = self.trainer
-        return ckpt_mod.save_checkpoint(
-            self.out, tr.step, self.view, tr.optimizer, tr.param_names,
-            data_state=self.sampler.state_dict(), config=self.effective, metrics=metrics,
-            extra={"best_val_loss": self.best_val, "bad_evals": self.bad_evals,
-                   **R.metrics_extra(self, tr.step)},
-            keep_last=self.cfg.keep_last)
+    def checkpoint_module(self):
+        return self.view  # the adapters: the frozen base is the base's, fingerprinted
 
-    def evaluate(self, step: int, vb: list, mf) -> dict:
-        ev = self.trainer.evaluate_examples(vb)
+    def checkpoint_config(self) -> dict:
+        return self.effective
+
+    def checkpoint_extra(self) -> dict:
+        return {"best_val_loss": self.best_val, "bad_evals": self.bad_evals}
+
+    def before_loop(self) -> None:
+        kind = self.dataset.kind
+        self.val_batches = (val_batches(self.val_ex, kind, self.pad_id, self.cfg.batch_size,
+                                        len(self.train_ex)) if self.val_ex else [])
+        if self.val_batches and self.ckpt_path is None:
+            # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
+            # compared with (and the first "best" for early stopping)
+            self.best_val = None
+            self.evaluate(0)
+
+    def eval_due(self, step: int, last: bool) -> bool:
+        epoch_end = self.sampler.step_in_epoch == 0
+        due = epoch_end if self.cfg.eval_interval is None else step % self.cfg.eval_interval == 0
+        return bool(self.val_batches) and (due or last)
+
+    def save_due(self, step: int) -> bool:
+        return bool(self.cfg.save_every) and step % self.cfg.save_every == 0
+
+    def early_stop(self) -> str | None:
+        patience = self.cfg.early_stopping_patience
+        if patience is None or self.bad_evals < patience:
+            return None
+        return (f"early stopping: {self.bad_evals} evaluation(s) without a new best val_loss "
+                f"({self.best_val:.4f})")
+
+    def evaluate(self, step: int) -> dict:
+        ev = self.trainer.evaluate_examples(self.val_batches)
         improved = self.best_val is None or ev["val_loss"] < self.best_val
         self.best_val = ev["val_loss"] if improved else self.best_val
         self.bad_evals = 0 if improved else self.bad_evals + 1
         self.result.evals.append({"step": step, **ev})
-        mf.write(json.dumps({"step": step, **ev}) + "\n")
+        self.mf.write(json.dumps({"step": step, **ev}) + "\n")
         return ev
 
-    def record(self, st: StepStats, dt: float, tps: float, mf) -> None:
+    def micro_tokens(self, st: StepStats, micro: list) -> int:
+        """Every position of the step's batches, padding included (tokens/s of the work)."""
+        return sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
+                   for m in micro)
+
+    def record(self, st: StepStats, step_s: float, fetch_s: float, tps: float) -> None:
         r = self.result
         r.steps.append(st.step)
         r.losses.append(st.loss)
         r.grad_norms.append(st.grad_norm)
         r.lrs.append(st.lr)
         rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-               "count": st.tokens, "step_s": dt, "tok_s": tps, "epoch": self.sampler.epoch}
+               "count": st.tokens, "step_s": step_s, "tok_s": tps, "epoch": self.sampler.epoch}
         if self.dataset.kind == "preference":
             p = st.extra["pairs"]
             rec.update({k: st.extra[k] / p for k in ("chosen_reward", "rejected_reward",
                                                     "accuracy", "chosen_logratio")})
-        mf.write(json.dumps(rec) + "\n")
-
-    def loop(self, stop_after: int | None, keep_model: bool) -> FinetuneResult:
-        cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
-        kind = self.dataset.kind
-        vb = (val_batches(self.val_ex, kind, self.pad_id, cfg.batch_size, len(self.train_ex))
-              if self.val_ex else [])
-        mf = self.mf = R.MetricsLog(self.metrics_path, self.writes)
-        if vb and self.ckpt_path is None:
-            # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
-            # compared with (and the first "best" for early stopping)
-            self.best_val = None
-            self.evaluate(0, vb, mf)
-        progress = R.Progress(cfg.progress and self.writes, rcfg.max_steps, tr.step,
-                              cfg.log_interval, log)
-        t_loop, tokens = time.perf_counter(), 0
-        try:
-            while tr.step < rcfg.max_steps:
-                micro = self.next_micro()
-                t0 = time.perf_counter()
-                st = R.step_or_andon(tr, micro, self.out)
-                tokens += sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
-                              for m in micro)
-                tps = tokens / (time.perf_counter() - t_loop)
-                self.record(st, time.perf_counter() - t0, tps, mf)
-                progress.update(st, tps)
-                if self.after_step(st, vb, mf, stop_after):
-                    break
-        finally:
-            progress.close()
-            mf.close()
-        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
-
-    def close_result(self, result, final_step: int, tokens: int, t_loop: float,
-                     keep_model: bool):
-        """The run's totals; finish() (final save, exports) unless a stop_after test stop."""
-        result.final_step = final_step
-        result.tokens = tokens
-        result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
-        if not result.stopped.startswith("stop_after"):
-            self.finish()
-        result.elapsed_s = time.perf_counter() - self.t_start
-        if keep_model:
-            result.model = self.model
-        return result
-
-    def after_step(self, st: StepStats, vb: list, mf, stop_after: int | None) -> bool:
-        """Evaluation, early stopping and checkpoints after step `st`; True: stop the run."""
-        cfg, result = self.cfg, self.result
-        last = st.step == self.rcfg.max_steps
-        metrics = None
-        epoch_end = self.sampler.step_in_epoch == 0
-        due = epoch_end if cfg.eval_interval is None else st.step % cfg.eval_interval == 0
-        if vb and (due or last):
-            metrics = self.evaluate(st.step, vb, mf)
-        early = (cfg.early_stopping_patience is not None
-                 and self.bad_evals >= cfg.early_stopping_patience)
-        stopping = early or (stop_after is not None and st.step >= stop_after)
-        if (cfg.save_every and st.step % cfg.save_every == 0) or last or stopping:
-            result.checkpoint = str(self.save(metrics))
-        if early:
-            result.stopped = (f"early stopping: {self.bad_evals} evaluation(s) without a new "
-                              f"best val_loss ({self.best_val:.4f})")
-        elif stopping:
-            result.stopped = f"stop_after={stop_after}"
-        return stopping
+        self.mf.write(json.dumps(rec) + "\n")
 
     def hf_base(self) -> str:
         """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
@@ -816,8 +777,7 @@ class FinetuneRun:
                                              [: cfg.sample_count], cfg.sample_tokens,
                                              self.device, cfg.sample_temperature,
                                              cfg.sample_top_k, cfg.seed)
-        R.atomic_write_text(self.out / "summary.json", json.dumps(
-            {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
+        self.write_run_summary()
 
 
 def prompt_ids(e) -> list[int]:
