@@ -46,9 +46,9 @@ import torch.nn.functional as F
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
+from falsify.llm import distributed, gguf_io, hf, run_lock
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
-from falsify.llm import run_lock
 from falsify.llm import sft_data as SD
 from falsify.llm.config import (
     AT_LEAST_1,
@@ -72,7 +72,8 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
 )
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
-from falsify.llm.run_base import RunBase
+from falsify.llm.rewards import parse_reward_error
+from falsify.llm.run_base import OneProcess, RunBase
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
@@ -182,8 +183,6 @@ GRPO_FIELDS = ("policy", "group_size", "prompts_per_step", "rollout_temperature"
 
 
 def _reward_error_ok(v: str) -> bool:
-    from falsify.llm.rewards import parse_reward_error
-
     try:
         parse_reward_error(v)
     except ValueError:
@@ -397,6 +396,22 @@ class FinetuneTrainer(Trainer):
 
 
 
+class DataParallelFinetuneTrainer(distributed.DataParallelStep, FinetuneTrainer):
+    """The fine-tuning step as one rank of a DDP job: the objective's micro_loss under DDP
+    (distributed.ddp_over_objective), global counts, one gradient reduction per step. The
+    replicas stay bit-identical, so rank 0's checkpoints are the one-process layout."""
+
+    def __init__(self, model: Transformer, cfg: FinetuneConfig, device, autocast_dtype,
+                 kind: str, objectives: Objectives | None, *, world: distributed.World,
+                 dparts: distributed.DistParts):
+        FinetuneTrainer.__init__(self, model, cfg, device, autocast_dtype, kind, objectives)
+        self.world, self.dparts, self.parallel = world, dparts, "ddp"
+        self.wrapped = distributed.ddp_over_objective(self)
+
+    def parallel_loss(self, micro):
+        return self.wrapped(micro)
+
+
 def _pad(t: torch.Tensor, s: int, value) -> torch.Tensor:
     if t.shape[1] == s:
         return t
@@ -474,9 +489,8 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
-    from falsify.llm import distributed
-
     ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
+    parallel = distributed.DataParallel() if ranked else OneProcess()
     with R.torch_threads(cfg.threads):
         completed, run = False, None
         try:
@@ -488,8 +502,7 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
                                               "(no --nproc)")
                 run = GrpoRun(cfg, objectives or Objectives(), grpo_parts)
             else:
-                cls = distributed.distributed_finetune_run_class() if ranked else FinetuneRun
-                run = cls(cfg, objectives or Objectives())
+                run = FinetuneRun(cfg, objectives or Objectives(), parallel)
             run.open(resume)
             run.load(base, problems if cfg.method == "grpo" else dataset, console)
             run.build()
@@ -498,8 +511,7 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
             return result
         finally:
             run_lock.release(getattr(run, "lock", None))
-            if ranked:  # a process group left to the interpreter's exit can abort it
-                distributed.leave(completed, getattr(run, "trainer", None))
+            parallel.leave(completed, getattr(run, "trainer", None))
 
 
 class FinetuneRun(RunBase):
@@ -509,8 +521,8 @@ class FinetuneRun(RunBase):
 
     progress_log = log
 
-    def __init__(self, cfg: FinetuneConfig, obj: Objectives):
-        super().__init__()
+    def __init__(self, cfg: FinetuneConfig, obj: Objectives, parallel: OneProcess | None = None):
+        super().__init__(parallel)
         cfg.validate()
         if cfg.max_steps is not None and cfg.warmup_steps is not None:
             check_warmup(cfg.max_steps, cfg.warmup_steps)  # before any base or data work
@@ -520,6 +532,7 @@ class FinetuneRun(RunBase):
         self.bad_evals = 0
         self.console = None
         self.val_batches: list = []
+        self.device = self.parallel.attach(self.device)  # a rank: its GPU, the group joined
 
     @property
     def max_steps(self) -> int:
@@ -546,7 +559,15 @@ class FinetuneRun(RunBase):
         R.seed_everything(self.cfg.seed)
 
     def load(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
-        """The base model and the examples: split, reward weights, steps, sampler."""
+        """The base model and the examples: split, reward weights, steps, sampler; the sampler
+        and the step count run on the global batch (a data-parallel run's batch_size × W)."""
+        local, self.cfg = self.cfg, self.parallel.global_batch(self.cfg)
+        try:
+            self.load_data(base, dataset, console)
+        finally:
+            self.cfg = local
+
+    def load_data(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
         cfg = self.cfg
         self.console = console
         if base is None and cfg.keep_masks and not cfg.model:
@@ -618,7 +639,7 @@ class FinetuneRun(RunBase):
         model.activation_checkpointing = cfg.activation_checkpointing
         model.to(self.device)
         self.model = model
-        self.trainer = self.make_trainer()
+        self.trainer = self.parallel.trainer(self)
         mem = LM.memory_bytes(model)
         data_info = self.data_info()
         base_info = {"source": base.source, "layout": base.layout,
@@ -644,9 +665,17 @@ class FinetuneRun(RunBase):
         return FinetuneTrainer(self.model, self.rcfg, self.device, self.autocast,
                                self.dataset.kind, self.obj)
 
+    def make_parallel_trainer(self, world, dparts) -> FinetuneTrainer:
+        """DDP over the adapters (not FSDP: they are a small share of the model, over a frozen
+        base every rank loads whole)."""
+        return DataParallelFinetuneTrainer(self.model, self.rcfg, self.device, self.autocast,
+                                           self.dataset.kind, self.obj, world=world,
+                                           dparts=dparts)
+
     def next_micro(self) -> list:
         """The step's micro-batches (a data-parallel rank builds its shard of them)."""
-        return [make_micro(self.train_ex, idx, self.dataset.kind, self.pad_id, self.weights)
+        return [make_micro(self.train_ex, self.parallel.local_rows(idx, self.cfg.batch_size),
+                           self.dataset.kind, self.pad_id, self.weights)
                 for idx in self.sampler.next_step()]
 
     def restore(self) -> None:
@@ -734,8 +763,6 @@ class FinetuneRun(RunBase):
         base = self.base
         if base.layout == "hf" and self.model.lora_spec.method == "lora" and base.path:
             return base.path
-        from falsify.llm import hf
-
         return str(hf.export_hf(LM.base_as_trained(self.model), self.out / "base-hf",
                                 base.tokenizer_path).resolve())
 
@@ -745,8 +772,6 @@ class FinetuneRun(RunBase):
         the NF4 dequantization). Needs the `gguf`
         package (the interop extra); without it the run says so and writes the PEFT adapter
         only."""
-        from falsify.llm import gguf_io
-
         try:
             return str(gguf_io.write_lora_gguf(self.model, self.out / gguf_io.ADAPTER_FILE))
         except gguf_io.GGUFError as e:

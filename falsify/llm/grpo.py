@@ -23,10 +23,13 @@ import json
 import logging
 import typing
 from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from falsify.kernels.torch import grpo_loss as grpo_kernels
 from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import lora_model as LM
@@ -43,9 +46,6 @@ ADV_EPS = 1e-4  # std + eps in the advantage: a group of equal rewards gets A = 
 
 
 def shipped_toy_problems():
-    from importlib import resources
-    from pathlib import Path
-
     return Path(str(resources.files("falsify.llm") / "evalset" /
                     "toy-code-problems.jsonl"))
 
@@ -135,10 +135,10 @@ def policy_logps(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(name: str):
+    """The grpo-loss kernel function `name`, looked up in its module at each call (so a
+    replaced module attribute is the one that runs)."""
     def call(*args, **kw):
-        from falsify.kernels.torch import grpo_loss as K
-
-        return getattr(K, name)(*args, **kw)
+        return getattr(grpo_kernels, name)(*args, **kw)
 
     call.__name__ = name
     return call

@@ -25,7 +25,7 @@ import torch
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
-from falsify.llm import run_lock
+from falsify.llm import dispatch, distributed, run_lock
 from falsify.llm.config import (
     RESUME_MUTABLE,
     ConfigError,
@@ -42,6 +42,7 @@ from falsify.llm.preflight import preflight, preflight_config
 from falsify.llm.run_base import (  # noqa: F401  (the run plumbing's API: R.Progress, ...)
     METRICS_RECORDS,
     MetricsLog,
+    OneProcess,
     Progress,
     RunBase,
     atomic_write_text,
@@ -110,8 +111,6 @@ def configure_kernels(cfg: LoopConfig, dev: torch.device, autocast) -> None:
     """Under a dispatch policy, choose each kernel's backend now, before any work, from the
     ledger for this run's dtype and device (falsify/llm/dispatch.py); the model built afterwards
     runs that bundle. A kernel no backend is verified for stops the run here."""
-    from falsify.llm import dispatch
-
     if not dispatch.is_policy(cfg.backend):
         return
     ctx = dispatch.Context(
@@ -226,16 +225,13 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
     """Run (or resume) a training run as configured. `resume`: a run or checkpoint directory,
     or "auto" for the latest checkpoint in cfg.out_dir. `stop_after`: stop once this optimizer
     step is done (and checkpointed), as if killed there: the schedule still runs to max_steps."""
-    from falsify.llm import distributed
-
-    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
+    # one rank of a torchrun job, or the whole run
+    parallel = (distributed.DataParallel() if distributed.launched_world_size() > 1
+                else OneProcess())
     with torch_threads(cfg.threads):
         completed, run = False, None
         try:
-            if ranked:
-                run = distributed.distributed_run_class()(cfg, parts or LoopParts())
-            else:
-                run = PretrainRun(cfg, parts or LoopParts())
+            run = PretrainRun(cfg, parts or LoopParts(), parallel)
             run.open(resume)
             run.prepare(data)
             run.build()
@@ -244,8 +240,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
             return result
         finally:
             run_lock.release(getattr(run, "lock", None))
-            if ranked:  # a process group left to the interpreter's exit can abort it (SIGABRT)
-                distributed.leave(completed, getattr(run, "trainer", None))
+            parallel.leave(completed, getattr(run, "trainer", None))
 
 
 def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:
@@ -269,8 +264,10 @@ class PretrainRun(RunBase):
     """One run's state, built in stages (open -> prepare -> build -> loop), each a method; the
     loop, cadences and files are RunBase's (falsify/llm/run_base.py)."""
 
-    def __init__(self, cfg: TrainConfig, parts: LoopParts):
-        super().__init__()
+    shards_state = True  # under FSDP each rank holds 1/W of the weights and AdamW moments
+
+    def __init__(self, cfg: TrainConfig, parts: LoopParts, parallel: OneProcess | None = None):
+        super().__init__(parallel)
         cfg.validate()
         self.cfg, self.parts = cfg, parts
         self.device, self.autocast = resolve_device(cfg)
@@ -278,6 +275,7 @@ class PretrainRun(RunBase):
         resolve_backend(cfg.backend)  # a backend that cannot run is refused before any work
         # config-only preflight: before a run directory or any data exists
         self.early = preflight_config(cfg, self.mcfg, self.device)
+        self.device = self.parallel.attach(self.device)  # a rank: its GPU, the group joined
 
     def open(self, resume) -> None:
         """The run directory: a resumed run's (its config checked against ours) or a new one."""
@@ -293,8 +291,9 @@ class PretrainRun(RunBase):
             if cfg.out_dir is None:
                 cfg = dataclasses.replace(cfg, out_dir=str(self.ckpt_path.parent.parent))
         else:
-            if cfg.out_dir is None:
-                cfg = dataclasses.replace(cfg, out_dir=str(new_run_dir(cfg.model)))
+            if cfg.out_dir is None:  # ranks: rank 0 names it
+                cfg = dataclasses.replace(cfg, out_dir=self.parallel.agree(
+                    lambda: str(new_run_dir(cfg.model))))
             self.lock_run(Path(cfg.out_dir))
             if ckpt_mod.list_checkpoints(cfg.out_dir):
                 raise ConfigError(f"out_dir={cfg.out_dir!r} already holds checkpoints; pass "
@@ -303,7 +302,16 @@ class PretrainRun(RunBase):
         self.out = Path(cfg.out_dir)
 
     def prepare(self, data: data_mod.PreparedData | None) -> None:
-        """Data, token streams, the sampler, and the preflight that needs them."""
+        """Data, token streams, the sampler, and the preflight that needs them; drawn as the
+        global batch (a data-parallel run's batch_size × W), rank 0 building the data first."""
+        local, self.cfg = self.cfg, self.parallel.global_batch(self.cfg)
+        try:
+            with self.parallel.main_first():
+                self.prepare_data(data)
+        finally:
+            self.cfg = local
+
+    def prepare_data(self, data: data_mod.PreparedData | None) -> None:
         cfg, mcfg = self.cfg, self.mcfg
         seed_everything(cfg.seed)
         if data is None:
@@ -325,7 +333,7 @@ class PretrainRun(RunBase):
         self.out.mkdir(parents=True, exist_ok=True)
         self.model = build_model(self.mcfg, cfg.backend, self.device, seed=cfg.seed)
         self.model.activation_checkpointing = cfg.activation_checkpointing
-        self.trainer = self.make_trainer()
+        self.trainer = self.parallel.trainer(self)
         self.kernels = {**kernel_record(self.model), "world_size": self.world_size}
         log.info("backend=%s kernels=%s", self.kernels["backend"], self.kernels["kernels"])
         extra = {**self.kernels, "threads": torch.get_num_threads(),
@@ -345,11 +353,17 @@ class PretrainRun(RunBase):
 
     def next_micro(self) -> list:
         """The step's micro-batches (a data-parallel rank reads its shard of them)."""
-        return self.sampler.next_step()
+        return self.parallel.shard_blocks(self.sampler.next_step())
 
     def make_trainer(self) -> Trainer:
         """The step: plain next-token cross-entropy (falsify/llm/distill.py overrides it)."""
         return Trainer(self.model, self.cfg, self.device, self.autocast, self.parts)
+
+    def make_parallel_trainer(self, world, dparts) -> Trainer:
+        """The step with DDP or FSDP (cfg.parallel) underneath."""
+        return distributed.DistributedTrainer(self.model, self.cfg, self.device, self.autocast,
+                                              self.parts, world=world, dparts=dparts,
+                                              parallel=self.cfg.parallel)
 
     def checkpoint_config(self) -> dict:
         return effective_config(self.cfg, self.kernels)
@@ -389,6 +403,7 @@ class PretrainRun(RunBase):
         result.sample = sample(self.trainer.forward_model, self.cfg, self.data, self.device)
         if self.writes:
             self.write_run_summary()
+        self.parallel.settle(self.trainer)
 
 
 def sample(model: Transformer, cfg: TrainConfig, data: data_mod.PreparedData,

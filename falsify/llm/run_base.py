@@ -10,6 +10,7 @@ is each run type's own: falsify/llm/run.py, finetune.py, grpo.py, distill.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 import yaml
 
 from falsify.llm import checkpoint as ckpt_mod
@@ -138,22 +140,82 @@ class QuietProgress:
         pass
 
 
+# ------------------------------------------------------------------- the process strategy
+class OneProcess:
+    """The run's process strategy when this process is the whole run (the default); the
+    data-parallel one, every method's counterpart, is falsify/llm/distributed.py:DataParallel."""
+
+    rank, size, writes = 0, 1, True
+
+    def attach(self, device: torch.device) -> torch.device:
+        """The device this process trains on, given the run's."""
+        return device
+
+    def agree(self, decide):
+        """A value every process uses alike (a new run directory's name): decided here."""
+        return decide()
+
+    def global_batch(self, cfg):
+        """The config the data are drawn with: the run's own."""
+        return cfg
+
+    @contextlib.contextmanager
+    def main_first(self):
+        """Around work whose files every process reads (the data cache): nothing to wait for."""
+        yield
+
+    def shard_blocks(self, micro: list) -> list:
+        """This process's rows of the step's (x, y) micro-batches: all of them."""
+        return micro
+
+    def local_rows(self, idx, per: int):
+        """This process's example indices of a micro-batch: all of them."""
+        return idx
+
+    def trainer(self, run) -> Trainer:
+        return run.make_trainer()
+
+    def save(self, run, metrics: dict | None) -> Path:
+        tr = run.trainer
+        return ckpt_mod.save_checkpoint(
+            run.out, tr.step, run.checkpoint_module(), tr.optimizer, tr.param_names,
+            data_state=run.sampler.state_dict(), config=run.checkpoint_config(),
+            metrics=metrics, extra={**run.checkpoint_extra(), **metrics_extra(run, tr.step)},
+            keep_last=run.cfg.keep_last)
+
+    def settle(self, trainer: Trainer) -> None:
+        """After the run's last forward (the sample): nothing is left gathered."""
+
+    def leave(self, completed: bool, trainer: Trainer | None) -> None:
+        """The run is over: no process group to leave."""
+
+
 # ------------------------------------------------------------------------------- the run
 class RunBase:
     """A run's stages after it is built: `loop` (steps, evaluations, checkpoints, stops) and
     the finish. A run type sets `cfg`, `out`, `trainer`, `model`, `sampler`, `result`,
     `metrics_path`, `t_start` before `loop`, and fills in the hooks."""
 
-    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
-    world_size = 1  # processes training this model (falsify/llm/distributed.py: W)
     progress_log: logging.Logger = log  # where a run without a bar logs its progress lines
 
-    def __init__(self) -> None:
+    def __init__(self, parallel: OneProcess | None = None) -> None:
         self.t_start = time.perf_counter()
+        # OneProcess, or distributed.DataParallel: this process as one rank of several
+        self.parallel = parallel or OneProcess()
         self.ckpt_path: Path | None = None
         self.best_val: float | None = None
         self.lock: run_lock.RunLock | None = None
         self.mf: MetricsLog | None = None
+
+    @property
+    def writes(self) -> bool:
+        """This process writes the run's files (a data-parallel rank other than 0 does not)."""
+        return self.parallel.writes
+
+    @property
+    def world_size(self) -> int:
+        """Processes training this model (falsify/llm/distributed.py: W)."""
+        return self.parallel.size
 
     def lock_run(self, run_dir: Path) -> None:
         """One writer per run directory, taken before anything in it is read or pruned; a
@@ -204,6 +266,19 @@ class RunBase:
         """A completed (or early-stopped) run: final numbers, exports, summary.json."""
         raise NotImplementedError
 
+    # ---- the trainer ---------------------------------------------------------------
+    # a data-parallel checkpoint: True, every rank writes its shard of the state (FSDP may
+    # split the weights); False, rank 0 writes the one-process layout (the ranks are replicas)
+    shards_state = False
+
+    def make_trainer(self) -> Trainer:
+        """The step as one process runs it."""
+        raise NotImplementedError
+
+    def make_parallel_trainer(self, world, dparts) -> Trainer:
+        """The step as one rank of `world` runs it (falsify/llm/distributed.py)."""
+        raise NotImplementedError(f"{type(self).__name__} runs in one process")
+
     # ---- checkpoints ---------------------------------------------------------------
     def checkpoint_module(self):
         """What a checkpoint stores the weights of (fine-tuning: the adapters' view)."""
@@ -217,13 +292,9 @@ class RunBase:
         return {"best_val_loss": self.best_val}
 
     def save(self, metrics: dict | None = None) -> Path:
-        """Checkpoint the step (a data-parallel run writes shards: falsify/llm/distributed.py)."""
-        tr = self.trainer
-        return ckpt_mod.save_checkpoint(
-            self.out, tr.step, self.checkpoint_module(), tr.optimizer, tr.param_names,
-            data_state=self.sampler.state_dict(), config=self.checkpoint_config(),
-            metrics=metrics, extra={**self.checkpoint_extra(), **metrics_extra(self, tr.step)},
-            keep_last=self.cfg.keep_last)
+        """Checkpoint the step, as the process strategy writes it (a data-parallel run:
+        falsify/llm/distributed.py:DataParallel.save)."""
+        return self.parallel.save(self, metrics)
 
     def resumed(self, state: dict) -> None:
         """Bookkeeping of a run restored from self.ckpt_path (its trainer at state's step):
