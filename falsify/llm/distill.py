@@ -40,9 +40,9 @@ from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import finetune_base as FB
 from falsify.llm import run as R
-from falsify.llm import run_lock
 from falsify.llm.config import ConfigError, TrainConfig
 from falsify.llm.model import ModelConfig
+from falsify.llm.run_base import OneProcess, drive
 from falsify.llm.trainer import IGNORE_INDEX, LoopParts, Trainer
 
 log = logging.getLogger("falsify.distill")
@@ -487,11 +487,7 @@ def distill(cfg: DistillConfig, *, resume=None, data=None, stop_after=None,
             console=None) -> R.TrainResult:
     """Run (or resume) a distillation run, as falsify/llm/run.py:train runs pretraining."""
     with R.torch_threads(cfg.threads):
-        run = DistillRun(cfg, parts or LoopParts(), dparts or DistillParts(), teacher, console)
-        try:
-            run.open(resume)
-            run.prepare(data)
-            run.build()
-            return run.loop(stop_after, keep_model)
-        finally:
-            run_lock.release(run.lock)
+        return drive(OneProcess(), lambda: DistillRun(cfg, parts or LoopParts(),
+                                                      dparts or DistillParts(), teacher,
+                                                      console),
+                     lambda run: run.prepare(data), resume, stop_after, keep_model)

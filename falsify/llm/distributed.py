@@ -19,6 +19,9 @@ checks against a single process:
 - Checkpoints. Sharded, with torch.distributed.checkpoint: every rank writes its part, and
   rank 0 commits the directory only after all of them have (falsify/llm/sharded_checkpoint.py).
   Logs and metrics: rank 0 writes them.
+- The run. `DataParallel` is a run's process strategy (falsify/llm/run_base.py:OneProcess is
+  the one-process one): the pretraining and fine-tuning runs ask it for their rank, writer,
+  global batch, rows, trainer and checkpoint save, so one run class serves both.
 
 Backend: gloo on the CPU, nccl on CUDA, chosen from the run's device and logged.
 """

@@ -6,10 +6,11 @@ rules (falsify/llm/config.py: `FinetuneConfig` extends `LoopConfig`), the optimi
 (falsify/llm/trainer.py: warmup + cosine schedule, clip, AdamW over the requires_grad parameters —
 i.e. the adapters —, Andon stops; the kernels come from the model's Ops bundle and are the ones
 the adamw, grad-clip and lr-schedule contracts check), the config algebra
-(falsify/llm/preflight.py) and the run plumbing (falsify/llm/run.py: threads, device, seeding,
-metrics, progress); from falsify/llm/checkpoint.py the atomic checkpoints with optimizer, RNG and
-data position. What is ours: the objectives (below) as the trainer's micro-batch hook, the
-example sampler (falsify/llm/sft_data.py) and adapter export.
+(falsify/llm/preflight.py), the setup (falsify/llm/run.py: threads, device, seeding) and the
+run itself (falsify/llm/run_base.py: the step loop, cadences, stops, metrics, progress, summary;
+`FinetuneRun` fills in its hooks); from falsify/llm/checkpoint.py the atomic checkpoints with
+optimizer, RNG and data position. What is ours: the objectives (below) as the trainer's
+micro-batch hook, the example sampler (falsify/llm/sft_data.py) and adapter export.
 
 Objectives, all normalised per optimizer step (so grad_accum changes nothing but memory):
 
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
-from falsify.llm import distributed, gguf_io, hf, run_lock
+from falsify.llm import distributed, gguf_io, hf
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
 from falsify.llm import sft_data as SD
@@ -73,7 +74,7 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
 from falsify.llm.rewards import parse_reward_error
-from falsify.llm.run_base import OneProcess, RunBase
+from falsify.llm.run_base import OneProcess, RunBase, drive
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
@@ -491,27 +492,22 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     step as if killed, the schedule still runs to max_steps."""
     ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
     parallel = distributed.DataParallel() if ranked else OneProcess()
-    with R.torch_threads(cfg.threads):
-        completed, run = False, None
-        try:
-            if cfg.method == "grpo":
-                from falsify.llm.grpo import GrpoRun
 
-                if ranked:
-                    raise FinetuneConfigError("config field method='grpo' runs in one process "
-                                              "(no --nproc)")
-                run = GrpoRun(cfg, objectives or Objectives(), grpo_parts)
-            else:
-                run = FinetuneRun(cfg, objectives or Objectives(), parallel)
-            run.open(resume)
-            run.load(base, problems if cfg.method == "grpo" else dataset, console)
-            run.build()
-            result = run.loop(stop_after, keep_model)
-            completed = True
-            return result
-        finally:
-            run_lock.release(getattr(run, "lock", None))
-            parallel.leave(completed, getattr(run, "trainer", None))
+    def make_run() -> FinetuneRun:
+        if cfg.method != "grpo":
+            return FinetuneRun(cfg, objectives or Objectives(), parallel)
+        # GrpoRun extends FinetuneRun, so grpo.py imports this module: imported here
+        from falsify.llm.grpo import GrpoRun
+
+        if ranked:
+            raise FinetuneConfigError("config field method='grpo' runs in one process "
+                                      "(no --nproc)")
+        return GrpoRun(cfg, objectives or Objectives(), grpo_parts)
+
+    data = problems if cfg.method == "grpo" else dataset
+    with R.torch_threads(cfg.threads):
+        return drive(parallel, make_run, lambda run: run.load(base, data, console), resume,
+                     stop_after, keep_model)
 
 
 class FinetuneRun(RunBase):

@@ -25,7 +25,7 @@ import torch
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
-from falsify.llm import dispatch, distributed, run_lock
+from falsify.llm import dispatch, distributed
 from falsify.llm.config import (
     RESUME_MUTABLE,
     ConfigError,
@@ -46,6 +46,7 @@ from falsify.llm.run_base import (  # noqa: F401  (the run plumbing's API: R.Pro
     Progress,
     RunBase,
     atomic_write_text,
+    drive,
     metrics_extra,
     step_or_andon,
     truncate_metrics,
@@ -229,18 +230,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
     parallel = (distributed.DataParallel() if distributed.launched_world_size() > 1
                 else OneProcess())
     with torch_threads(cfg.threads):
-        completed, run = False, None
-        try:
-            run = PretrainRun(cfg, parts or LoopParts(), parallel)
-            run.open(resume)
-            run.prepare(data)
-            run.build()
-            result = run.loop(stop_after, keep_model)
-            completed = True
-            return result
-        finally:
-            run_lock.release(getattr(run, "lock", None))
-            parallel.leave(completed, getattr(run, "trainer", None))
+        return drive(parallel, lambda: PretrainRun(cfg, parts or LoopParts(), parallel),
+                     lambda run: run.prepare(data), resume, stop_after, keep_model)
 
 
 def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:

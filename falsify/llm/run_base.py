@@ -190,6 +190,26 @@ class OneProcess:
         """The run is over: no process group to leave."""
 
 
+# ------------------------------------------------------------------------------ the stages
+def drive(parallel: OneProcess, make_run, load, resume, stop_after: int | None,
+          keep_model: bool):
+    """A run through its stages: made (`make_run()`), its directory opened (a resumed run's
+    or a new one), its data loaded (`load(run)`), built, and looped; its run lock released and
+    the process group left however it ends (a completed run's ranks meet at a barrier)."""
+    completed, run = False, None
+    try:
+        run = make_run()
+        run.open(resume)
+        load(run)
+        run.build()
+        result = run.loop(stop_after, keep_model)
+        completed = True
+        return result
+    finally:
+        run_lock.release(getattr(run, "lock", None))
+        parallel.leave(completed, getattr(run, "trainer", None))
+
+
 # ------------------------------------------------------------------------------- the run
 class RunBase:
     """A run's stages after it is built: `loop` (steps, evaluations, checkpoints, stops) and
