@@ -749,32 +749,6 @@ class FinetuneRun(RunBase):
                                                     "accuracy", "chosen_logratio")})
         self.mf.write(json.dumps(rec) + "\n")
 
-    def hf_base(self) -> str:
-        """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
-        adapter was trained against, so `AutoPeftModelForCausalLM.from_pretrained(adapter)`
-        computes what we do. A LoRA run on an HF base names that base; otherwise (our
-        checkpoint, the built-in base, or QLoRA, whose base is the NF4 dequantization) the
-        run writes OUT/base-hf. An absolute path: PEFT resolves it from the loader's working
-        directory, not the adapter's."""
-        base = self.base
-        if base.layout == "hf" and self.model.lora_spec.method == "lora" and base.path:
-            return base.path
-        return str(hf.export_hf(LM.base_as_trained(self.model), self.out / "base-hf",
-                                base.tokenizer_path).resolve())
-
-    def gguf_adapter(self) -> str | None:
-        """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
-        trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
-        the NF4 dequantization). Needs the `gguf`
-        package (the interop extra); without it the run says so and writes the PEFT adapter
-        only."""
-        try:
-            return str(gguf_io.write_lora_gguf(self.model, self.out / gguf_io.ADAPTER_FILE))
-        except gguf_io.GGUFError as e:
-            if self.console is not None:
-                self.console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
-            return None
-
     def finish(self) -> None:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
         cfg, base, result, model = self.cfg, self.base, self.result, self.model
@@ -784,21 +758,55 @@ class FinetuneRun(RunBase):
         meta = {"base_fingerprint": self.fingerprint, "base_layout": base.layout,
                 "base_path": base.path, "step": self.trainer.step,
                 "train_on_prompt": cfg.train_on_prompt}
-        if LM.model_masks(model) is not None:
-            # not PEFT (lora_model.export_peft says why): our masked adapter layout, which
-            # `falsify merge --adapter` turns into an exact merged model
-            result.adapter_dir = str(LM.export_masked(model, self.out / "adapter",
-                                                      base.tokenizer_path, meta=meta))
-        else:
-            result.adapter_dir = str(LM.export_peft(model, self.out / "adapter", self.hf_base(),
-                                                    base.tokenizer_path, meta=meta))
-            result.adapter_gguf = self.gguf_adapter()
+        result.adapter_dir, result.adapter_gguf = export_adapter(model, base, self.out, meta,
+                                                                self.console)
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
             result.samples = compare_samples(model, base.tokenizer, (self.val_ex or self.train_ex)
                                              [: cfg.sample_count], cfg.sample_tokens,
                                              self.device, cfg.sample_temperature,
                                              cfg.sample_top_k, cfg.seed)
         self.write_run_summary()
+
+
+# ------------------------------------------------------------------------ adapter export
+def export_adapter(model: Transformer, base: Base, out: Path, meta: dict,
+                   console) -> tuple[str, str | None]:
+    """A finished run's OUT/adapter, and OUT/adapter.gguf where llama.cpp can apply it:
+    (adapter directory, GGUF adapter or None)."""
+    if LM.model_masks(model) is not None:
+        # not PEFT (lora_model.export_peft says why): our masked adapter layout, which
+        # `falsify merge --adapter` turns into an exact merged model
+        return str(LM.export_masked(model, out / "adapter", base.tokenizer_path,
+                                    meta=meta)), None
+    adapter = LM.export_peft(model, out / "adapter", hf_base(model, base, out),
+                             base.tokenizer_path, meta=meta)
+    return str(adapter), gguf_adapter(model, out, console)
+
+
+def hf_base(model: Transformer, base: Base, out: Path) -> str:
+    """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
+    adapter was trained against, so `AutoPeftModelForCausalLM.from_pretrained(adapter)`
+    computes what we do. A LoRA run on an HF base names that base; otherwise (our
+    checkpoint, the built-in base, or QLoRA, whose base is the NF4 dequantization) the
+    run writes OUT/base-hf. An absolute path: PEFT resolves it from the loader's working
+    directory, not the adapter's."""
+    if base.layout == "hf" and model.lora_spec.method == "lora" and base.path:
+        return base.path
+    return str(hf.export_hf(LM.base_as_trained(model), out / "base-hf",
+                            base.tokenizer_path).resolve())
+
+
+def gguf_adapter(model: Transformer, out: Path, console) -> str | None:
+    """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
+    trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
+    the NF4 dequantization). Needs the `gguf` package (the interop extra); without it the
+    run says so and writes the PEFT adapter only."""
+    try:
+        return str(gguf_io.write_lora_gguf(model, out / gguf_io.ADAPTER_FILE))
+    except gguf_io.GGUFError as e:
+        if console is not None:
+            console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
+        return None
 
 
 def prompt_ids(e) -> list[int]:

@@ -260,6 +260,47 @@ def check_config(cfg) -> None:
             raise FinetuneConfigError(f"config field {name}={getattr(cfg, name)!r}: {why}")
 
 
+def newline_ids(tok, device) -> torch.Tensor:
+    """Every token whose text holds a newline (stop_at_newline: each ends a completion)."""
+    return torch.tensor([i for i in range(tok.get_vocab_size())
+                         if "\n" in data_mod.decode(tok, [i])], device=device)
+
+
+def read_problems(files: list[str]) -> list:
+    problems = []
+    for f in files:
+        try:
+            problems += load_problems(f)
+        except EvalError as e:
+            raise FinetuneConfigError(f"config field data: {e}") from None
+    return problems
+
+
+def encode_prompts(problems: list, tok, eos: int, max_new_tokens: int,
+                   ctx: int) -> list[list[int]]:
+    """Each problem's prompt as ids after EOS; a prompt that leaves no room for max_new_tokens
+    in the base's context is an error naming the problem."""
+    prompts = []
+    for p in problems:
+        ids = [eos] + data_mod.encode(tok, p.prompt)
+        if len(ids) + max_new_tokens > ctx:
+            raise FinetuneConfigError(
+                f"problem {p.task_id}: prompt of {len(ids)} tokens + max_new_tokens="
+                f"{max_new_tokens} exceeds the base's context of {ctx} tokens")
+        prompts.append(ids)
+    return prompts
+
+
+def reference_examples(prompts: list[list[int]], problems: list, tok) -> list[SFTExample]:
+    """Prompt + canonical body, the body trained (the reference the end-of-run samples show)."""
+    out = []
+    for ids, p in zip(prompts, problems):
+        body = data_mod.encode(tok, p.canonical_solution)
+        out.append(SFTExample(ids + body, [False] * len(ids) + [True] * len(body), None,
+                              p.task_id))
+    return out
+
+
 class GrpoRun(FT.FinetuneRun):
     """A fine-tuning run whose data are code problems and whose step is a GRPO update."""
 
@@ -282,40 +323,21 @@ class GrpoRun(FT.FinetuneRun):
             raise FinetuneConfigError(f"base {base.source} has no tokenizer: GRPO samples text")
         self.base, tok = base, base.tokenizer
         self.eos = tok.token_to_id(data_mod.EOS)
-        self.stop_ids = None
-        if cfg.stop_at_newline:  # every token whose text holds a newline ends a completion
-            self.stop_ids = torch.tensor([i for i in range(tok.get_vocab_size())
-                                          if "\n" in data_mod.decode(tok, [i])],
-                                         device=self.device)
+        self.stop_ids = newline_ids(tok, self.device) if cfg.stop_at_newline else None
         files = cfg.data or [str(shipped_toy_problems())]
-        if problems is None:
-            problems = []
-            for f in files:
-                try:
-                    problems += load_problems(f)
-                except EvalError as e:
-                    raise FinetuneConfigError(f"config field data: {e}") from None
-        self.problems = problems
+        self.problems = problems if problems is not None else read_problems(files)
         self.files = files
-        ctx = base.model.cfg.max_seq_len
-        self.prompts = []
-        for p in problems:
-            ids = [self.eos] + data_mod.encode(tok, p.prompt)
-            if len(ids) + cfg.max_new_tokens > ctx:
-                raise FinetuneConfigError(
-                    f"problem {p.task_id}: prompt of {len(ids)} tokens + max_new_tokens="
-                    f"{cfg.max_new_tokens} exceeds the base's context of {ctx} tokens")
-            self.prompts.append(ids)
-        if len(problems) < cfg.prompts_per_step:
+        self.prompts = encode_prompts(self.problems, tok, self.eos, cfg.max_new_tokens,
+                                      base.model.cfg.max_seq_len)
+        if len(self.problems) < cfg.prompts_per_step:
             raise FinetuneConfigError(f"config field prompts_per_step={cfg.prompts_per_step}: "
-                                      f"only {len(problems)} problem(s) in {', '.join(files)}")
+                                      f"only {len(self.problems)} problem(s) in "
+                                      f"{', '.join(files)}")
         # the examples the end-of-run samples print: prompt + canonical body as the reference
-        self.train_ex = [SFTExample(ids + data_mod.encode(tok, p.canonical_solution),
-                                    [False] * len(ids) + [True] * len(
-                                        data_mod.encode(tok, p.canonical_solution)), None,
-                                    p.task_id) for ids, p in zip(self.prompts, problems)]
+        self.train_ex = reference_examples(self.prompts, self.problems, tok)
         self.val_ex = []
-        self.sampler = ProblemSampler(len(problems), cfg.prompts_per_step, cfg.epochs, cfg.seed)
+        self.sampler = ProblemSampler(len(self.problems), cfg.prompts_per_step, cfg.epochs,
+                                      cfg.seed)
         # max_steps null: `epochs` passes over the problems; set, the problems cycle as needed
         max_steps = cfg.max_steps if cfg.max_steps is not None else \
             cfg.epochs * self.sampler.steps_per_epoch * cfg.grpo_iterations
