@@ -34,12 +34,15 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
+from falsify.llm import finetune_base as FB
 from falsify.llm import run as R
-from falsify.llm import run_lock
 from falsify.llm.config import ConfigError, TrainConfig
+from falsify.llm.model import ModelConfig
+from falsify.llm.run_base import OneProcess, drive
 from falsify.llm.trainer import IGNORE_INDEX, LoopParts, Trainer
 
 log = logging.getLogger("falsify.distill")
@@ -153,8 +156,6 @@ def micro_numerator(loss_mean: torch.Tensor, n: int) -> torch.Tensor:
 def load_teacher(path: str | None, backend: str, console=None) -> Teacher:
     """Our checkpoint or HF LLaMA dir (falsify/llm/finetune_base.py:load_base: our kernels), any
     other HF-layout causal LM (transformers' AutoModelForCausalLM, fp32), or the built-in base."""
-    from falsify.llm import finetune_base as FB
-
     if path is not None:
         p = Path(path)
         cfg_file = p / "config.json"
@@ -179,9 +180,6 @@ def load_teacher(path: str | None, backend: str, console=None) -> Teacher:
 def _pretraining_tokenizer(path: Path) -> str | None:
     """A pretraining checkpoint does not store its tokenizer: it is its corpus's (cached,
     deterministic) tokenizer, found again from the checkpoint's train config."""
-    from falsify.llm import finetune_base as FB
-    from falsify.llm.model import ModelConfig
-
     state = ckpt_mod.read_state(ckpt_mod.find_checkpoint(path))
     if "train" not in state["config"]:
         return None
@@ -273,8 +271,6 @@ class TopkCache:
     @classmethod
     def build(cls, out: Path, teacher: Teacher, stream: np.ndarray, blocks: np.ndarray,
               seq_len: int, k: int, ident: dict, batch: int = 16) -> Path:
-        from safetensors.torch import save_file
-
         device = next(teacher.module.parameters()).device
 
         def fill(tmp: Path):
@@ -302,8 +298,6 @@ class TopkCache:
 
     @classmethod
     def load(cls, path: Path, ident: dict) -> TopkCache:
-        from safetensors.torch import load_file
-
         man_path = path / "manifest.json"
         try:
             man = json.loads(man_path.read_text())
@@ -493,11 +487,7 @@ def distill(cfg: DistillConfig, *, resume=None, data=None, stop_after=None,
             console=None) -> R.TrainResult:
     """Run (or resume) a distillation run, as falsify/llm/run.py:train runs pretraining."""
     with R.torch_threads(cfg.threads):
-        run = DistillRun(cfg, parts or LoopParts(), dparts or DistillParts(), teacher, console)
-        try:
-            run.open(resume)
-            run.prepare(data)
-            run.build()
-            return run.loop(stop_after, keep_model)
-        finally:
-            run_lock.release(run.lock)
+        return drive(OneProcess(), lambda: DistillRun(cfg, parts or LoopParts(),
+                                                      dparts or DistillParts(), teacher,
+                                                      console),
+                     lambda run: run.prepare(data), resume, stop_after, keep_model)

@@ -19,6 +19,9 @@ checks against a single process:
 - Checkpoints. Sharded, with torch.distributed.checkpoint: every rank writes its part, and
   rank 0 commits the directory only after all of them have (falsify/llm/sharded_checkpoint.py).
   Logs and metrics: rank 0 writes them.
+- The run. `DataParallel` is a run's process strategy (falsify/llm/run_base.py:OneProcess is
+  the one-process one): the pretraining and fine-tuning runs ask it for their rank, writer,
+  global batch, rows, trainer and checkpoint save, so one run class serves both.
 
 Backend: gloo on the CPU, nccl on CUDA, chosen from the run's device and logged.
 """
@@ -30,6 +33,8 @@ import dataclasses
 import gc
 import logging
 import os
+import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +44,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from falsify.llm import sharded_checkpoint
+from falsify.llm.run_base import OneProcess, metrics_extra
 from falsify.llm.trainer import IGNORE_INDEX, Trainer
 
 log = logging.getLogger("falsify.distributed")
@@ -88,9 +94,7 @@ def launch(nproc: int, nnodes: int, rdzv_endpoint: str | None, argv: list[str]) 
     """Run `python -m falsify ARGV` as nproc × nnodes ranks through torchrun's launcher API
     (one elastic agent per node, c10d rendezvous, no restarts: a rank that fails stops the job
     with its error). Returns the exit code: 0, or the first failed rank's."""
-    import sys
-    import uuid
-
+    # torch's elastic launcher loads only in the launching process, not in every rank
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -322,126 +326,88 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-# -------------------------------------------------------------------------------- the run
-def _become_rank(run, dparts: DistParts | None) -> None:
-    """A run (pretraining or fine-tuning) becomes one rank of the job: the local rank's GPU
-    when the run is on CUDA, the process group joined, and only rank 0 writes files."""
-    if run.device.type == "cuda":
-        run.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(run.device)
-    run.world = join(run.device)
-    run.dparts = dparts or DistParts()
-    run.writes = run.world.main
-    run.world_size = run.world.size
+# --------------------------------------------------------------------- the run's strategy
+class DataParallel:
+    """A run's process strategy (falsify/llm/run_base.py: OneProcess is the one-process one)
+    when this process is one rank of a torchrun job: the local rank's GPU when the run is on
+    CUDA, the process group joined, rank 0 alone writing files, the data drawn as the global
+    batch (batch_size × W) and each rank training its rows of it."""
 
+    def __init__(self, dparts: DistParts | None = None):
+        self.dparts = dparts or DistParts()
+        self.world: World | None = None  # joined in attach, once the run's device is known
 
-def distributed_run_class():
-    """PretrainRun with the data-parallel stages (imported late: run.py imports this module)."""
-    from falsify.llm.config import effective_config
-    from falsify.llm.run import PretrainRun, metrics_extra, new_run_dir
+    @property
+    def rank(self) -> int:
+        return self.world.rank
 
-    class DistributedRun(PretrainRun):
-        """Rank 0 decides the run directory and writes every file; every rank trains."""
+    @property
+    def size(self) -> int:
+        return self.world.size
 
-        def __init__(self, cfg, parts, dparts: DistParts | None = None):
-            super().__init__(cfg, parts)
-            _become_rank(self, dparts)
+    @property
+    def writes(self) -> bool:
+        return self.world.main
 
-        def open(self, resume) -> None:
-            if self.cfg.out_dir is None and resume is None:
-                name = [str(new_run_dir(self.cfg.model))] if self.world.main else [None]
-                dist.broadcast_object_list(name, src=0)
-                self.cfg = dataclasses.replace(self.cfg, out_dir=name[0])
-            super().open(resume)
+    def attach(self, device: torch.device) -> torch.device:
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        self.world = join(device)
+        return device
 
-        def prepare(self, data) -> None:
-            # one rank builds the data cache (tokenizer, token files), then the others read it
-            global_cfg = dataclasses.replace(self.cfg, batch_size=self.cfg.batch_size
-                                             * self.world.size)
-            local_cfg, self.cfg = self.cfg, global_cfg
-            try:
-                if not self.world.main:
-                    dist.barrier()
-                super().prepare(data)
-                if self.world.main:
-                    dist.barrier()
-            finally:
-                self.cfg = local_cfg
+    def agree(self, decide):
+        """Rank 0 decides (a new run directory's name), every rank gets its value."""
+        box = [decide()] if self.world.main else [None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
-        def next_batch(self) -> list:
-            return self.dparts.shard(self.sampler.next_step(), self.world.rank, self.world.size)
+    def global_batch(self, cfg):
+        """The sampler and the step count run on the global batch: batch_size × W."""
+        return dataclasses.replace(cfg, batch_size=cfg.batch_size * self.world.size)
 
-        def make_trainer(self) -> Trainer:
-            return DistributedTrainer(self.model, self.cfg, self.device, self.autocast,
-                                      self.parts, world=self.world, dparts=self.dparts,
-                                      parallel=self.cfg.parallel)
+    @contextlib.contextmanager
+    def main_first(self):
+        """Rank 0 does the work first (builds the data cache: tokenizer, token files), then
+        the others, which read what it wrote."""
+        if not self.world.main:
+            dist.barrier()
+        yield
+        if self.world.main:
+            dist.barrier()
 
-        def finish(self) -> None:
-            super().finish()
-            self.trainer.settle()
+    def shard_blocks(self, micro: list) -> list:
+        return self.dparts.shard(micro, self.world.rank, self.world.size)
 
-        def save(self, metrics: dict | None = None) -> Path:
-            tr = self.trainer
+    def local_rows(self, idx, per: int):
+        r = self.world.rank
+        return idx[r * per:(r + 1) * per]
+
+    def trainer(self, run) -> Trainer:
+        return run.make_parallel_trainer(self.world, self.dparts)
+
+    def save(self, run, metrics: dict | None) -> Path:
+        """A run whose state may be sharded (pretraining under FSDP) writes a sharded
+        checkpoint, every rank its part; a run of replicas (fine-tuning's adapters, bit-identical
+        after every step) is saved by rank 0 in the one-process layout while the others wait."""
+        tr = run.trainer
+        if run.shards_state:
             return sharded_checkpoint.save(
-                self.out, tr.step, self.model, tr.optimizer, tr.param_names,
+                run.out, tr.step, run.checkpoint_module(), tr.optimizer, tr.param_names,
                 rank=self.world.rank, world_size=self.world.size,
-                data_state=self.sampler.state_dict(),
-                config=effective_config(self.cfg, self.kernels), metrics=metrics,
-                extra={"best_val_loss": self.best_val, **metrics_extra(self, tr.step)},
-                keep_last=self.cfg.keep_last,
+                data_state=run.sampler.state_dict(), config=run.checkpoint_config(),
+                metrics=metrics,
+                extra={**run.checkpoint_extra(), **metrics_extra(run, tr.step)},
+                keep_last=run.cfg.keep_last,
                 state_fn=self.dparts.checkpoint_state, wait=self.dparts.wait_for_ranks)
+        path = OneProcess().save(run, metrics) if self.world.main else None
+        box = [str(path) if path is not None else None]
+        dist.broadcast_object_list(box, src=0)  # also the barrier: the save is complete
+        return Path(box[0])
 
-    return DistributedRun
+    def settle(self, trainer: Trainer) -> None:
+        trainer.settle()
 
-
-def distributed_finetune_run_class():
-    """FinetuneRun with DDP (imported late: finetune.py is the heavier import). Fine-tuning
-    trains adapters, a small share of the model, over a frozen base that every rank loads
-    whole: DDP, not FSDP. Rank 0 writes the run directory and the checkpoints, which are the
-    one-process layout (the replicas are bit-identical after every step)."""
-    from falsify.llm import finetune as FT
-
-    class DataParallelFinetuneTrainer(DataParallelStep, FT.FinetuneTrainer):
-        def __init__(self, model, cfg, device, autocast_dtype, kind, objectives, *,
-                     world: World, dparts: DistParts):
-            FT.FinetuneTrainer.__init__(self, model, cfg, device, autocast_dtype, kind,
-                                        objectives)
-            self.world, self.dparts, self.parallel = world, dparts, "ddp"
-            self.wrapped = ddp_over_objective(self)
-
-        def parallel_loss(self, micro):
-            return self.wrapped(micro)
-
-    class DistributedFinetuneRun(FT.FinetuneRun):
-        def __init__(self, cfg, obj, dparts: DistParts | None = None):
-            super().__init__(cfg, obj)
-            _become_rank(self, dparts)
-
-        def load(self, base, dataset, console) -> None:
-            # the sampler and the step count run on the global batch (batch_size × W)
-            local = self.cfg
-            self.cfg = dataclasses.replace(local, batch_size=local.batch_size * self.world.size)
-            try:
-                super().load(base, dataset, console)
-            finally:
-                self.cfg = local
-
-        def next_micro(self) -> list:
-            per = self.cfg.batch_size
-            r = self.world.rank
-            return [FT.make_micro(self.train_ex, idx[r * per:(r + 1) * per], self.dataset.kind,
-                                  self.pad_id, self.weights)
-                    for idx in self.sampler.next_step()]
-
-        def make_trainer(self):
-            return DataParallelFinetuneTrainer(self.model, self.rcfg, self.device,
-                                               self.autocast, self.dataset.kind, self.obj,
-                                               world=self.world, dparts=self.dparts)
-
-        def save(self, metrics=None) -> Path:
-            path = super().save(metrics) if self.world.main else None
-            box = [str(path) if path is not None else None]
-            dist.broadcast_object_list(box, src=0)  # also the barrier: the save is complete
-            return Path(box[0])
-
-    return DistributedFinetuneRun
+    def leave(self, completed: bool, trainer: Trainer | None) -> None:
+        """A process group left to the interpreter's exit can abort it (SIGABRT)."""
+        leave(completed, trainer)

@@ -6,10 +6,11 @@ rules (falsify/llm/config.py: `FinetuneConfig` extends `LoopConfig`), the optimi
 (falsify/llm/trainer.py: warmup + cosine schedule, clip, AdamW over the requires_grad parameters —
 i.e. the adapters —, Andon stops; the kernels come from the model's Ops bundle and are the ones
 the adamw, grad-clip and lr-schedule contracts check), the config algebra
-(falsify/llm/preflight.py) and the run plumbing (falsify/llm/run.py: threads, device, seeding,
-metrics, progress); from falsify/llm/checkpoint.py the atomic checkpoints with optimizer, RNG and
-data position. What is ours: the objectives (below) as the trainer's micro-batch hook, the
-example sampler (falsify/llm/sft_data.py) and adapter export.
+(falsify/llm/preflight.py), the setup (falsify/llm/run.py: threads, device, seeding) and the
+run itself (falsify/llm/run_base.py: the step loop, cadences, stops, metrics, progress, summary;
+`FinetuneRun` fills in its hooks); from falsify/llm/checkpoint.py the atomic checkpoints with
+optimizer, RNG and data position. What is ours: the objectives (below) as the trainer's
+micro-batch hook, the example sampler (falsify/llm/sft_data.py) and adapter export.
 
 Objectives, all normalised per optimizer step (so grad_accum changes nothing but memory):
 
@@ -34,7 +35,6 @@ import hashlib
 import json
 import logging
 import math
-import time
 import typing
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -44,13 +44,12 @@ from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
+from falsify.llm import distributed, gguf_io, hf
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
-from falsify.llm import run_lock
 from falsify.llm import sft_data as SD
 from falsify.llm.config import (
     AT_LEAST_1,
@@ -74,6 +73,8 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
 )
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
+from falsify.llm.rewards import parse_reward_error
+from falsify.llm.run_base import OneProcess, RunBase, drive
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
@@ -183,8 +184,6 @@ GRPO_FIELDS = ("policy", "group_size", "prompts_per_step", "rollout_temperature"
 
 
 def _reward_error_ok(v: str) -> bool:
-    from falsify.llm.rewards import parse_reward_error
-
     try:
         parse_reward_error(v)
     except ValueError:
@@ -398,6 +397,22 @@ class FinetuneTrainer(Trainer):
 
 
 
+class DataParallelFinetuneTrainer(distributed.DataParallelStep, FinetuneTrainer):
+    """The fine-tuning step as one rank of a DDP job: the objective's micro_loss under DDP
+    (distributed.ddp_over_objective), global counts, one gradient reduction per step. The
+    replicas stay bit-identical, so rank 0's checkpoints are the one-process layout."""
+
+    def __init__(self, model: Transformer, cfg: FinetuneConfig, device, autocast_dtype,
+                 kind: str, objectives: Objectives | None, *, world: distributed.World,
+                 dparts: distributed.DistParts):
+        FinetuneTrainer.__init__(self, model, cfg, device, autocast_dtype, kind, objectives)
+        self.world, self.dparts, self.parallel = world, dparts, "ddp"
+        self.wrapped = distributed.ddp_over_objective(self)
+
+    def parallel_loss(self, micro):
+        return self.wrapped(micro)
+
+
 def _pad(t: torch.Tensor, s: int, value) -> torch.Tensor:
     if t.shape[1] == s:
         return t
@@ -475,56 +490,52 @@ def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Bas
     """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
     checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
     step as if killed, the schedule still runs to max_steps."""
-    from falsify.llm import distributed
-
     ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
+    parallel = distributed.DataParallel() if ranked else OneProcess()
+
+    def make_run() -> FinetuneRun:
+        if cfg.method != "grpo":
+            return FinetuneRun(cfg, objectives or Objectives(), parallel)
+        # GrpoRun extends FinetuneRun, so grpo.py imports this module: imported here
+        from falsify.llm.grpo import GrpoRun
+
+        if ranked:
+            raise FinetuneConfigError("config field method='grpo' runs in one process "
+                                      "(no --nproc)")
+        return GrpoRun(cfg, objectives or Objectives(), grpo_parts)
+
+    data = problems if cfg.method == "grpo" else dataset
     with R.torch_threads(cfg.threads):
-        completed, run = False, None
-        try:
-            if cfg.method == "grpo":
-                from falsify.llm.grpo import GrpoRun
-
-                if ranked:
-                    raise FinetuneConfigError("config field method='grpo' runs in one process "
-                                              "(no --nproc)")
-                run = GrpoRun(cfg, objectives or Objectives(), grpo_parts)
-            else:
-                cls = distributed.distributed_finetune_run_class() if ranked else FinetuneRun
-                run = cls(cfg, objectives or Objectives())
-            run.open(resume)
-            run.load(base, problems if cfg.method == "grpo" else dataset, console)
-            run.build()
-            result = run.loop(stop_after, keep_model)
-            completed = True
-            return result
-        finally:
-            run_lock.release(getattr(run, "lock", None))
-            if ranked:  # a process group left to the interpreter's exit can abort it
-                distributed.leave(completed, getattr(run, "trainer", None))
+        return drive(parallel, make_run, lambda run: run.load(base, data, console), resume,
+                     stop_after, keep_model)
 
 
-class FinetuneRun:
-    """One fine-tuning run's state, built in stages (open -> load -> build -> loop)."""
+class FinetuneRun(RunBase):
+    """One fine-tuning run's state, built in stages (open -> load -> build -> loop); the loop,
+    cadences and files are RunBase's (falsify/llm/run_base.py). What is ours: the base and
+    adapters, the example data, epoch-end evaluation with early stopping, the adapter export."""
 
-    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
-    world_size = 1  # processes training the adapters (falsify/llm/distributed.py)
+    progress_log = log
 
-    def __init__(self, cfg: FinetuneConfig, obj: Objectives):
-        self.t_start = time.perf_counter()
+    def __init__(self, cfg: FinetuneConfig, obj: Objectives, parallel: OneProcess | None = None):
+        super().__init__(parallel)
         cfg.validate()
         if cfg.max_steps is not None and cfg.warmup_steps is not None:
             check_warmup(cfg.max_steps, cfg.warmup_steps)  # before any base or data work
         self.cfg, self.obj = cfg, obj
         self.device, self.autocast = R.resolve_device(cfg)
         self.out = Path(cfg.out_dir)
-        self.ckpt_path: Path | None = None
-        self.best_val, self.bad_evals = None, 0
+        self.bad_evals = 0
         self.console = None
-        self.lock: run_lock.RunLock | None = None
+        self.val_batches: list = []
+        self.device = self.parallel.attach(self.device)  # a rank: its GPU, the group joined
+
+    @property
+    def max_steps(self) -> int:
+        return self.rcfg.max_steps  # resolved from the data (resolve_steps)
 
     def open(self, resume) -> None:
-        if self.writes:  # one writer per run directory, before its checkpoints are read
-            self.lock = run_lock.acquire(self.out)
+        self.lock_run(self.out)  # one writer per run directory, before its checkpoints are read
         if resume is not None:
             self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"
                                                       else resume)
@@ -544,7 +555,15 @@ class FinetuneRun:
         R.seed_everything(self.cfg.seed)
 
     def load(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
-        """The base model and the examples: split, reward weights, steps, sampler."""
+        """The base model and the examples: split, reward weights, steps, sampler; the sampler
+        and the step count run on the global batch (a data-parallel run's batch_size × W)."""
+        local, self.cfg = self.cfg, self.parallel.global_batch(self.cfg)
+        try:
+            self.load_data(base, dataset, console)
+        finally:
+            self.cfg = local
+
+    def load_data(self, base: Base | None, dataset: SD.Dataset | None, console) -> None:
         cfg = self.cfg
         self.console = console
         if base is None and cfg.keep_masks and not cfg.model:
@@ -616,7 +635,7 @@ class FinetuneRun:
         model.activation_checkpointing = cfg.activation_checkpointing
         model.to(self.device)
         self.model = model
-        self.trainer = self.make_trainer()
+        self.trainer = self.parallel.trainer(self)
         mem = LM.memory_bytes(model)
         data_info = self.data_info()
         base_info = {"source": base.source, "layout": base.layout,
@@ -629,11 +648,7 @@ class FinetuneRun:
             "masks": masks_info, "world_size": self.world_size,
             "device": str(self.device), **R.kernel_record(model)}
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.writes:
-            R.atomic_write_text(self.out / "config.json",
-                                json.dumps(self.effective, indent=1, default=str))
-            R.atomic_write_text(self.out / "config.yaml",
-                                yaml.safe_dump(asdict(cfg), sort_keys=False))
+        self.write_config(self.effective)
         self.result = FinetuneResult(out_dir=str(self.out), kind=self.dataset.kind,
                                      max_steps=self.rcfg.max_steps, data_info=data_info,
                                      base_info=base_info, memory=mem)
@@ -646,9 +661,17 @@ class FinetuneRun:
         return FinetuneTrainer(self.model, self.rcfg, self.device, self.autocast,
                                self.dataset.kind, self.obj)
 
+    def make_parallel_trainer(self, world, dparts) -> FinetuneTrainer:
+        """DDP over the adapters (not FSDP: they are a small share of the model, over a frozen
+        base every rank loads whole)."""
+        return DataParallelFinetuneTrainer(self.model, self.rcfg, self.device, self.autocast,
+                                           self.dataset.kind, self.obj, world=world,
+                                           dparts=dparts)
+
     def next_micro(self) -> list:
         """The step's micro-batches (a data-parallel rank builds its shard of them)."""
-        return [make_micro(self.train_ex, idx, self.dataset.kind, self.pad_id, self.weights)
+        return [make_micro(self.train_ex, self.parallel.local_rows(idx, self.cfg.batch_size),
+                           self.dataset.kind, self.pad_id, self.weights)
                 for idx in self.sampler.next_step()]
 
     def restore(self) -> None:
@@ -662,136 +685,69 @@ class FinetuneRun:
         tr.step = int(state["step"])
         self.sampler.load_state_dict(state["data"])
         self.best_val, self.bad_evals = state.get("best_val_loss"), int(state.get("bad_evals", 0))
-        self.result.resumed_from = str(self.ckpt_path)
-        if self.writes:
-            R.truncate_metrics(self.metrics_path, tr.step, state, self.ckpt_path)
+        self.resumed(state)
 
-    def save(self, metrics=None) -> Path:
-        tr = self.trainer
-        return ckpt_mod.save_checkpoint(
-            self.out, tr.step, self.view, tr.optimizer, tr.param_names,
-            data_state=self.sampler.state_dict(), config=self.effective, metrics=metrics,
-            extra={"best_val_loss": self.best_val, "bad_evals": self.bad_evals,
-                   **R.metrics_extra(self, tr.step)},
-            keep_last=self.cfg.keep_last)
+    def checkpoint_module(self):
+        return self.view  # the adapters: the frozen base is the base's, fingerprinted
 
-    def evaluate(self, step: int, vb: list, mf) -> dict:
-        ev = self.trainer.evaluate_examples(vb)
+    def checkpoint_config(self) -> dict:
+        return self.effective
+
+    def checkpoint_extra(self) -> dict:
+        return {"best_val_loss": self.best_val, "bad_evals": self.bad_evals}
+
+    def before_loop(self) -> None:
+        kind = self.dataset.kind
+        self.val_batches = (val_batches(self.val_ex, kind, self.pad_id, self.cfg.batch_size,
+                                        len(self.train_ex)) if self.val_ex else [])
+        if self.val_batches and self.ckpt_path is None:
+            # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
+            # compared with (and the first "best" for early stopping)
+            self.best_val = None
+            self.evaluate(0)
+
+    def eval_due(self, step: int, last: bool) -> bool:
+        epoch_end = self.sampler.step_in_epoch == 0
+        due = epoch_end if self.cfg.eval_interval is None else step % self.cfg.eval_interval == 0
+        return bool(self.val_batches) and (due or last)
+
+    def save_due(self, step: int) -> bool:
+        return bool(self.cfg.save_every) and step % self.cfg.save_every == 0
+
+    def early_stop(self) -> str | None:
+        patience = self.cfg.early_stopping_patience
+        if patience is None or self.bad_evals < patience:
+            return None
+        return (f"early stopping: {self.bad_evals} evaluation(s) without a new best val_loss "
+                f"({self.best_val:.4f})")
+
+    def evaluate(self, step: int) -> dict:
+        ev = self.trainer.evaluate_examples(self.val_batches)
         improved = self.best_val is None or ev["val_loss"] < self.best_val
         self.best_val = ev["val_loss"] if improved else self.best_val
         self.bad_evals = 0 if improved else self.bad_evals + 1
         self.result.evals.append({"step": step, **ev})
-        mf.write(json.dumps({"step": step, **ev}) + "\n")
+        self.mf.write(json.dumps({"step": step, **ev}) + "\n")
         return ev
 
-    def record(self, st: StepStats, dt: float, tps: float, mf) -> None:
+    def micro_tokens(self, st: StepStats, micro: list) -> int:
+        """Every position of the step's batches, padding included (tokens/s of the work)."""
+        return sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
+                   for m in micro)
+
+    def record(self, st: StepStats, step_s: float, fetch_s: float, tps: float) -> None:
         r = self.result
         r.steps.append(st.step)
         r.losses.append(st.loss)
         r.grad_norms.append(st.grad_norm)
         r.lrs.append(st.lr)
         rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-               "count": st.tokens, "step_s": dt, "tok_s": tps, "epoch": self.sampler.epoch}
+               "count": st.tokens, "step_s": step_s, "tok_s": tps, "epoch": self.sampler.epoch}
         if self.dataset.kind == "preference":
             p = st.extra["pairs"]
             rec.update({k: st.extra[k] / p for k in ("chosen_reward", "rejected_reward",
                                                     "accuracy", "chosen_logratio")})
-        mf.write(json.dumps(rec) + "\n")
-
-    def loop(self, stop_after: int | None, keep_model: bool) -> FinetuneResult:
-        cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
-        kind = self.dataset.kind
-        vb = (val_batches(self.val_ex, kind, self.pad_id, cfg.batch_size, len(self.train_ex))
-              if self.val_ex else [])
-        mf = self.mf = R.MetricsLog(self.metrics_path, self.writes)
-        if vb and self.ckpt_path is None:
-            # step 0: the frozen base itself (B = 0), the baseline every later evaluation is
-            # compared with (and the first "best" for early stopping)
-            self.best_val = None
-            self.evaluate(0, vb, mf)
-        progress = R.Progress(cfg.progress and self.writes, rcfg.max_steps, tr.step,
-                              cfg.log_interval, log)
-        t_loop, tokens = time.perf_counter(), 0
-        try:
-            while tr.step < rcfg.max_steps:
-                micro = self.next_micro()
-                t0 = time.perf_counter()
-                st = R.step_or_andon(tr, micro, self.out)
-                tokens += sum(int((m.mask if isinstance(m, SD.Batch) else m[0].mask).numel())
-                              for m in micro)
-                tps = tokens / (time.perf_counter() - t_loop)
-                self.record(st, time.perf_counter() - t0, tps, mf)
-                progress.update(st, tps)
-                if self.after_step(st, vb, mf, stop_after):
-                    break
-        finally:
-            progress.close()
-            mf.close()
-        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
-
-    def close_result(self, result, final_step: int, tokens: int, t_loop: float,
-                     keep_model: bool):
-        """The run's totals; finish() (final save, exports) unless a stop_after test stop."""
-        result.final_step = final_step
-        result.tokens = tokens
-        result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
-        if not result.stopped.startswith("stop_after"):
-            self.finish()
-        result.elapsed_s = time.perf_counter() - self.t_start
-        if keep_model:
-            result.model = self.model
-        return result
-
-    def after_step(self, st: StepStats, vb: list, mf, stop_after: int | None) -> bool:
-        """Evaluation, early stopping and checkpoints after step `st`; True: stop the run."""
-        cfg, result = self.cfg, self.result
-        last = st.step == self.rcfg.max_steps
-        metrics = None
-        epoch_end = self.sampler.step_in_epoch == 0
-        due = epoch_end if cfg.eval_interval is None else st.step % cfg.eval_interval == 0
-        if vb and (due or last):
-            metrics = self.evaluate(st.step, vb, mf)
-        early = (cfg.early_stopping_patience is not None
-                 and self.bad_evals >= cfg.early_stopping_patience)
-        stopping = early or (stop_after is not None and st.step >= stop_after)
-        if (cfg.save_every and st.step % cfg.save_every == 0) or last or stopping:
-            result.checkpoint = str(self.save(metrics))
-        if early:
-            result.stopped = (f"early stopping: {self.bad_evals} evaluation(s) without a new "
-                              f"best val_loss ({self.best_val:.4f})")
-        elif stopping:
-            result.stopped = f"stop_after={stop_after}"
-        return stopping
-
-    def hf_base(self) -> str:
-        """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
-        adapter was trained against, so `AutoPeftModelForCausalLM.from_pretrained(adapter)`
-        computes what we do. A LoRA run on an HF base names that base; otherwise (our
-        checkpoint, the built-in base, or QLoRA, whose base is the NF4 dequantization) the
-        run writes OUT/base-hf. An absolute path: PEFT resolves it from the loader's working
-        directory, not the adapter's."""
-        base = self.base
-        if base.layout == "hf" and self.model.lora_spec.method == "lora" and base.path:
-            return base.path
-        from falsify.llm import hf
-
-        return str(hf.export_hf(LM.base_as_trained(self.model), self.out / "base-hf",
-                                base.tokenizer_path).resolve())
-
-    def gguf_adapter(self) -> str | None:
-        """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
-        trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
-        the NF4 dequantization). Needs the `gguf`
-        package (the interop extra); without it the run says so and writes the PEFT adapter
-        only."""
-        from falsify.llm import gguf_io
-
-        try:
-            return str(gguf_io.write_lora_gguf(self.model, self.out / gguf_io.ADAPTER_FILE))
-        except gguf_io.GGUFError as e:
-            if self.console is not None:
-                self.console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
-            return None
+        self.mf.write(json.dumps(rec) + "\n")
 
     def finish(self) -> None:
         """A completed (or early-stopped) run: the adapter export, samples, summary.json."""
@@ -802,22 +758,55 @@ class FinetuneRun:
         meta = {"base_fingerprint": self.fingerprint, "base_layout": base.layout,
                 "base_path": base.path, "step": self.trainer.step,
                 "train_on_prompt": cfg.train_on_prompt}
-        if LM.model_masks(model) is not None:
-            # not PEFT (lora_model.export_peft says why): our masked adapter layout, which
-            # `falsify merge --adapter` turns into an exact merged model
-            result.adapter_dir = str(LM.export_masked(model, self.out / "adapter",
-                                                      base.tokenizer_path, meta=meta))
-        else:
-            result.adapter_dir = str(LM.export_peft(model, self.out / "adapter", self.hf_base(),
-                                                    base.tokenizer_path, meta=meta))
-            result.adapter_gguf = self.gguf_adapter()
+        result.adapter_dir, result.adapter_gguf = export_adapter(model, base, self.out, meta,
+                                                                self.console)
         if base.tokenizer is not None and cfg.sample_count and cfg.sample_tokens:
             result.samples = compare_samples(model, base.tokenizer, (self.val_ex or self.train_ex)
                                              [: cfg.sample_count], cfg.sample_tokens,
                                              self.device, cfg.sample_temperature,
                                              cfg.sample_top_k, cfg.seed)
-        R.atomic_write_text(self.out / "summary.json", json.dumps(
-            {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
+        self.write_run_summary()
+
+
+# ------------------------------------------------------------------------ adapter export
+def export_adapter(model: Transformer, base: Base, out: Path, meta: dict,
+                   console) -> tuple[str, str | None]:
+    """A finished run's OUT/adapter, and OUT/adapter.gguf where llama.cpp can apply it:
+    (adapter directory, GGUF adapter or None)."""
+    if LM.model_masks(model) is not None:
+        # not PEFT (lora_model.export_peft says why): our masked adapter layout, which
+        # `falsify merge --adapter` turns into an exact merged model
+        return str(LM.export_masked(model, out / "adapter", base.tokenizer_path,
+                                    meta=meta)), None
+    adapter = LM.export_peft(model, out / "adapter", hf_base(model, base, out),
+                             base.tokenizer_path, meta=meta)
+    return str(adapter), gguf_adapter(model, out, console)
+
+
+def hf_base(model: Transformer, base: Base, out: Path) -> str:
+    """The adapter's base_model_name_or_path: an HF-layout directory with the weights the
+    adapter was trained against, so `AutoPeftModelForCausalLM.from_pretrained(adapter)`
+    computes what we do. A LoRA run on an HF base names that base; otherwise (our
+    checkpoint, the built-in base, or QLoRA, whose base is the NF4 dequantization) the
+    run writes OUT/base-hf. An absolute path: PEFT resolves it from the loader's working
+    directory, not the adapter's."""
+    if base.layout == "hf" and model.lora_spec.method == "lora" and base.path:
+        return base.path
+    return str(hf.export_hf(LM.base_as_trained(model), out / "base-hf",
+                            base.tokenizer_path).resolve())
+
+
+def gguf_adapter(model: Transformer, out: Path, console) -> str | None:
+    """OUT/adapter.gguf, the adapter as llama.cpp applies it (`--lora`) on the base it was
+    trained against: the GGUF base itself, or the GGUF export of OUT/base-hf (for QLoRA
+    the NF4 dequantization). Needs the `gguf` package (the interop extra); without it the
+    run says so and writes the PEFT adapter only."""
+    try:
+        return str(gguf_io.write_lora_gguf(model, out / gguf_io.ADAPTER_FILE))
+    except gguf_io.GGUFError as e:
+        if console is not None:
+            console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
+        return None
 
 
 def prompt_ids(e) -> list[int]:

@@ -21,21 +21,23 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import typing
 from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from falsify.kernels.torch import grpo_loss as grpo_kernels
 from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import lora_model as LM
 from falsify.llm import rewards as RW
-from falsify.llm import run as R
 from falsify.llm.config import FinetuneConfigError
 from falsify.llm.evaluate import EvalError, load_problems
 from falsify.llm.preflight import check_warmup
+from falsify.llm.run_base import QuietProgress
 from falsify.llm.sft_data import SFTExample
 
 log = logging.getLogger("falsify.finetune.grpo")
@@ -44,9 +46,6 @@ ADV_EPS = 1e-4  # std + eps in the advantage: a group of equal rewards gets A = 
 
 
 def shipped_toy_problems():
-    from importlib import resources
-    from pathlib import Path
-
     return Path(str(resources.files("falsify.llm") / "evalset" /
                     "toy-code-problems.jsonl"))
 
@@ -136,10 +135,10 @@ def policy_logps(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(name: str):
+    """The grpo-loss kernel function `name`, looked up in its module at each call (so a
+    replaced module attribute is the one that runs)."""
     def call(*args, **kw):
-        from falsify.kernels.torch import grpo_loss as K
-
-        return getattr(K, name)(*args, **kw)
+        return getattr(grpo_kernels, name)(*args, **kw)
 
     call.__name__ = name
     return call
@@ -261,6 +260,47 @@ def check_config(cfg) -> None:
             raise FinetuneConfigError(f"config field {name}={getattr(cfg, name)!r}: {why}")
 
 
+def newline_ids(tok, device) -> torch.Tensor:
+    """Every token whose text holds a newline (stop_at_newline: each ends a completion)."""
+    return torch.tensor([i for i in range(tok.get_vocab_size())
+                         if "\n" in data_mod.decode(tok, [i])], device=device)
+
+
+def read_problems(files: list[str]) -> list:
+    problems = []
+    for f in files:
+        try:
+            problems += load_problems(f)
+        except EvalError as e:
+            raise FinetuneConfigError(f"config field data: {e}") from None
+    return problems
+
+
+def encode_prompts(problems: list, tok, eos: int, max_new_tokens: int,
+                   ctx: int) -> list[list[int]]:
+    """Each problem's prompt as ids after EOS; a prompt that leaves no room for max_new_tokens
+    in the base's context is an error naming the problem."""
+    prompts = []
+    for p in problems:
+        ids = [eos] + data_mod.encode(tok, p.prompt)
+        if len(ids) + max_new_tokens > ctx:
+            raise FinetuneConfigError(
+                f"problem {p.task_id}: prompt of {len(ids)} tokens + max_new_tokens="
+                f"{max_new_tokens} exceeds the base's context of {ctx} tokens")
+        prompts.append(ids)
+    return prompts
+
+
+def reference_examples(prompts: list[list[int]], problems: list, tok) -> list[SFTExample]:
+    """Prompt + canonical body, the body trained (the reference the end-of-run samples show)."""
+    out = []
+    for ids, p in zip(prompts, problems):
+        body = data_mod.encode(tok, p.canonical_solution)
+        out.append(SFTExample(ids + body, [False] * len(ids) + [True] * len(body), None,
+                              p.task_id))
+    return out
+
+
 class GrpoRun(FT.FinetuneRun):
     """A fine-tuning run whose data are code problems and whose step is a GRPO update."""
 
@@ -271,6 +311,7 @@ class GrpoRun(FT.FinetuneRun):
         self.reward = RW.load_reward(cfg.reward)
         self.on_error = RW.parse_reward_error(cfg.reward_error)
         self.rollout: Rollout | None = None
+        self.iteration = 0  # of the current rollout's grpo_iterations updates
         self.history: list[dict] = []  # per batch: rewards, completions (probes, the summary)
 
     def load(self, base, problems, console) -> None:
@@ -282,40 +323,21 @@ class GrpoRun(FT.FinetuneRun):
             raise FinetuneConfigError(f"base {base.source} has no tokenizer: GRPO samples text")
         self.base, tok = base, base.tokenizer
         self.eos = tok.token_to_id(data_mod.EOS)
-        self.stop_ids = None
-        if cfg.stop_at_newline:  # every token whose text holds a newline ends a completion
-            self.stop_ids = torch.tensor([i for i in range(tok.get_vocab_size())
-                                          if "\n" in data_mod.decode(tok, [i])],
-                                         device=self.device)
+        self.stop_ids = newline_ids(tok, self.device) if cfg.stop_at_newline else None
         files = cfg.data or [str(shipped_toy_problems())]
-        if problems is None:
-            problems = []
-            for f in files:
-                try:
-                    problems += load_problems(f)
-                except EvalError as e:
-                    raise FinetuneConfigError(f"config field data: {e}") from None
-        self.problems = problems
+        self.problems = problems if problems is not None else read_problems(files)
         self.files = files
-        ctx = base.model.cfg.max_seq_len
-        self.prompts = []
-        for p in problems:
-            ids = [self.eos] + data_mod.encode(tok, p.prompt)
-            if len(ids) + cfg.max_new_tokens > ctx:
-                raise FinetuneConfigError(
-                    f"problem {p.task_id}: prompt of {len(ids)} tokens + max_new_tokens="
-                    f"{cfg.max_new_tokens} exceeds the base's context of {ctx} tokens")
-            self.prompts.append(ids)
-        if len(problems) < cfg.prompts_per_step:
+        self.prompts = encode_prompts(self.problems, tok, self.eos, cfg.max_new_tokens,
+                                      base.model.cfg.max_seq_len)
+        if len(self.problems) < cfg.prompts_per_step:
             raise FinetuneConfigError(f"config field prompts_per_step={cfg.prompts_per_step}: "
-                                      f"only {len(problems)} problem(s) in {', '.join(files)}")
+                                      f"only {len(self.problems)} problem(s) in "
+                                      f"{', '.join(files)}")
         # the examples the end-of-run samples print: prompt + canonical body as the reference
-        self.train_ex = [SFTExample(ids + data_mod.encode(tok, p.canonical_solution),
-                                    [False] * len(ids) + [True] * len(
-                                        data_mod.encode(tok, p.canonical_solution)), None,
-                                    p.task_id) for ids, p in zip(self.prompts, problems)]
+        self.train_ex = reference_examples(self.prompts, self.problems, tok)
         self.val_ex = []
-        self.sampler = ProblemSampler(len(problems), cfg.prompts_per_step, cfg.epochs, cfg.seed)
+        self.sampler = ProblemSampler(len(self.problems), cfg.prompts_per_step, cfg.epochs,
+                                      cfg.seed)
         # max_steps null: `epochs` passes over the problems; set, the problems cycle as needed
         max_steps = cfg.max_steps if cfg.max_steps is not None else \
             cfg.epochs * self.sampler.steps_per_epoch * cfg.grpo_iterations
@@ -369,78 +391,77 @@ class GrpoRun(FT.FinetuneRun):
         return Rollout(x, m, rewards, adv, old, ref, comps, toks, tids, scored.errors,
                        scored.first_error, b)
 
-    def loop(self, stop_after: int | None, keep_model: bool) -> FT.FinetuneResult:
-        cfg, rcfg, tr, result = self.cfg, self.rcfg, self.trainer, self.result
-        mf = self.mf = R.MetricsLog(self.metrics_path, self.writes)
-        t_loop, tokens = time.perf_counter(), 0
-        try:
-            while tr.step < rcfg.max_steps:
-                t0 = time.perf_counter()
-                it = tr.step % cfg.grpo_iterations
-                if it == 0:
-                    self.rollout = self.make_rollout()
-                    ro = self.rollout
-                    self.history.append({"batch": ro.batch, "rewards": ro.rewards.tolist(),
-                                         "tokens": ro.tokens, "task_ids": ro.task_ids,
-                                         "completions": ro.completions,
-                                         "errors": ro.errors, "first_error": ro.first_error})
-                    if ro.errors:
-                        what = ("stopping after this step" if self.on_error is None else
-                                f"scored {self.on_error} (reward_error={cfg.reward_error})")
-                        log.warning("batch %d: the reward function failed on %d of %d "
-                                    "completions (first: %s); %s", ro.batch, ro.errors,
-                                    len(ro.completions), ro.first_error, what)
-                    if ro.errors and self.on_error is None:
-                        mf.write(json.dumps({"step": tr.step + 1, "batch": ro.batch,
-                                             "reward_errors": ro.errors,
-                                             "first_reward_error": ro.first_error,
-                                             "update": False}) + "\n")
-                        raise RW.RewardFailed(
-                            f"the reward function {cfg.reward} failed on {ro.errors} of "
-                            f"{len(ro.completions)} completions of batch {ro.batch} (first: "
-                            f"{ro.first_error}); no update was applied. Fix it, or set "
-                            "reward_error=score:<number> to score failures")
-                ro = self.rollout
-                t1 = time.perf_counter()
-                st = R.step_or_andon(tr, [ro], self.out)
-                tokens += int(ro.mask.sum())
-                tps = tokens / (time.perf_counter() - t_loop)
-                rmean = float(ro.rewards.mean())
-                if it == 0:
-                    result.rewards.append(rmean)
-                self.record_grpo(st, ro, it, time.perf_counter() - t0, t1 - t0, tps, mf)
-                if self.writes:
-                    log.info("step %d/%d  reward %.3f  loss %.4f  kl %.4f", st.step,
-                             rcfg.max_steps, rmean, st.loss, st.extra["kl"])
-                if self.after_step(st, [], mf, stop_after):
-                    break
-        finally:
-            mf.close()
-        return self.close_result(result, tr.step, tokens, t_loop, keep_model)
+    # the loop's hooks (falsify/llm/run_base.py) ----------------------------------------
+    def make_progress(self) -> QuietProgress:
+        return QuietProgress()  # record() logs each step's line, with its reward
 
-    def after_step(self, st, vb, mf, stop_after):
-        # a checkpoint only between batches, so a resume re-samples nothing
-        if (st.step % self.cfg.grpo_iterations) != 0:
-            return False
-        return super().after_step(st, vb, mf, stop_after)
+    def next_micro(self) -> list:
+        """The step's one micro-batch: the current rollout, sampled anew at the first of each
+        batch's grpo_iterations updates."""
+        self.iteration = self.trainer.step % self.cfg.grpo_iterations
+        if self.iteration == 0:
+            self.rollout = self.make_rollout()
+            self.remember(self.rollout)
+        return [self.rollout]
 
-    def record_grpo(self, st, ro: Rollout, it: int, dt: float, rollout_s: float, tps: float,
-                    mf) -> None:
+    def remember(self, ro: Rollout) -> None:
+        """The batch into the history; reward failures are said, and stop the run before its
+        update unless reward_error scores them."""
+        cfg = self.cfg
+        self.history.append({"batch": ro.batch, "rewards": ro.rewards.tolist(),
+                             "tokens": ro.tokens, "task_ids": ro.task_ids,
+                             "completions": ro.completions,
+                             "errors": ro.errors, "first_error": ro.first_error})
+        if not ro.errors:
+            return
+        what = ("stopping after this step" if self.on_error is None else
+                f"scored {self.on_error} (reward_error={cfg.reward_error})")
+        log.warning("batch %d: the reward function failed on %d of %d completions (first: %s); "
+                    "%s", ro.batch, ro.errors, len(ro.completions), ro.first_error, what)
+        if self.on_error is None:
+            self.mf.write(json.dumps({"step": self.trainer.step + 1, "batch": ro.batch,
+                                      "reward_errors": ro.errors,
+                                      "first_reward_error": ro.first_error,
+                                      "update": False}) + "\n")
+            raise RW.RewardFailed(
+                f"the reward function {cfg.reward} failed on {ro.errors} of "
+                f"{len(ro.completions)} completions of batch {ro.batch} (first: "
+                f"{ro.first_error}); no update was applied. Fix it, or set "
+                "reward_error=score:<number> to score failures")
+
+    def micro_tokens(self, st, micro: list) -> int:
+        return int(micro[0].mask.sum())  # completion tokens
+
+    def record(self, st, step_s: float, fetch_s: float, tps: float) -> None:
+        ro, it = self.rollout, self.iteration
+        rmean = float(ro.rewards.mean())
+        if it == 0:
+            self.result.rewards.append(rmean)
         r = self.result
         r.steps.append(st.step)
         r.losses.append(st.loss)
         r.grad_norms.append(st.grad_norm)
         r.lrs.append(st.lr)
         rw = ro.rewards
+        # step_s counts the rollout too; rollout_s is the sampling and scoring alone
         rec = {"step": st.step, "loss": st.loss, "lr": st.lr, "grad_norm": st.grad_norm,
-               "batch": ro.batch, "iteration": it, "reward_mean": float(rw.mean()),
+               "batch": ro.batch, "iteration": it, "reward_mean": rmean,
                "reward_std": float(rw.std()) if len(rw) > 1 else 0.0,
                "reward_errors": ro.errors, "first_reward_error": ro.first_error,
                "completion_tokens": int(ro.mask.sum()), "kl": st.extra["kl"],
                "clip_frac": st.extra["clip_frac"], "ratio_dev": st.extra["ratio_dev"],
-               "step_s": dt, "rollout_s": rollout_s, "tok_s": tps, "epoch": self.sampler.epoch}
-        mf.write(json.dumps(rec) + "\n")
+               "step_s": step_s + fetch_s, "rollout_s": fetch_s, "tok_s": tps,
+               "epoch": self.sampler.epoch}
+        self.mf.write(json.dumps(rec) + "\n")
+        if self.writes:
+            log.info("step %d/%d  reward %.3f  loss %.4f  kl %.4f", st.step,
+                     self.max_steps, rmean, st.loss, st.extra["kl"])
 
+    def after_step(self, st, stop_after):
+        # a checkpoint only between batches, so a resume re-samples nothing
+        if (st.step % self.cfg.grpo_iterations) != 0:
+            return False
+        return super().after_step(st, stop_after)
 
 class _ProblemSet:
     """What FinetuneRun reads of a dataset: its kind (for the summary)."""

@@ -1,6 +1,7 @@
 """The pretraining run: config -> config-only preflight -> data -> data preflight -> model and
-trainer -> steps with eval / checkpoints / Andon stops -> sample. Also the run plumbing the
-fine-tuning run shares (threads, device, seeding, metrics, progress, Andon records).
+trainer -> steps with eval / checkpoints / Andon stops -> sample. Also the setup the fine-tuning
+run shares (threads, device, seeding); the step loop, metrics, progress and Andon records are
+falsify/llm/run_base.py's, re-exported here.
 
 The effective config (config.json) and every checkpoint record the kernels that ran: the
 model's and the training step's (AdamW update, clip, schedule), from `Ops.provenance`.
@@ -16,16 +17,15 @@ import os
 import random
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
-from falsify.llm import run_lock
+from falsify.llm import dispatch, distributed
 from falsify.llm.config import (
     RESUME_MUTABLE,
     ConfigError,
@@ -39,7 +39,19 @@ from falsify.llm.config import (
 from falsify.llm.model import Transformer, build_model, generate, param_count
 from falsify.llm.ops import resolve_backend
 from falsify.llm.preflight import preflight, preflight_config
-from falsify.llm.trainer import AndonStop, LoopParts, StepStats, Trainer
+from falsify.llm.run_base import (  # noqa: F401  (the run plumbing's API: R.Progress, ...)
+    METRICS_RECORDS,
+    MetricsLog,
+    OneProcess,
+    Progress,
+    RunBase,
+    atomic_write_text,
+    drive,
+    metrics_extra,
+    step_or_andon,
+    truncate_metrics,
+)
+from falsify.llm.trainer import LoopParts, StepStats, Trainer
 
 log = logging.getLogger("falsify.train")
 RUNS_ROOT = Path("runs")
@@ -100,8 +112,6 @@ def configure_kernels(cfg: LoopConfig, dev: torch.device, autocast) -> None:
     """Under a dispatch policy, choose each kernel's backend now, before any work, from the
     ledger for this run's dtype and device (falsify/llm/dispatch.py); the model built afterwards
     runs that bundle. A kernel no backend is verified for stops the run here."""
-    from falsify.llm import dispatch
-
     if not dispatch.is_policy(cfg.backend):
         return
     ctx = dispatch.Context(
@@ -127,106 +137,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def truncate_metrics(path: Path, step: int, state: dict | None = None,
-                     ckpt: Path | None = None) -> None:
-    """After resuming at `step`, drop records a killed run wrote for later steps, and a torn last
-    line (said so): checkpoint.truncate_metrics. When the checkpoint `ckpt` is this run's own,
-    the records of `step` itself are rewritten from its copy (`state`'s METRICS_RECORDS); a
-    run resumed into another directory starts its log after the checkpoint."""
-    own = ckpt is not None and ckpt_mod.run_dir_of(ckpt).resolve() == path.parent.resolve()
-    ckpt_mod.truncate_metrics(path, step, (state or {}).get(METRICS_RECORDS) if own else None)
-
-
-METRICS_RECORDS = "metrics_records"  # the checkpoint step's metrics.jsonl records, in state.json
-
-
-class MetricsLog:
-    """metrics.jsonl, appended line by line; it remembers the records of the latest step so
-    that a checkpoint of that step carries them and a resume can rewrite them (a kill may have
-    torn the last one after the checkpoint was saved)."""
-
-    def __init__(self, path: Path, writes: bool):
-        self.fh = path.open("a", buffering=1) if writes else open(os.devnull, "w")
-        self.step: int | None = None
-        self.records: list[dict] = []
-
-    def write(self, text: str) -> None:
-        self.fh.write(text)
-        for line in text.splitlines():
-            rec = json.loads(line)
-            if rec.get("step") != self.step:
-                self.step, self.records = rec.get("step"), []
-            self.records.append(rec)
-
-    def records_of(self, step: int) -> list[dict]:
-        return list(self.records) if self.step == step else []
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def metrics_extra(run, step: int) -> dict:
-    """The state.json entry carrying step `step`'s metrics records (none outside a loop)."""
-    mf = getattr(run, "mf", None)
-    return {METRICS_RECORDS: mf.records_of(step)} if mf is not None else {}
-
-
-def step_or_andon(trainer: Trainer, micro: list, out: Path) -> StepStats:
-    """One optimizer step; an Andon stop is recorded in out/andon.json (with the last good
-    checkpoint) before it propagates."""
-    try:
-        return trainer.train_step(micro)
-    except AndonStop as e:
-        atomic_write_text(out / "andon.json", json.dumps(
-            {"step": e.step, "reason": str(e),
-             "last_good_checkpoint": str(ckpt_mod.latest_checkpoint(out))}))
-        raise
-
-
-class Progress:
-    """Rich progress bar with loss, lr, grad norm, tokens/s and ETA, or a log line every
-    `log_interval` steps when disabled."""
-
-    def __init__(self, enabled: bool, total: int, start: int, log_interval: int,
-                 logger: logging.Logger = log):
-        self.bar, self.log_interval, self.log = None, log_interval, logger
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-        from rich.progress import Progress as Bar
-
-        self.bar = Bar(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-                       TextColumn("ETA"), TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=total, completed=start, stats="")
-        self.bar.start()
-
-    def update(self, st: StepStats, tps: float) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=st.step,
-                            stats=f"loss {st.loss:.3f} lr {st.lr:.2e} gnorm {st.grad_norm:.2f} "
-                                  f"{tps:,.0f} tok/s")
-        elif st.step % self.log_interval == 0:
-            self.log.info("step %d loss %.4f lr %.3e gnorm %.3f %.0f tok/s", st.step, st.loss,
-                          st.lr, st.grad_norm, tps)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def kernel_record(model: Transformer) -> dict:
@@ -316,26 +226,12 @@ def train(cfg: TrainConfig, *, resume: str | Path | None = None,
     """Run (or resume) a training run as configured. `resume`: a run or checkpoint directory,
     or "auto" for the latest checkpoint in cfg.out_dir. `stop_after`: stop once this optimizer
     step is done (and checkpointed), as if killed there: the schedule still runs to max_steps."""
-    from falsify.llm import distributed
-
-    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
+    # one rank of a torchrun job, or the whole run
+    parallel = (distributed.DataParallel() if distributed.launched_world_size() > 1
+                else OneProcess())
     with torch_threads(cfg.threads):
-        completed, run = False, None
-        try:
-            if ranked:
-                run = distributed.distributed_run_class()(cfg, parts or LoopParts())
-            else:
-                run = PretrainRun(cfg, parts or LoopParts())
-            run.open(resume)
-            run.prepare(data)
-            run.build()
-            result = run.loop(stop_after, keep_model)
-            completed = True
-            return result
-        finally:
-            run_lock.release(getattr(run, "lock", None))
-            if ranked:  # a process group left to the interpreter's exit can abort it (SIGABRT)
-                distributed.leave(completed, getattr(run, "trainer", None))
+        return drive(parallel, lambda: PretrainRun(cfg, parts or LoopParts(), parallel),
+                     lambda run: run.prepare(data), resume, stop_after, keep_model)
 
 
 def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) -> dict:
@@ -355,14 +251,14 @@ def resume_batch(state: dict, cfg: TrainConfig, world_size: int, where: Path) ->
     return {**saved, "batch_size": cfg.batch_size}
 
 
-class PretrainRun:
-    """One run's state, built in stages (open -> prepare -> build -> loop), each a method."""
+class PretrainRun(RunBase):
+    """One run's state, built in stages (open -> prepare -> build -> loop), each a method; the
+    loop, cadences and files are RunBase's (falsify/llm/run_base.py)."""
 
-    writes = True  # this process writes the run's files (a data-parallel rank other than 0 not)
-    world_size = 1  # processes training this model (falsify/llm/distributed.py: W)
+    shards_state = True  # under FSDP each rank holds 1/W of the weights and AdamW moments
 
-    def __init__(self, cfg: TrainConfig, parts: LoopParts):
-        self.t_start = time.perf_counter()
+    def __init__(self, cfg: TrainConfig, parts: LoopParts, parallel: OneProcess | None = None):
+        super().__init__(parallel)
         cfg.validate()
         self.cfg, self.parts = cfg, parts
         self.device, self.autocast = resolve_device(cfg)
@@ -370,9 +266,7 @@ class PretrainRun:
         resolve_backend(cfg.backend)  # a backend that cannot run is refused before any work
         # config-only preflight: before a run directory or any data exists
         self.early = preflight_config(cfg, self.mcfg, self.device)
-        self.ckpt_path: Path | None = None
-        self.best_val: float | None = None
-        self.lock: run_lock.RunLock | None = None
+        self.device = self.parallel.attach(self.device)  # a rank: its GPU, the group joined
 
     def open(self, resume) -> None:
         """The run directory: a resumed run's (its config checked against ours) or a new one."""
@@ -388,8 +282,9 @@ class PretrainRun:
             if cfg.out_dir is None:
                 cfg = dataclasses.replace(cfg, out_dir=str(self.ckpt_path.parent.parent))
         else:
-            if cfg.out_dir is None:
-                cfg = dataclasses.replace(cfg, out_dir=str(new_run_dir(cfg.model)))
+            if cfg.out_dir is None:  # ranks: rank 0 names it
+                cfg = dataclasses.replace(cfg, out_dir=self.parallel.agree(
+                    lambda: str(new_run_dir(cfg.model))))
             self.lock_run(Path(cfg.out_dir))
             if ckpt_mod.list_checkpoints(cfg.out_dir):
                 raise ConfigError(f"out_dir={cfg.out_dir!r} already holds checkpoints; pass "
@@ -397,14 +292,17 @@ class PretrainRun:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
 
-    def lock_run(self, run_dir: Path) -> None:
-        """One writer per run directory, taken before anything in it is read or pruned; a
-        data-parallel rank other than 0 writes nothing and takes none."""
-        if self.writes:
-            self.lock = run_lock.acquire(run_dir)
-
     def prepare(self, data: data_mod.PreparedData | None) -> None:
-        """Data, token streams, the sampler, and the preflight that needs them."""
+        """Data, token streams, the sampler, and the preflight that needs them; drawn as the
+        global batch (a data-parallel run's batch_size × W), rank 0 building the data first."""
+        local, self.cfg = self.cfg, self.parallel.global_batch(self.cfg)
+        try:
+            with self.parallel.main_first():
+                self.prepare_data(data)
+        finally:
+            self.cfg = local
+
+    def prepare_data(self, data: data_mod.PreparedData | None) -> None:
         cfg, mcfg = self.cfg, self.mcfg
         seed_everything(cfg.seed)
         if data is None:
@@ -426,17 +324,13 @@ class PretrainRun:
         self.out.mkdir(parents=True, exist_ok=True)
         self.model = build_model(self.mcfg, cfg.backend, self.device, seed=cfg.seed)
         self.model.activation_checkpointing = cfg.activation_checkpointing
-        self.trainer = self.make_trainer()
+        self.trainer = self.parallel.trainer(self)
         self.kernels = {**kernel_record(self.model), "world_size": self.world_size}
         log.info("backend=%s kernels=%s", self.kernels["backend"], self.kernels["kernels"])
         extra = {**self.kernels, "threads": torch.get_num_threads(),
                  "device": str(self.device), "autocast": str(self.autocast),
                  "data": self.data.info, "preflight": self.pre}
-        if self.writes:
-            atomic_write_text(self.out / "config.json",
-                              json.dumps(effective_config(cfg, extra), indent=1, default=str))
-            atomic_write_text(self.out / "config.yaml",
-                              yaml.safe_dump(asdict(cfg), sort_keys=False))
+        self.write_config(effective_config(cfg, extra))
         self.result = TrainResult(out_dir=str(self.out), preflight=self.pre,
                                   data_info=self.data.info)
         self.metrics_path = self.out / "metrics.jsonl"
@@ -445,88 +339,49 @@ class PretrainRun:
                                              self.trainer.param_names)
             self.parts.restore_position(self.trainer, self.sampler, state)
             self.best_val = state.get("best_val_loss")
-            self.result.resumed_from = str(self.ckpt_path)
-            if self.writes:
-                truncate_metrics(self.metrics_path, self.trainer.step, state, self.ckpt_path)
+            self.resumed(state)
             log.info("resumed from %s at step %d", self.ckpt_path, self.trainer.step)
 
-    def next_batch(self) -> list:
+    def next_micro(self) -> list:
         """The step's micro-batches (a data-parallel rank reads its shard of them)."""
-        return self.sampler.next_step()
+        return self.parallel.shard_blocks(self.sampler.next_step())
 
     def make_trainer(self) -> Trainer:
         """The step: plain next-token cross-entropy (falsify/llm/distill.py overrides it)."""
         return Trainer(self.model, self.cfg, self.device, self.autocast, self.parts)
 
-    def save(self, metrics: dict | None = None) -> Path:
-        """Checkpoint the step (a data-parallel run writes shards: falsify/llm/distributed.py)."""
-        tr = self.trainer
-        return ckpt_mod.save_checkpoint(
-            self.out, tr.step, self.model, tr.optimizer, tr.param_names,
-            data_state=self.sampler.state_dict(),
-            config=effective_config(self.cfg, self.kernels), metrics=metrics,
-            extra={"best_val_loss": self.best_val, **metrics_extra(self, tr.step)},
-            keep_last=self.cfg.keep_last)
+    def make_parallel_trainer(self, world, dparts) -> Trainer:
+        """The step with DDP or FSDP (cfg.parallel) underneath."""
+        return distributed.DistributedTrainer(self.model, self.cfg, self.device, self.autocast,
+                                              self.parts, world=world, dparts=dparts,
+                                              parallel=self.cfg.parallel)
 
-    def evaluate(self, step: int, mf) -> dict:
+    def checkpoint_config(self) -> dict:
+        return effective_config(self.cfg, self.kernels)
+
+    def eval_due(self, step: int, last: bool) -> bool:
+        return self.cfg.val_fraction > 0 and (step % self.cfg.eval_interval == 0 or last)
+
+    def save_due(self, step: int) -> bool:
+        return step % self.cfg.save_interval == 0
+
+    def evaluate(self, step: int) -> dict:
         cfg = self.cfg
         vl, vp = self.trainer.evaluate(data_mod.eval_batches(
             self.val_stream, self.mcfg.max_seq_len, cfg.batch_size, cfg.eval_batches))
         self.best_val = vl if self.best_val is None else min(self.best_val, vl)
         self.result.evals.append({"step": step, "val_loss": vl, "val_ppl": vp})
-        mf.write(json.dumps({"step": step, "val_loss": vl, "val_ppl": vp}) + "\n")
+        self.mf.write(json.dumps({"step": step, "val_loss": vl, "val_ppl": vp}) + "\n")
         return {"val_loss": vl, "val_ppl": vp}
 
-    def record(self, st: StepStats, dt: float, tps: float, mf) -> None:
+    def record(self, st: StepStats, step_s: float, fetch_s: float, tps: float) -> None:
         r = self.result
         for lst, v in ((r.steps, st.step), (r.losses, st.loss), (r.grad_norms, st.grad_norm),
                        (r.lrs, st.lr), (r.params_finite, st.params_finite)):
             lst.append(v)
-        mf.write(json.dumps({"step": st.step, "loss": st.loss, "lr": st.lr,
-                             "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": dt,
-                             "tok_s": tps}) + "\n")
-
-    def loop(self, stop_after: int | None, keep_model: bool) -> TrainResult:
-        cfg, trainer, result = self.cfg, self.trainer, self.result
-        progress = Progress(cfg.progress and self.writes, cfg.max_steps, trainer.step,
-                            cfg.log_interval)
-        mf = self.mf = MetricsLog(self.metrics_path, self.writes)
-        t_loop, tokens = time.perf_counter(), 0
-        try:
-            while trainer.step < cfg.max_steps:
-                micro = self.next_batch()
-                t0 = time.perf_counter()
-                try:
-                    st = step_or_andon(trainer, micro, self.out)
-                except AndonStop as e:
-                    e.result = result
-                    raise
-                tokens += st.tokens
-                tps = tokens / (time.perf_counter() - t_loop)
-                self.record(st, time.perf_counter() - t0, tps, mf)
-                progress.update(st, tps)
-                last = st.step == cfg.max_steps
-                metrics = None
-                if cfg.val_fraction > 0 and (st.step % cfg.eval_interval == 0 or last):
-                    metrics = self.evaluate(st.step, mf)
-                stopping = stop_after is not None and st.step >= stop_after
-                if st.step % cfg.save_interval == 0 or last or stopping:
-                    result.checkpoint = str(self.save(metrics))
-                if stopping:
-                    result.stopped = f"stop_after={stop_after}"
-                    break
-        finally:
-            progress.close()
-            mf.close()
-        result.final_step = trainer.step
-        result.tokens = tokens
-        result.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t_loop)
-        if not result.stopped:
-            self.finish()
-        result.elapsed_s = time.perf_counter() - self.t_start
-        if keep_model:
-            result.model = self.model
-        return result
+        self.mf.write(json.dumps({"step": st.step, "loss": st.loss, "lr": st.lr,
+                                  "grad_norm": st.grad_norm, "tokens": st.tokens,
+                                  "step_s": step_s, "tok_s": tps}) + "\n")
 
     def finish(self) -> None:
         """A completed run: final eval numbers, the sample, summary.json."""
@@ -537,10 +392,9 @@ class PretrainRun:
             result.val_ppl = result.evals[-1]["val_ppl"]
         # every rank samples: under FSDP each forward gathers weights from all of them
         result.sample = sample(self.trainer.forward_model, self.cfg, self.data, self.device)
-        if not self.writes:
-            return
-        atomic_write_text(self.out / "summary.json", json.dumps(
-            {k: v for k, v in asdict(result).items() if k != "model"}, default=str))
+        if self.writes:
+            self.write_run_summary()
+        self.parallel.settle(self.trainer)
 
 
 def sample(model: Transformer, cfg: TrainConfig, data: data_mod.PreparedData,
