@@ -102,6 +102,11 @@ def test_a_stage_must_be_a_mapping(tmp_path, capsys):
     ("quantize: {asymmetric: 1}", "stage 'quantize': setting 'asymmetric': 1 is not true or "
                                   "false"),
     ("prune: {out: elsewhere}", "stage 'prune': setting 'out' is set by the pipeline"),
+    # the config-field stages: read as their command reads key=value overrides
+    ("pretrain: {max_step: 3}", "stage 'pretrain': unknown config field 'max_step'"),
+    ("distill: {alpha: lots}", "stage 'distill': config field 'alpha': cannot parse 'lots'"),
+    ("finetune: {lora_r: x}", "stage 'finetune': config field 'lora_r': cannot parse 'x' as "
+                              "int"),
 ])
 def test_a_bad_stage_setting_names_the_file_stage_and_key(tmp_path, capsys, settings, message):
     """Settings the pipeline hands to a library function are checked up front, before any

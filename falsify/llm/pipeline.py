@@ -2,9 +2,8 @@
 
     pretrain -> distill -> finetune -> merge -> prune -> quantize -> eval
 
-each stage the library function behind its `falsify` command (merge, prune, quantize, eval;
-pretrain, distill and finetune still run their command in this process), each reading the
-previous stage's model, and printing what the command prints. A stage's directory
+each stage the library function behind its `falsify` command, run in this process, reading
+the previous stage's model and printing what the command prints. A stage's directory
 OUT/<stage> is finished when OUT/<stage>/stage.json exists: it names the stage's key — sha256
 of the stage's settings and of its input model's content hash — the equivalent command line
 (`argv`) and the content hash of what the stage wrote. A rerun skips a stage whose key is
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import sys
 import time
@@ -31,13 +31,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-# the stages not yet moved out of their command (pretrain, distill, finetune) run as it
-from falsify.cli import main as falsify_main
+from falsify.llm import distill as D
 from falsify.llm import eval_stage as ES
+from falsify.llm import finetune as FT
+from falsify.llm import finetune_stage as FS
 from falsify.llm import merge_stage as MS
 from falsify.llm import prune_stage as PS
 from falsify.llm import quantize_stage as QS
-from falsify.llm.config import ConfigError
+from falsify.llm import train_stage as TS
+from falsify.llm.config import ConfigError, TrainConfig, parse_overrides
 from falsify.llm.data import DataError
 from falsify.llm.evaluate import EvalError
 from falsify.llm.lora_model import LoraConfigError
@@ -125,6 +127,21 @@ def load_spec(path: str | Path | None) -> dict:
     return spec
 
 
+CONFIGS = {"pretrain": TrainConfig, "distill": D.DistillConfig, "finetune": FT.FinetuneConfig}
+
+
+def _check_fields(stage: str, settings: dict, where: str) -> None:
+    """A config-field stage's settings, read as its command reads `key=value` overrides: an
+    unknown field or a bad value is a PipelineError naming `where`, the stage and the key."""
+    source = f"{where}: stage {stage!r}"
+    try:
+        CONFIGS[stage].from_dict(parse_overrides(_overrides(settings)), source=source,
+                                 from_text=True)
+    except ConfigError as e:
+        msg = str(e)
+        raise PipelineError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
 def _convert(kind, v):
     """`v` as the flag's type, as argparse read it from `--flag str(v)`; ValueError if not."""
     if kind is FLAG:
@@ -145,9 +162,11 @@ def stage_settings(stage: str, settings: dict, where: str = "pipeline") -> dict:
     """A library-run stage's settings as its function's keyword arguments (a null setting
     keeps the flag's default); a PipelineError naming `where`, the stage and the key for an
     unknown setting, one the pipeline sets itself, a wrong type or a value not among the
-    choices. Stages run by their config fields (pretrain, distill, finetune) pass through."""
+    choices. The stages run by config fields (pretrain, distill, finetune) are read by their
+    config class, as their command reads `key=value` overrides, and pass through unchanged."""
     schema = SETTINGS.get(stage)
     if schema is None:
+        _check_fields(stage, settings, where)
         return dict(settings)
     out = {}
     for key, v in settings.items():
@@ -250,14 +269,34 @@ def _perplexity(stage: str, model: str | None, backend: str) -> float | None:
 
 
 # ------------------------------------------------------------- the stages run by the library
+def _pretrain(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    a = TS.LoopArgs(overrides=[*_overrides(settings), f"out_dir={work}"])
+    return TS.run_loop(a, TrainConfig, TS.train_runner(a))
+
+
+def _distill(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    """The student inherits pretraining's data fields (SHARED_DATA); the teacher is `prev`."""
+    shared = {k: spec["pretrain"][k] for k in SHARED_DATA if k in spec["pretrain"]}
+    a = TS.LoopArgs(overrides=[*_overrides({**shared, **settings}), f"out_dir={work}",
+                               f"teacher={prev}"])
+    return TS.run_loop(a, D.DistillConfig, TS.distill_runner(a), verb="distill")
+
+
+def _finetune(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # as the command
+    a = FS.FinetuneArgs(overrides=[f"model={prev}", f"out_dir={work}", *_overrides(settings)])
+    return FS.run_finetune(a, Console())
+
+
 def _usage_error(verb: str, e: Exception) -> int:
     print(f"error: falsify {verb}: {e}", file=sys.stderr)  # as the command reports it
     return 2
 
 
-def _merge(kw: dict, work: Path, prev: str | None) -> int:
+def _merge(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
     console = Console()
     try:
+        kw = stage_settings("merge", settings)
         layouts = MS.parse_layouts(kw.pop("layout", "ours,hf"))
         r = MS.merge_adapter(prev, work, layouts, console=console, **kw)
     except (MS.MergeStageError, ConfigError, DataError, LoraConfigError,
@@ -267,28 +306,28 @@ def _merge(kw: dict, work: Path, prev: str | None) -> int:
     return MS.show_adapter_merge(console, r)
 
 
-def _prune(kw: dict, work: Path, prev: str | None) -> int:
+def _prune(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
     console = Console()
     try:
-        r = PS.prune_model(prev, work, console=console, **kw)
+        r = PS.prune_model(prev, work, console=console, **stage_settings("prune", settings))
     except (PruneError, ConfigError, DataError) as e:
         return _usage_error("prune", e)
     return PS.show_pruned(console, r)
 
 
-def _quantize(kw: dict, work: Path, prev: str | None) -> int:
+def _quantize(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
     console = Console()
     try:
-        r = QS.quantize(prev, work, console=console, **kw)
+        r = QS.quantize(prev, work, console=console, **stage_settings("quantize", settings))
     except (QuantizeError, ConfigError, DataError) as e:
         return _usage_error("quantize", e)
     return QS.show_quantized(console, r)
 
 
-def _eval(kw: dict, work: Path, prev: str | None) -> int:
+def _eval(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
     """`falsify eval --format json`: the console on stderr, the report in OUT/eval/output."""
     console = Console(stderr=True)
-    s = ES.EvalSettings(model=prev, **kw)
+    s = ES.EvalSettings(model=prev, **stage_settings("eval", settings))
     try:
         report = ES.evaluate(s, ES.check_settings(s), console)
     except ES.HarnessFailed as e:
@@ -304,15 +343,10 @@ def _eval(kw: dict, work: Path, prev: str | None) -> int:
     return 0
 
 
-LIBRARY = {"merge": _merge, "prune": _prune, "quantize": _quantize, "eval": _eval}
-
-
-def _run_stage(stage: str, settings: dict, work: Path, prev: str | None,
-               argv: list[str]) -> int:
-    """Run one stage; its exit code as `falsify ARGV` would return it."""
-    if stage in LIBRARY:
-        return LIBRARY[stage](stage_settings(stage, settings), work, prev)
-    return falsify_main(argv)
+# each stage's run: its exit code as the stage's `falsify` command line (stage.json's argv)
+# would return it
+RUN = {"pretrain": _pretrain, "distill": _distill, "finetune": _finetune, "merge": _merge,
+       "prune": _prune, "quantize": _quantize, "eval": _eval}
 
 
 # ------------------------------------------------------------------------------ the run
@@ -343,7 +377,7 @@ def run(spec: dict, out: Path, backend: str = "auto",
         argv = _argv(stage, settings, work, prev, spec)
         say(f"{stage}: falsify {' '.join(argv)}")
         t0 = time.perf_counter()
-        rc = _run_stage(stage, settings, work, prev, argv)
+        rc = RUN[stage](settings, work, prev, spec)
         seconds = time.perf_counter() - t0
         if rc != 0:
             raise PipelineError(f"stage {stage}: `falsify {' '.join(argv)}` exited {rc}; "
