@@ -42,9 +42,6 @@ CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 # (importing file, imported module): why it is still there
 KNOWN = {
-    ("falsify/llm/pipeline.py", "falsify.cli"):
-        "the pipeline runs each stage as its CLI verb; the verbs' bodies have to move into "
-        "library functions first",
     # The tokenizer's optimized backend is the application's own tokenizer (llm/data.py), and
     # the reference reads the trained merges from it: the contract should hand both sides the
     # tokenizer file as an input instead.

@@ -88,3 +88,40 @@ def test_a_stage_must_be_a_mapping(tmp_path, capsys):
     cfg.write_text("prune: 0.5\n")
     assert main(["pipeline", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
     assert "must be a mapping" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("settings, message", [
+    ("prune: {sparsity: 0.5, calibrate: 2}",
+     "stage 'prune': setting 'calibrate': unknown (settings: method, sparsity, pattern"),
+    ("quantize: {group: sixty-four}", "stage 'quantize': setting 'group': 'sixty-four' is not "
+                                      "an integer"),
+    ("eval: {samples: 1, temperature: hot}", "stage 'eval': setting 'temperature': 'hot' is "
+                                             "not a number"),
+    ("quantize: {method: int3}", "stage 'quantize': setting 'method': 'int3': choose from "
+                                 "int8, int4, nf4"),
+    ("quantize: {asymmetric: 1}", "stage 'quantize': setting 'asymmetric': 1 is not true or "
+                                  "false"),
+    ("prune: {out: elsewhere}", "stage 'prune': setting 'out' is set by the pipeline"),
+    # the config-field stages: read as their command reads key=value overrides
+    ("pretrain: {max_step: 3}", "stage 'pretrain': unknown config field 'max_step'"),
+    ("distill: {alpha: lots}", "stage 'distill': config field 'alpha': cannot parse 'lots'"),
+    ("finetune: {lora_r: x}", "stage 'finetune': config field 'lora_r': cannot parse 'x' as "
+                              "int"),
+])
+def test_a_bad_stage_setting_names_the_file_stage_and_key(tmp_path, capsys, settings, message):
+    """Settings the pipeline hands to a library function are checked up front, before any
+    stage runs (as the command's parser would refuse them), naming file, stage and key."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(settings + "\n")
+    assert main(["pipeline", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    out = capsys.readouterr().out
+    assert f"{cfg}: {message}" in out, out
+    assert not (tmp_path / "o").exists()
+
+
+def test_stage_settings_convert_as_the_flags_did():
+    assert PL.stage_settings("prune", {"sparsity": 1, "pattern": None, "calibration": "4"}) \
+        == {"sparsity": 1.0, "calibration": 4}
+    assert PL.stage_settings("eval", {"k": 1, "text": "a.py"}) == {"k": "1", "text": ["a.py"]}
+    assert PL.stage_settings("quantize", {"double_quant": True, "asymmetric": False}) \
+        == {"double_quant": True, "asymmetric": False}

@@ -20,7 +20,9 @@ Andon stop.
 
 from __future__ import annotations
 
-from falsify.cli.train import add_loop_args, run_loop
+from falsify.cli.train import add_loop_args
+from falsify.llm import distill as D
+from falsify.llm.train_stage import distill_runner, run_loop
 
 
 def register(sub) -> None:
@@ -36,17 +38,6 @@ def register(sub) -> None:
 
 
 def cmd_distill(args) -> int:
-    from falsify.llm import distill as D
-
     if args.teacher is not None:
         args.overrides = [*args.overrides, f"teacher={args.teacher}"]
-
-    def runner(cfg, console):
-        console.print(f"teacher: {cfg.teacher or 'the built-in base'}; alpha={cfg.alpha} "
-                      f"temperature={cfg.temperature} "
-                      f"teacher_topk={cfg.teacher_topk or 'full logits'}")
-        result = D.distill(cfg, resume=args.resume, console=console)
-        console.print(f"distill.json: {result.out_dir}/distill.json")
-        return result
-
-    return run_loop(args, D.DistillConfig, runner, verb="distill")
+    return run_loop(args, D.DistillConfig, distill_runner(args), verb="distill")

@@ -24,30 +24,16 @@ import os
 
 from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
 from falsify.cli.train import add_launch_args, leave_rank
-from falsify.harness.project import find_project
 from falsify.llm import checkpoint as ckpt_mod
-from falsify.llm import finetune as FT
-from falsify.llm.config import ConfigError, parse_overrides, read_yaml_config
+from falsify.llm import finetune_stage as FS
+from falsify.llm.config import ConfigError
 from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.llm.data import DataError
+from falsify.llm.finetune_stage import DEMO, DEMO_GRPO  # noqa: F401  (the demo's settings)
 from falsify.llm.lora_model import LoraConfigError
 from falsify.llm.preflight import PreflightError
-from falsify.llm.rewards import RewardConfigError, RewardFailed, check_reward_origin
-from falsify.llm.trainer import AndonStop
-
-# The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
-# built-in demo trains a fixed number of steps so it finishes in a couple of minutes on CPU.
-DEMO = {"max_steps": 60, "val_split": 0.02}
-# GRPO on the toy problems (each prompt ends at `return`): the completion is one token, the
-# expression; 8 prompts x 8 samples a step, a sharpened sampler (the tiny base is flat)
-DEMO_GRPO = {"max_steps": 40, "group_size": 8, "prompts_per_step": 8, "max_new_tokens": 1,
-             "rollout_temperature": 0.8, "rollout_top_p": 0.95, "lr": 3e-2, "lr_min": 3e-3,
-             "kl_beta": 0.01, "warmup_steps": 0, "sample_count": 0}
 
 # flag -> config field (store-value flags)
 VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--rank": "lora_r",
@@ -107,116 +93,10 @@ def _flag_overrides(args) -> list[str]:
     return out
 
 
-def resolve_config(args, console: Console) -> FT.FinetuneConfig:
-    overrides = _flag_overrides(args) + list(args.overrides)
-    if args.resume:
-        base = FT.load_config(args.config, []) if args.config else FT.FinetuneConfig()
-        out_dir = parse_overrides(overrides).get("out_dir", base.out_dir)
-        target = out_dir if args.resume == "auto" else args.resume
-        # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
-        args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
-                                                   for_resume=True))
-        saved = ckpt_mod.read_state(args.resume)["config"]
-        cfg = FT.config_from_dict(saved["finetune_requested"], source="checkpoint config")
-        return FT.load_config(args.config, overrides, base=cfg)
-    cfg = FT.load_config(args.config, overrides)
-    given = set(parse_overrides(overrides))
-    if args.config:
-        given |= set(read_yaml_config(args.config))
-    if not cfg.data and cfg.model is None:
-        grpo = cfg.method == "grpo"
-        demo = {k: v for k, v in (DEMO_GRPO if grpo else DEMO).items() if k not in given}
-        if demo:
-            cfg = FT.config_from_dict(demo, source="built-in demo", base=cfg)
-            console.print(f"built-in demo (shipped {'toy problems' if grpo else 'dataset'}, "
-                          "built-in base): "
-                          + " ".join(f"{k}={v}" for k, v in demo.items())
-                          + " (set them to change)")
-    return cfg
-
-
-def _summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
-    d = r.data_info
-    console.print(f"trained {r.final_step}/{r.max_steps} steps ({r.stopped}) in "
-                  f"{r.elapsed_s:.1f} s, {r.tokens_per_s:,.0f} tok/s; "
-                  f"{d['train']} train / {d['val']} val examples "
-                  f"({d['truncated']} truncated, {d['dropped']} dropped)")
-    if r.rewards:
-        _reward_summary(console, cfg, r)
-    elif r.losses:
-        k = max(1, min(10, len(r.losses) // 5))
-        first = sum(r.losses[:k]) / k
-        last = sum(r.losses[-k:]) / k
-        console.print(f"[bold]train loss {first:.4f} -> {last:.4f}[/] (mean of the first / last "
-                      f"{k} steps)")
-    if r.evals:
-        t = Table("step", "val_loss", *(["val_ppl"] if r.kind == "sft" else ["val_accuracy"]),
-                  title="held-out examples (step 0 = the frozen base)")
-        for e in r.evals:
-            t.add_row(str(e["step"]), f"{e['val_loss']:.4f}",
-                      f"{e.get('val_ppl', e.get('val_accuracy', 0)):.3f}")
-        console.print(t)
-    mem = r.memory
-    console.print(f"base projections: {mem['projections_stored'] / 2**20:.2f} MiB stored vs "
-                  f"{mem['projections_fp32'] / 2**20:.2f} MiB fp32 "
-                  f"(x{mem['projections_ratio']:.3f}); adapters "
-                  f"{mem['adapters'] / 2**20:.2f} MiB")
-    if r.adapter_dir and cfg.keep_masks:
-        console.print(f"adapter (masked: not PEFT, merge it with `falsify merge --adapter`): "
-                      f"{r.adapter_dir}")
-    elif r.adapter_dir:
-        console.print(f"adapter (PEFT format): {r.adapter_dir}")
-    if r.checkpoint:
-        console.print(f"checkpoint: {r.checkpoint}")
-    for s in r.samples:
-        body = Text()
-        body.append("prompt:\n", style="bold")
-        body.append(s["prompt"] + "\n")
-        body.append("reference:\n", style="bold")
-        body.append(s["reference"] + "\n")
-        body.append("base:\n", style="bold red")
-        body.append(_clip(s["base"]) + "\n")
-        body.append("base + adapter:\n", style="bold green")
-        body.append(_clip(s["adapted"]))
-        t = ("greedy" if cfg.sample_temperature == 0 else
-             f"T={cfg.sample_temperature}, top-k {cfg.sample_top_k}, same seed for both")
-        console.print(Panel(body, title=f"sample of a held-out prompt ({t})", expand=False))
-
-
-def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
-    """GRPO: the mean reward of the first and last batches, and the curve as a PNG."""
-    import math
-    from pathlib import Path
-
-    from falsify.cli import charts
-    from falsify.llm.grpo import reward_summary
-
-    s = reward_summary(r.rewards)
-    console.print(f"[bold]mean reward {s['first']:.4f} -> {s['last']:.4f}[/] (mean of the "
-                  f"first / last {s['k']} of {len(r.rewards)} batches; reward {cfg.reward})")
-    if s["last"] <= s["first"]:
-        console.print("[bold yellow]the mean reward did not rise over this run[/]")
-    png = Path(r.out_dir) / "reward.png"
-    # the axis spans the data, rounded out to tenths (a curve near 0 is not flattened by 0..1)
-    lo = min(0.0, math.floor(min(r.rewards) * 10) / 10)
-    hi = max(lo + 0.1, math.ceil(max(r.rewards) * 10) / 10)
-    charts.line_chart(png, {"mean reward": r.rewards}, ylim=(lo, hi), xlabel="batch",
-                      ylabel=f"mean reward ({cfg.reward})", title="GRPO: mean reward per batch")
-    console.print(f"reward curve: {png} (y from {lo:g} to {hi:g}, one point per batch)")
-
-
-def _clip(text: str, lines: int = 12) -> str:
-    """At most `lines` lines, and a visible marker for an empty continuation."""
-    if not text.strip():
-        return "(empty: end of text right away)" if not text else f"(whitespace: {text!r})"
-    parts = text.rstrip("\n").split("\n")
-    return "\n".join(parts[:lines]) + (f"\n… ({len(parts) - lines} more lines)"
-                                       if len(parts) > lines else "")
-
-
-def _check_reward(cfg: FT.FinetuneConfig, args) -> None:
-    proj = find_project()
-    check_reward_origin(cfg.reward, proj.root if proj else None, args.allow_any_import)
+def finetune_args(args) -> FS.FinetuneArgs:
+    """The run the parsed command line asks for (its flags as `key=value` overrides first)."""
+    return FS.FinetuneArgs(args.config, args.resume, _flag_overrides(args) + list(args.overrides),
+                           args.allow_any_import)
 
 
 def cmd_finetune(args) -> int:
@@ -229,7 +109,7 @@ def cmd_finetune(args) -> int:
                         format="%(name)s: %(message)s")
     if launching:
         return _launch(args, console)
-    return leave_rank(_finetune(args, console))
+    return leave_rank(FS.run_finetune(finetune_args(args), console))
 
 
 def _launch(args, console: Console) -> int:
@@ -240,13 +120,14 @@ def _launch(args, console: Console) -> int:
     from falsify.llm.finetune_base import builtin_base
 
     try:
-        cfg = resolve_config(args, console)
+        fa = finetune_args(args)
+        cfg = FS.resolve_config(fa, console)
         cfg.validate()
-        _check_reward(cfg, args)
+        FS.check_reward(cfg, fa)
         if cfg.model is None:
             builtin_base(cfg, console)
         argv = [*(["--config", args.config] if args.config else []),
-                *(["--resume", args.resume] if args.resume else []),
+                *(["--resume", fa.resume] if fa.resume else []),
                 *(["--allow-any-import"] if args.allow_any_import else []),
                 *_flag_overrides(args), *args.overrides]
         return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
@@ -256,36 +137,4 @@ def _launch(args, console: Console) -> int:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         return 2
 
-
-def _finetune(args, console: Console) -> int:
-    cfg = None
-    try:
-        cfg = resolve_config(args, console)
-        _check_reward(cfg, args)
-        shipped = FT.SHIPPED
-        if cfg.method == "grpo":
-            from falsify.llm.grpo import shipped_toy_problems
-
-            shipped = shipped_toy_problems()
-        console.print(f"[bold]falsify finetune[/]: method={cfg.method} base="
-                      f"{cfg.model or 'built-in'} data={','.join(cfg.data) or shipped} "
-                      f"r={cfg.lora_r} alpha={cfg.lora_alpha} targets={','.join(cfg.targets)} "
-                      f"out_dir={cfg.out_dir}")
-        result = FT.finetune(cfg, resume=args.resume, console=console)
-    except (ConfigError, PreflightError, DataError, LoraConfigError,
-            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-        return 2
-    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
-        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
-                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
-        return 2
-    except AndonStop as e:
-        console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "
-                      f"{ckpt_mod.latest_checkpoint(cfg.out_dir)}")
-        return 3
-    if result.resumed_from:
-        console.print(f"resumed from {result.resumed_from}")
-    _summary(console, cfg, result)
-    return 0
 

@@ -31,8 +31,6 @@ Exit codes: 0 done, 2 error, 4 self-check failed.
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 
 import torch
@@ -42,12 +40,11 @@ from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import hf
 from falsify.llm import lora_model as LM
-from falsify.llm.checkpoint import STATE_HASHES, atomic_dir, content_hashes, write_manifest
+from falsify.llm import merge_stage as MS
 from falsify.llm.config import ConfigError
 from falsify.llm.data import DataError
 from falsify.llm.finetune_base import load_adapted  # noqa: F401  (export, eval, generate)
-
-U32 = 2.0**-24
+from falsify.llm.merge_stage import write_ours  # noqa: F401  (tests)
 
 
 def register(sub) -> None:
@@ -84,44 +81,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_merge)
 
 
-def probe_tolerance(model, logits: torch.Tensor) -> float:
-    """fp32 op-order difference bound (tests/test_hf.py): 8·(2L+1)·√K·u·max|logits|."""
-    c = model.cfg
-    k = max(c.hidden_size, c.intermediate_size)
-    return 8 * (2 * c.num_layers + 1) * math.sqrt(k) * U32 * float(logits.abs().max())
-
-
-def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict,
-               masks: dict | None = None) -> Path:
-    """Our layout: model.safetensors + state.json (with the model config) + manifest.json,
-    atomically; with `masks`, the pruning masks in masks.safetensors beside the weights."""
-    from safetensors.torch import save_file
-
-    def fill(tmp: Path):
-        sd = {k: v.detach().to("cpu", torch.float32).contiguous()
-              for k, v in model.state_dict().items()}
-        save_file(sd, str(tmp / "model.safetensors"))
-        if masks is not None:
-            LM.save_masks(masks, tmp / LM.MASKS_FILE)
-        if tokenizer_path:
-            import shutil
-
-            shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-        (tmp / "state.json").write_text(json.dumps(
-            {"step": 0, "time": time.time(), "config": {"model": model.cfg.to_dict()},
-             "merged_from": meta, STATE_HASHES: content_hashes(tmp)}, indent=1, default=str))
-        # verified like any checkpoint when it is read back as a base (falsify/llm/checkpoint.py)
-        write_manifest(tmp)
-
-    return atomic_dir(out, fill)
-
-
 def cmd_merge(args) -> int:
     console = Console()
-    layouts = [s.strip() for s in args.layout.split(",") if s.strip()]
-    bad = [s for s in layouts if s not in ("ours", "hf")]
-    if bad or not layouts:
-        console.print(f"[bold red]error:[/] --layout {args.layout!r}: choose from ours, hf")
+    try:
+        layouts = MS.parse_layouts(args.layout)
+    except MS.MergeStageError as e:
+        console.print(f"[bold red]error:[/] {e}")
         return 2
     if args.method:
         return merge_models_cmd(args, layouts, console)
@@ -129,48 +94,12 @@ def cmd_merge(args) -> int:
         console.print("[bold red]error:[/] --models and --base go with --method, not --adapter")
         return 2
     try:
-        model, base, side = load_adapted(args.adapter, args.model, args.backend, console)
-        merged = LM.merge_lora(model).eval()
-        tok = str(Path(args.adapter) / "tokenizer.json") \
-            if (Path(args.adapter) / "tokenizer.json").is_file() else base.tokenizer_path
-        out = Path(args.out)
-        meta = {"adapter": str(Path(args.adapter).resolve()), "base": base.source,
-                "lora": side.get("lora_spec")}
-        masks = LM.model_masks(model)  # a masked adapter: the merged model stays pruned
-        written = []
-        if "ours" in layouts:
-            written.append(write_ours(merged, out / "ours", tok, meta, masks=masks))
-        if "hf" in layouts:
-            written.append(hf.export_hf(merged, out / "hf", tok))
-            if masks is not None:
-                LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
+        r = MS.merge_adapter(args.adapter, Path(args.out), layouts, args.model, args.backend,
+                             console)
     except (ConfigError, DataError, LM.LoraConfigError, FileNotFoundError) as e:
         console.print(f"[bold red]error:[/] {e}")
         return 2
-    model.eval()
-    c = model.cfg
-    x = torch.randint(4, c.vocab_size, (2, min(64, c.max_seq_len)),
-                      generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        a = model(x)
-        m = merged(x)
-        with LM.adapters_disabled(model):
-            b = model(x)
-    diff, tol = float((a - m).abs().max()), probe_tolerance(model, a)
-    effect = float((a - b).abs().max())
-    spec = side["lora_spec"]
-    console.print(f"merged {spec['method']} adapter (r={spec['r']}, alpha={spec['alpha']}, "
-                  f"targets {','.join(spec['targets'])}) into {base.source}")
-    for w in written:
-        console.print(f"  wrote {w}")
-    console.print(f"self-check: max |merged − (base+adapter)| = {diff:.3g} (tolerance "
-                  f"{tol:.3g}); the adapter moves the logits by {effect:.3g}")
-    if not diff <= tol:
-        console.print("[bold red]self-check failed: the merged model does not reproduce "
-                      "base+adapter[/]")
-        return 4
-    return 0
-
+    return MS.show_adapter_merge(console, r)
 
 
 def is_adapter_dir(path: str) -> bool:

@@ -1,21 +1,24 @@
 """`falsify pipeline [--config FILE] [--out DIR]`
 
 The whole chain pretrain -> distill -> finetune -> merge -> prune -> quantize -> eval from one
-YAML file (falsify/llm/pipeline.py), each stage the real `falsify` command reading the previous
-stage's model. Stages are content-hashed: rerunning skips every stage whose settings and input
-are unchanged, so a killed or edited pipeline resumes where it must. Without --config it runs
-the built-in tiny preset on the stdlib (minutes on 2 CPU cores).
+YAML file (falsify/llm/pipeline.py), each stage what the `falsify` command does, reading the
+previous stage's model. Stages are content-hashed: rerunning skips every stage whose settings
+and input are unchanged, so a killed or edited pipeline resumes where it must. Without
+--config it runs the built-in tiny preset on the stdlib (minutes on 2 CPU cores).
 
 The file maps stage names to their settings; a stage it leaves out keeps the built-in ones:
 
     pretrain: {max_steps: 300}            # `falsify train` config fields
     distill:  {alpha: 0.9, temperature: 2} # `falsify distill` config fields (data: pretrain's)
     finetune: {method: lora, max_steps: 40}   # `falsify finetune` config fields
-    merge:    {}                          # `falsify merge --adapter` flags
+    merge:    {}                          # `falsify merge --adapter` flags (model, layout)
     prune:    {method: magnitude, pattern: "2:4"}   # `falsify prune` flags
     quantize: {method: int4, group: 64}   # `falsify quantize` flags
     eval:     {samples: 5, k: "1,5"}      # `falsify eval` flags
 
+A flag is its name without dashes (`max_new_tokens: 48`); the pipeline sets each stage's
+input model and output directory itself. An unknown or mistyped setting is an error naming
+the file, the stage and the key.
 Writes OUT/<stage>/output (what the stage's command wrote), OUT/<stage>/stage.json and
 OUT/report.json; prints the report table (stage, time, perplexity, pass@1, size on disk).
 Exit codes: 0 done, 2 bad pipeline file or a stage failed (finished stages are kept).

@@ -15,13 +15,15 @@ input, 4 self-check failed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from falsify.errors import UsageError
+from falsify.llm import prune_stage as PS
+from falsify.llm.config import ConfigError
+from falsify.llm.data import DataError
+from falsify.llm.prune import PruneError
 
 
 def register(sub) -> None:
@@ -41,75 +43,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_prune)
 
 
-def expected_sparsity(plan, n_in: int) -> float:
-    if plan.pattern is not None:
-        keep, m = plan.pattern
-        return (m - keep) / m
-    from falsify.reference.pruning import n_pruned
-
-    return n_pruned(plan.sparsity, n_in) / n_in
-
-
 def cmd_prune(args) -> int:
-    from falsify.cli.merge import write_ours
-    from falsify.llm import evaluate as EV
-    from falsify.llm import finetune as FT
-    from falsify.llm import hf
-    from falsify.llm import lora_model as LM
-    from falsify.llm import prune as P
-    from falsify.llm.config import ConfigError
-    from falsify.llm.data import DataError
-
     console = Console()
-    sparsity = 0.5 if args.sparsity is None and args.pattern is None else args.sparsity
     try:
-        plan = P.parse_plan(args.method, sparsity, args.pattern)
-        if args.calibration < 1:
-            raise P.PruneError("--calibration must be >= 1")
-        base = FT.base_or_builtin(args.model, args.backend, console)
-        model, tok = base.model, base.tokenizer
-        if tok is None:
-            raise P.PruneError(f"{base.source}: no tokenizer.json found next to it (the "
-                               "calibration and the perplexity need it)")
-        held_out = [p.prompt + p.canonical_solution for p in EV.load_problems()]
-        before = EV.perplexity(model, tok, held_out)
-        norms = None
-        if plan.method == "wanda":
-            windows = P.calibration_ids(tok, args.calibration, model.cfg.max_seq_len)
-            norms = P.activation_norms(model, windows)
-        masks: dict = {}
-        stats = P.prune(model, plan, norms, masks)
-        after = EV.perplexity(model, tok, held_out)
-    except (P.PruneError, ConfigError, DataError) as e:
+        r = PS.prune_model(args.model, Path(args.out), args.method, args.sparsity, args.pattern,
+                           args.calibration, args.backend, console)
+    except (PruneError, ConfigError, DataError) as e:
         raise UsageError(f"falsify prune: {e}") from None
-    weights = P.projection_weights(model)
-    off = {n: s for n, s in stats.items()
-           if s != expected_sparsity(plan, weights[n].shape[1])}
-    out = Path(args.out)
-    meta = {"pruned_from": base.source, "plan": plan.describe()}
-    write_ours(model, out / "ours", base.tokenizer_path, meta, masks=masks)
-    # HF loaders read model.safetensors only; the masks beside it let `falsify finetune
-    # --keep-masks` start from the HF layout as well (written in the same atomic directory)
-    hf.export_hf(model, out / "hf", base.tokenizer_path,
-                 also=lambda tmp: LM.save_masks(masks, tmp / LM.MASKS_FILE))
-    report = {**meta, "calibration_windows": args.calibration if norms else 0,
-              "perplexity_before": before["perplexity"], "perplexity_after": after["perplexity"],
-              "held_out_tokens": before["tokens"], "sparsity": stats,
-              "masks": LM.MASKS_FILE}
-    (out / "prune.json").write_text(json.dumps(report, indent=1))
-    t = Table(title=f"falsify prune: {plan.describe()}")
-    t.add_column("")
-    t.add_column("value", justify="right")
-    t.add_row(f"perplexity before ({before['tokens']} held-out tokens)",
-              f"{before['perplexity']:.3f}")
-    t.add_row("perplexity after", f"{after['perplexity']:.3f}")
-    t.add_row(f"projections pruned ({len(stats)})",
-              f"{min(stats.values()):.4f} .. {max(stats.values()):.4f} sparsity")
-    console.print(t)
-    console.print(f"wrote {out / 'ours'}, {out / 'hf'} and {out / 'prune.json'}")
-    if off:
-        console.print(f"[bold red]self-check failed:[/] {len(off)} projection(s) off the "
-                      f"planned sparsity: {', '.join(sorted(off)[:3])}")
-        return 4
-    console.print("self-check: every projection has exactly the planned sparsity")
-    return 0
+    return PS.show_pruned(console, r)

@@ -2,13 +2,14 @@
 
     pretrain -> distill -> finetune -> merge -> prune -> quantize -> eval
 
-each stage the real `falsify` command (in this process), each reading the previous stage's
-model. A stage's directory OUT/<stage> is finished when OUT/<stage>/stage.json exists: it names
-the stage's key — sha256 of the stage's settings and of its input model's content hash — and
-the content hash of what the stage wrote. A rerun skips a stage whose key is unchanged and whose
-output still hashes to what was recorded, and reruns it (after removing its directory) otherwise;
-so editing one stage's settings reruns that stage and everything after it, and a run killed
-mid-stage resumes at that stage. stage.json is written last and atomically.
+each stage the library function behind its `falsify` command, run in this process, reading
+the previous stage's model and printing what the command prints. A stage's directory
+OUT/<stage> is finished when OUT/<stage>/stage.json exists: it names the stage's key — sha256
+of the stage's settings and of its input model's content hash — the equivalent command line
+(`argv`) and the content hash of what the stage wrote. A rerun skips a stage whose key is
+unchanged and whose output still hashes to what was recorded, and reruns it (after removing its
+directory) otherwise; so editing one stage's settings reruns that stage and everything after
+it, and a run killed mid-stage resumes at that stage. stage.json is written last and atomically.
 
 The report holds, per stage: wall time, perplexity of the stage's model on the shipped code
 problems' canonical solutions (the same held-out text `falsify eval` uses, so the column is
@@ -18,15 +19,33 @@ produced (checkpoint weights, adapter, quantized layout).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
+import logging
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from rich.console import Console
+
+from falsify.llm import distill as D
+from falsify.llm import eval_stage as ES
+from falsify.llm import finetune as FT
+from falsify.llm import finetune_stage as FS
+from falsify.llm import merge_stage as MS
+from falsify.llm import prune_stage as PS
+from falsify.llm import quantize_stage as QS
+from falsify.llm import train_stage as TS
+from falsify.llm.config import ConfigError, TrainConfig, parse_overrides
+from falsify.llm.data import DataError
+from falsify.llm.evaluate import EvalError
+from falsify.llm.lora_model import LoraConfigError
+from falsify.llm.prune import PruneError
+from falsify.llm.quantize_model import QuantizeError
+from falsify.llm.sandbox import SandboxError
 
 STAGES = ("pretrain", "distill", "finetune", "merge", "prune", "quantize", "eval")
 # the data fields the distillation student inherits from pretraining: one corpus, one tokenizer
@@ -46,6 +65,30 @@ TINY = {
     "quantize": {"method": "int8"},
     "eval": {"samples": 2, "k": "1", "limit": 10, "max_new_tokens": 48},
 }
+
+
+# The settings of the stages the pipeline runs through their library functions: each key a flag
+# of the stage's command (`sparsity` is `--sparsity`), with the flag's type and choices. The
+# previous stage's model and the stage's directory are the pipeline's to set.
+FLAG = "flag"  # a switch: true or false
+BACKENDS = ("torch", "triton", "auto")
+SETTINGS = {
+    "merge": {"model": (str, None), "layout": (str, None), "backend": (str, BACKENDS)},
+    "prune": {"method": (str, ("wanda", "magnitude")), "sparsity": (float, None),
+              "pattern": (str, None), "calibration": (int, None), "backend": (str, BACKENDS)},
+    "quantize": {"method": (str, ("int8", "int4", "nf4")), "group": (int, None),
+                 "asymmetric": (FLAG, None), "double_quant": (FLAG, None),
+                 "backend": (str, BACKENDS)},
+    "eval": {"adapter": (str, None), "problems": (str, None), "text": (list, None),
+             "limit": (int, None), "samples": (int, None), "k": (str, None),
+             "temperature": (float, None), "top_k": (int, None), "max_new_tokens": (int, None),
+             "seed": (int, None), "cpu_s": (int, None), "wall_s": (float, None),
+             "memory_mb": (int, None), "backend": (str, BACKENDS)},
+}
+SET_BY_PIPELINE = {"model": "the previous stage's model", "out": "the stage's directory",
+                   "format": "the report's format"}
+KINDS = {str: "a string", int: "an integer", float: "a number", FLAG: "true or false",
+         list: "a file name or a list of file names"}
 
 
 class PipelineError(ValueError):
@@ -80,7 +123,68 @@ def load_spec(path: str | Path | None) -> dict:
             raise PipelineError(f"{path}: stage {stage!r} must be a mapping of settings, got "
                                 f"{settings!r}")
         spec[stage] = {**spec[stage], **settings}
+        stage_settings(stage, spec[stage], str(path))
     return spec
+
+
+CONFIGS = {"pretrain": TrainConfig, "distill": D.DistillConfig, "finetune": FT.FinetuneConfig}
+
+
+def _check_fields(stage: str, settings: dict, where: str) -> None:
+    """A config-field stage's settings, read as its command reads `key=value` overrides: an
+    unknown field or a bad value is a PipelineError naming `where`, the stage and the key."""
+    source = f"{where}: stage {stage!r}"
+    try:
+        CONFIGS[stage].from_dict(parse_overrides(_overrides(settings)), source=source,
+                                 from_text=True)
+    except ConfigError as e:
+        msg = str(e)
+        raise PipelineError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def _convert(kind, v):
+    """`v` as the flag's type, as argparse read it from `--flag str(v)`; ValueError if not."""
+    if kind is FLAG:
+        if not isinstance(v, bool):
+            raise ValueError
+        return v
+    if kind is list:
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError
+        return v
+    if isinstance(v, bool) or isinstance(v, (dict, list)):
+        raise ValueError
+    return kind(str(v))
+
+
+def stage_settings(stage: str, settings: dict, where: str = "pipeline") -> dict:
+    """A library-run stage's settings as its function's keyword arguments (a null setting
+    keeps the flag's default); a PipelineError naming `where`, the stage and the key for an
+    unknown setting, one the pipeline sets itself, a wrong type or a value not among the
+    choices. The stages run by config fields (pretrain, distill, finetune) are read by their
+    config class, as their command reads `key=value` overrides, and pass through unchanged."""
+    schema = SETTINGS.get(stage)
+    if schema is None:
+        _check_fields(stage, settings, where)
+        return dict(settings)
+    out = {}
+    for key, v in settings.items():
+        at = f"{where}: stage {stage!r}: setting {key!r}"
+        if key not in schema:
+            if key in SET_BY_PIPELINE:
+                raise PipelineError(f"{at} is set by the pipeline ({SET_BY_PIPELINE[key]})")
+            raise PipelineError(f"{at}: unknown (settings: {', '.join(schema)})")
+        kind, choices = schema[key]
+        if v is None:
+            continue
+        try:
+            out[key] = _convert(kind, v)
+        except ValueError:
+            raise PipelineError(f"{at}: {v!r} is not {KINDS[kind]}") from None
+        if choices is not None and out[key] not in choices:
+            raise PipelineError(f"{at}: {v!r}: choose from {', '.join(choices)}")
+    return out
 
 
 def _overrides(settings: dict) -> list[str]:
@@ -93,6 +197,8 @@ def _flags(settings: dict) -> list[str]:
         flag = "--" + k.replace("_", "-")
         if v is True:
             out.append(flag)
+        elif isinstance(v, list):  # a repeatable flag (eval's --text)
+            out += [x for item in v for x in (flag, str(item))]
         elif v is not False and v is not None:
             out += [flag, str(v)]
     return out
@@ -162,11 +268,91 @@ def _perplexity(stage: str, model: str | None, backend: str) -> float | None:
     return EV.perplexity(m, tok, texts)["perplexity"]
 
 
+# ------------------------------------------------------------- the stages run by the library
+def _pretrain(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    a = TS.LoopArgs(overrides=[*_overrides(settings), f"out_dir={work}"])
+    return TS.run_loop(a, TrainConfig, TS.train_runner(a))
+
+
+def _distill(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    """The student inherits pretraining's data fields (SHARED_DATA); the teacher is `prev`."""
+    shared = {k: spec["pretrain"][k] for k in SHARED_DATA if k in spec["pretrain"]}
+    a = TS.LoopArgs(overrides=[*_overrides({**shared, **settings}), f"out_dir={work}",
+                               f"teacher={prev}"])
+    return TS.run_loop(a, D.DistillConfig, TS.distill_runner(a), verb="distill")
+
+
+def _finetune(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # as the command
+    a = FS.FinetuneArgs(overrides=[f"model={prev}", f"out_dir={work}", *_overrides(settings)])
+    return FS.run_finetune(a, Console())
+
+
+def _usage_error(verb: str, e: Exception) -> int:
+    print(f"error: falsify {verb}: {e}", file=sys.stderr)  # as the command reports it
+    return 2
+
+
+def _merge(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    console = Console()
+    try:
+        kw = stage_settings("merge", settings)
+        layouts = MS.parse_layouts(kw.pop("layout", "ours,hf"))
+        r = MS.merge_adapter(prev, work, layouts, console=console, **kw)
+    except (MS.MergeStageError, ConfigError, DataError, LoraConfigError,
+            FileNotFoundError) as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 2
+    return MS.show_adapter_merge(console, r)
+
+
+def _prune(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    console = Console()
+    try:
+        r = PS.prune_model(prev, work, console=console, **stage_settings("prune", settings))
+    except (PruneError, ConfigError, DataError) as e:
+        return _usage_error("prune", e)
+    return PS.show_pruned(console, r)
+
+
+def _quantize(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    console = Console()
+    try:
+        r = QS.quantize(prev, work, console=console, **stage_settings("quantize", settings))
+    except (QuantizeError, ConfigError, DataError) as e:
+        return _usage_error("quantize", e)
+    return QS.show_quantized(console, r)
+
+
+def _eval(settings: dict, work: Path, prev: str | None, spec: dict) -> int:
+    """`falsify eval --format json`: the console on stderr, the report in OUT/eval/output."""
+    console = Console(stderr=True)
+    s = ES.EvalSettings(model=prev, **stage_settings("eval", settings))
+    try:
+        report = ES.evaluate(s, ES.check_settings(s), console)
+    except ES.HarnessFailed as e:
+        console.print(f"[bold red]harness self-check failed:[/] {e}")
+        return 1
+    except (EvalError, ConfigError, DataError, UnicodeDecodeError) as e:
+        return _usage_error("eval", e)
+    except SandboxError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 1
+    work.mkdir()
+    (work / "eval.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+# each stage's run: its exit code as the stage's `falsify` command line (stage.json's argv)
+# would return it
+RUN = {"pretrain": _pretrain, "distill": _distill, "finetune": _finetune, "merge": _merge,
+       "prune": _prune, "quantize": _quantize, "eval": _eval}
+
+
+# ------------------------------------------------------------------------------ the run
 # ------------------------------------------------------------------------------ the run
 def run(spec: dict, out: Path, backend: str = "auto",
         say: Callable[[str], None] = print) -> list[StageResult]:
-    from falsify.cli import main as falsify_main
-
     out.mkdir(parents=True, exist_ok=True)
     results: list[StageResult] = []
     prev, prev_hash = None, ""
@@ -191,18 +377,14 @@ def run(spec: dict, out: Path, backend: str = "auto",
         argv = _argv(stage, settings, work, prev, spec)
         say(f"{stage}: falsify {' '.join(argv)}")
         t0 = time.perf_counter()
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf) if stage == "eval" else contextlib.nullcontext():
-            rc = falsify_main(argv)
+        rc = RUN[stage](settings, work, prev, spec)
         seconds = time.perf_counter() - t0
         if rc != 0:
             raise PipelineError(f"stage {stage}: `falsify {' '.join(argv)}` exited {rc}; "
                                 f"fix it and rerun (finished stages are kept)")
         pass1 = None
         if stage == "eval":
-            report = json.loads(buf.getvalue())
-            work.mkdir()
-            (work / "eval.json").write_text(json.dumps(report, indent=1))
+            report = json.loads((work / "eval.json").read_text())
             pass1 = float(report["pass_at_k"]["1"])
             # the column's own held-out text (eval's may be cut by its --limit)
             model, sizes = prev, []
