@@ -443,7 +443,7 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
 
 
 # Checking a contract against the JSON Schema is a third of loading it. A text that passed
-# once passes again under the same schema: remembered by the digest of the text (and of the
+# once passes again under the same schema: remembered by the sha256 of the text (and of the
 # schema, in the cache's scope), in the user's cache directory (falsify/harness/stamp_cache.py).
 @cache
 def _schema_store() -> StampCache:
