@@ -94,3 +94,34 @@ def test_a_dynamic_lookup_counts_the_whole_module_and_says_so(proj):
     fb = fingerprint.fallbacks(c, ("torch",))
     assert fb and {m for _, m, _ in fb} == {"fp_kern"}
     assert _staled(proj, "fp_kern.py", "return x + 1", "return x + 2")  # g now counts
+
+
+def test_getattr_on_a_value_is_an_attribute_but_on_a_module_counts_it_whole(proj):
+    # getattr(x, name) with a computed name reaches what x.attr would: on a value, nothing the
+    # check's closure does not hold already; on a module object, any function of that module
+    (proj / "fp_kern.py").write_text(KERN.replace("return h(x) * SCALE",
+                                                  "return getattr(x, str(dim)) * SCALE"))
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    assert fingerprint.fallbacks(c, ("torch",)) == []
+    assert _staled(proj, "fp_kern.py", "return x + 1", "return x + 2") == set()
+    (proj / "fp_kern.py").write_text("import fp_helper\n" + KERN.replace(
+        "return h(x) * SCALE", "return getattr(fp_helper, str(dim))(x)"))
+    (proj / "fp_helper.py").write_text(HELPER + "\n\ndef k(x):\n    return x\n")
+    fingerprint.reset_cache()
+    fb = fingerprint.fallbacks(c, ("torch",))
+    assert {m for _, m, _ in fb} == {"fp_helper"}, fb
+    assert _staled(proj, "fp_helper.py", "def k(x):\n    return x", "def k(x):\n    return -x")
+
+
+def test_the_audit_names_each_module_counted_whole(proj):
+    from falsify.harness import audit
+
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    assert audit.audit_checks(c).fingerprint_fallbacks == []
+    (proj / "fp_kern.py").write_text(KERN.replace("return h(x) * SCALE",
+                                                  "return globals()['g'](h(x))"))
+    fingerprint.reset_cache()
+    a = audit.audit_checks(c)
+    assert {f["module"] for f in a.fingerprint_fallbacks} == {"fp_kern"}
+    line = next(x for x in a.chain if "whole module fp_kern" in x)
+    assert "globals() with a name known only at run time" in line

@@ -85,7 +85,11 @@ def run_job(job: Job, root: Path, logdir: Path) -> Timing:
 
 
 def _tail(path: Path, lines: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    """What a failed job's log says: each failure line the run printed as it happened (they
+    name the contract and check, and lie above the summary), then the log's last lines."""
+    text = path.read_text(errors="replace").splitlines()
+    failures = [x for x in text[:-lines] if x.startswith(("FAILED ", "MUTANT SURVIVED "))]
+    return "\n".join(failures[:20] + text[-lines:])
 
 
 def report(timings: list[Timing], fmt: str) -> None:

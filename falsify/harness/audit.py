@@ -53,6 +53,7 @@ class Audit:
     gaps: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     matrix: list[dict] = field(default_factory=list)  # see `matrix`
+    fingerprint_fallbacks: list[dict] = field(default_factory=list)  # see `fingerprint_lines`
 
     def as_text(self) -> str:
         head = f"{self.contract}: {'OK' if not self.gaps else f'{len(self.gaps)} gap(s)'}"
@@ -65,7 +66,8 @@ class Audit:
 
     def as_dict(self) -> dict:
         return {"contract": self.contract, "chain": self.chain, "gaps": self.gaps,
-                "warnings": self.warnings, "matrix": self.matrix}
+                "warnings": self.warnings, "matrix": self.matrix,
+                "fingerprint_fallbacks": self.fingerprint_fallbacks}
 
 
 def _resolve(ref: str):
@@ -440,6 +442,27 @@ def matrix_lines(c: Contract, ledger: dict | None) -> list[str]:
             + ", ".join(f"{k}={v}" for k, v in r["cells"].items()) for r in matrix(c, ledger)]
 
 
+def fingerprint_lines(c: Contract) -> tuple[list[str], list[dict]]:
+    """How each check's results are fingerprinted: by the functions and classes it reaches,
+    except where a reference could not be followed statically and a whole module counts (an
+    edit anywhere in it stales those results). One line per such module, with the reason and
+    the checks it affects; neither a gap nor a warning, since the results stay correct, only
+    less durable."""
+    from falsify.harness.fingerprint import fallbacks
+
+    found = fallbacks(c)
+    by_module: dict[tuple[str, str], list[str]] = {}
+    for check, module, why in found:
+        by_module.setdefault((module, why), []).append(check)
+    whole = {check for check, _, _ in found}
+    lines = [f"fingerprint: {len(c.checks) - len(whole)} of {len(c.checks)} check(s) by the "
+             f"functions they reach" + (", the rest fall back to whole modules:" if whole else "")]
+    for (module, why), checks in sorted(by_module.items()):
+        names = ", ".join(checks[:4]) + (f" and {len(checks) - 4} more" if len(checks) > 4 else "")
+        lines.append(f"    whole module {module} ({why}): {names}")
+    return lines, [{"check": k, "module": m, "reason": w} for k, m, w in found]
+
+
 def audit(c: Contract, ledger: dict) -> Audit:
     a = Audit(c.id)
     if c.references:
@@ -482,6 +505,8 @@ def audit(c: Contract, ledger: dict) -> Audit:
     a.chain += chain + matrix_lines(c, ledger)
     a.matrix = matrix(c, ledger) if c.mode == "native" and c.kernel else []
     a.warnings += warnings + export_findings(c)
+    fp_lines, a.fingerprint_fallbacks = fingerprint_lines(c)
+    a.chain += fp_lines
     return a
 
 
@@ -489,4 +514,6 @@ def audit_checks(c: Contract) -> Audit:
     """The ledger-free part of the audit: check gaps (failing), unbound exports and kernels
     silent on the invariance kinds (warnings)."""
     chain, warnings = invariance_lines(c)
-    return Audit(c.id, chain=chain, gaps=check_gaps(c), warnings=warnings + export_findings(c))
+    fp_lines, fp = fingerprint_lines(c)
+    return Audit(c.id, chain=chain + fp_lines, gaps=check_gaps(c),
+                 warnings=warnings + export_findings(c), fingerprint_fallbacks=fp)

@@ -14,7 +14,8 @@ decorator of a reached function changes it. A module's statements that bind no n
 registration call) run on import and count for every function reached in it.
 
 Where a reference cannot be followed statically (a module object used itself rather than an
-attribute of it, `getattr` with a computed name, `importlib.import_module` of a computed name,
+attribute of it, `getattr` with a computed name on anything but a plain name (`sys.modules[m]`,
+`self.mod`), `importlib.import_module` of a computed name,
 `globals()`, a star import), the whole module counts, with everything it uses;
 `fallbacks(contract)` lists each (check, module, reason) where that happened, for an audit.
 
@@ -242,6 +243,11 @@ def _dynamic(call: ast.Call) -> str | None:
     literal = [a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
     if fname == "getattr" and len(call.args) >= 2 and call.args[1] in literal:
         return None  # obj.attr spelled as a call: an attribute of a value, not a code lookup
+    if fname == "getattr" and call.args and isinstance(call.args[0], ast.Name):
+        # getattr(x, name) on a plain name reaches no more than `x.attr` would: for a value,
+        # the methods of a class its construction already reached; for a module object, the
+        # name is a use of the module itself, which counts it whole (`follow`)
+        return None
     if fname == "import_module" and call.args and call.args[0] in literal:
         return None  # followed as an import (below)
     return f"{fname}() with a name known only at run time"
@@ -431,10 +437,13 @@ _STORES: dict[tuple[Path, ...], StampCache] = {}
 
 def _store(roots: tuple[Path, ...]) -> StampCache:
     """The persisted hashes for these roots; the algorithm's own source is part of the scope,
-    so a change to how fingerprints are taken drops every earlier one."""
+    so a change to how fingerprints are taken drops every earlier one, and so is the
+    interpreter's environment (`sys.prefix`): another virtual environment can resolve a
+    top-level name to other files while the project's own are unchanged."""
     if roots not in _STORES:
         algo = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-        _STORES[roots] = StampCache("fingerprints", "\0".join([algo, *map(str, roots)]))
+        _STORES[roots] = StampCache("fingerprints",
+                                    "\0".join([algo, sys.prefix, *map(str, roots)]))
     return _STORES[roots]
 
 

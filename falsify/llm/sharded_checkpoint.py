@@ -35,9 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.api import CheckpointException
 
 from falsify.llm import checkpoint as C
 
@@ -45,6 +43,16 @@ SHARDS = "shards"
 LAYOUT = "sharded"
 
 log = logging.getLogger(__name__)
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported when a sharded checkpoint is written or read: it
+    pulls in DTensor's operator tables (over a second of CPU), which every command that merely
+    imports the training loop (`falsify --help` among them) would otherwise pay."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.api  # noqa: F401  (CheckpointException)
+
+    return dcp
 
 
 def rng_file(rank: int) -> str:
@@ -96,6 +104,7 @@ def save(run_dir: str | Path, step: int, model, optimizer, param_names: list[str
     box = [str(tmp) if tmp is not None else None]
     dist.broadcast_object_list(box, src=0)
     part = Path(box[0])
+    dcp = _dcp()
     try:
         dcp.save(state_fn(model, optimizer, param_names), checkpoint_id=part / SHARDS)
         # the whole weights: an all-gather per tensor under FSDP, which every rank joins
@@ -144,9 +153,10 @@ def load(ckpt: Path, state: dict, model, optimizer, param_names: list[str]) -> N
         {"model": dict(model.state_dict())}
     if optimizer is not None and state["param_names"] != param_names:
         raise C.CheckpointError(f"{ckpt}: optimizer parameter order differs from the model's")
+    dcp = _dcp()
     try:
         dcp.load(target, checkpoint_id=ckpt / SHARDS, no_dist=not dist.is_initialized())
-    except (CheckpointException, Exception) as e:  # DCP's is a BaseException
+    except (dcp.api.CheckpointException, Exception) as e:  # DCP's is a BaseException
         raise C.CheckpointError(f"{ckpt}/{SHARDS}: cannot be loaded into this model "
                                 f"({_why(e)})") from None
     rank = dist.get_rank() if dist.is_initialized() else 0
