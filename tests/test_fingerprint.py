@@ -9,6 +9,8 @@ compares a ledger entry against.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import yaml
 
@@ -50,6 +52,10 @@ def proj(tmp_path, monkeypatch):
     fingerprint.reset_cache()
     yield tmp_path
     fingerprint.reset_cache()
+    # the audit imports the bound modules; a loaded module is found before any file, so the
+    # next test's project would be hashed from this one's
+    for name in [m for m in sys.modules if m.split(".")[0] in ("fp_kern", "fp_helper", "fp_pkg")]:
+        del sys.modules[name]
 
 
 def _hashes(proj) -> dict[tuple[str, str], str]:
@@ -123,5 +129,26 @@ def test_the_audit_names_each_module_counted_whole(proj):
     fingerprint.reset_cache()
     a = audit.audit_checks(c)
     assert {f["module"] for f in a.fingerprint_fallbacks} == {"fp_kern"}
-    line = next(x for x in a.chain if "whole module fp_kern" in x)
+    line = next(x for x in a.chain if "whole fp_kern" in x)
     assert "globals() with a name known only at run time" in line
+
+
+def test_a_backend_dispatch_by_f_string_counts_every_module_it_can_name(proj):
+    # f(x) imports fp_pkg.<backend>.kern at run time: an edit to any kern it can pick stales
+    # the check, an edit to a module the pattern cannot name does not
+    for backend in ("a", "b"):
+        d = proj / "fp_pkg" / backend
+        d.mkdir(parents=True)
+        (d / "__init__.py").write_text("")
+        (d / "kern.py").write_text("def run(x):\n    return x\n")
+        (d / "other.py").write_text("def run(x):\n    return x\n")
+    (proj / "fp_pkg" / "__init__.py").write_text("")
+    (proj / "fp_kern.py").write_text("import importlib\n\nKERN = 'kern'\n" + KERN.replace(
+        "return h(x) * SCALE",
+        "name = f'fp_pkg.{x.backend}.{KERN}'\n    return importlib.import_module(name).run(x)"))
+    c, _ = load_contract(proj / "contracts" / "fp-v1.yaml")
+    fb = fingerprint.fallbacks(c, ("torch",))
+    assert {m for _, m, _ in fb} == {"fp_pkg.a.kern", "fp_pkg.b.kern"}, fb
+    edit = ("return x", "return x * 1")
+    assert _staled(proj, "fp_pkg/b/kern.py", *edit)
+    assert _staled(proj, "fp_pkg/a/other.py", *edit) == set()

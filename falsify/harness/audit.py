@@ -442,6 +442,11 @@ def matrix_lines(c: Contract, ledger: dict | None) -> list[str]:
             + ", ".join(f"{k}={v}" for k, v in r["cells"].items()) for r in matrix(c, ledger)]
 
 
+def _some(names: list[str], shown: int = 4) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def fingerprint_lines(c: Contract) -> tuple[list[str], list[dict]]:
     """How each check's results are fingerprinted: by the functions and classes it reaches,
     except where a reference could not be followed statically and a whole module counts (an
@@ -451,15 +456,16 @@ def fingerprint_lines(c: Contract) -> tuple[list[str], list[dict]]:
     from falsify.harness.fingerprint import fallbacks
 
     found = fallbacks(c)
-    by_module: dict[tuple[str, str], list[str]] = {}
+    by_reason: dict[str, tuple[set[str], set[str]]] = {}  # reason -> (modules, checks)
     for check, module, why in found:
-        by_module.setdefault((module, why), []).append(check)
+        modules, checks = by_reason.setdefault(why, (set(), set()))
+        modules.add(module)
+        checks.add(check)
     whole = {check for check, _, _ in found}
     lines = [f"fingerprint: {len(c.checks) - len(whole)} of {len(c.checks)} check(s) by the "
              f"functions they reach" + (", the rest fall back to whole modules:" if whole else "")]
-    for (module, why), checks in sorted(by_module.items()):
-        names = ", ".join(checks[:4]) + (f" and {len(checks) - 4} more" if len(checks) > 4 else "")
-        lines.append(f"    whole module {module} ({why}): {names}")
+    for why, (modules, checks) in sorted(by_reason.items()):
+        lines.append(f"    whole {_some(sorted(modules))} ({why}): {_some(sorted(checks))}")
     return lines, [{"check": k, "module": m, "reason": w} for k, m, w in found]
 
 

@@ -14,10 +14,14 @@ decorator of a reached function changes it. A module's statements that bind no n
 registration call) run on import and count for every function reached in it.
 
 Where a reference cannot be followed statically (a module object used itself rather than an
-attribute of it, `getattr` with a computed name on anything but a plain name (`sys.modules[m]`,
-`self.mod`), `importlib.import_module` of a computed name,
-`globals()`, a star import), the whole module counts, with everything it uses;
-`fallbacks(contract)` lists each (check, module, reason) where that happened, for an audit.
+attribute of it, `getattr` with a computed name on what may be any module (`sys.modules[m]`,
+a call's result), `globals()`, a star import), the whole module counts, with everything it
+uses. A backend dispatch, `importlib.import_module(f"falsify.kernels.{backend}.adamw")` (or of
+a name the statement assigns such an f-string), counts every local module the f-string can
+name whole: `falsify.kernels.*.adamw`, a module-level string constant filled in. An
+`import_module` of a name with no such pattern counts its caller's module whole, and reaches
+only what the check's own bindings name. `fallbacks(contract)` lists each (check, module,
+reason) where a module counts whole, for `pv audit`.
 
 The ledger stores the hash with each entry; `pv coverage` calls an entry whose hash no longer
 matches `stale`, and `falsify run --changed` re-runs only what has no passing entry for the
@@ -33,12 +37,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import fnmatch
 import hashlib
 import importlib.util
 import site
 import sys
 import sysconfig
 from functools import cache
+from glob import escape as glob_escape
 from pathlib import Path
 
 from falsify.harness import stamp_cache
@@ -120,6 +126,22 @@ def _module_file(name: str, roots: tuple[Path, ...]) -> Path | None:
             if f.is_file():
                 return f
     return None
+
+
+@cache
+def _local_modules(top: str, roots: tuple[Path, ...]) -> tuple[str, ...]:
+    """Every module of the local top-level package `top` (its .py files, by dotted name)."""
+    out = []
+    for loc in _top_locations(top, roots):
+        if not loc.is_dir():
+            out.append(top)
+            continue
+        for f in sorted(loc.rglob("*.py")):
+            parts = f.relative_to(loc).with_suffix("").parts
+            if all(p.isidentifier() for p in parts):
+                parts = parts[:-1] if parts[-1] == "__init__" else parts
+                out.append(".".join((top, *parts)))
+    return tuple(out)
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -234,6 +256,17 @@ def _parsed(path: Path, stamp: tuple[int, int], name: str) -> _Module | None:
         return None
 
 
+def _plain(e: ast.expr) -> bool:
+    """A name, an attribute chain off one (`self.inner`, `pkg.sub`) or a getattr of either:
+    what it denotes is a value, or a module object whose use `follow` counts whole; unlike
+    `sys.modules[m]` or a call's result, which may be any module."""
+    if isinstance(e, ast.Attribute):
+        return _plain(e.value)
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "getattr":
+        return bool(e.args) and _plain(e.args[0])
+    return isinstance(e, ast.Name)
+
+
 def _dynamic(call: ast.Call) -> str | None:
     """Why `call` names code in a way the fingerprint cannot follow, or None."""
     f = call.func
@@ -243,14 +276,31 @@ def _dynamic(call: ast.Call) -> str | None:
     literal = [a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
     if fname == "getattr" and len(call.args) >= 2 and call.args[1] in literal:
         return None  # obj.attr spelled as a call: an attribute of a value, not a code lookup
-    if fname == "getattr" and call.args and isinstance(call.args[0], ast.Name):
+    if fname == "getattr" and call.args and _plain(call.args[0]):
         # getattr(x, name) on a plain name reaches no more than `x.attr` would: for a value,
         # the methods of a class its construction already reached; for a module object, the
         # name is a use of the module itself, which counts it whole (`follow`)
         return None
     if fname == "import_module" and call.args and call.args[0] in literal:
         return None  # followed as an import (below)
+    if fname == "import_module":
+        return ("import_module() of a name known only at run time (what it imports counts "
+                "only where the check's own bindings name it)")
     return f"{fname}() with a name known only at run time"
+
+
+def _glob_part(mod: _Module, part: ast.expr) -> str:
+    """One piece of an f-string as a glob: its text, a module-level string constant's value
+    (`{KD_MODULE}`), or `*` for a value known only at run time."""
+    if isinstance(part, ast.Constant):
+        return glob_escape(str(part.value))
+    v = part.value if isinstance(part, ast.FormattedValue) else None
+    if isinstance(v, ast.Name) and part.format_spec is None and part.conversion == -1:
+        stmts = mod.binds.get(v.id, [])
+        if len(stmts) == 1 and isinstance(stmts[0], ast.Assign) \
+                and isinstance(stmts[0].value, ast.Constant) and isinstance(stmts[0].value.value, str):
+            return glob_escape(stmts[0].value.value)
+    return "*"
 
 
 class _Closure:
@@ -357,6 +407,33 @@ class _Closure:
             cur = f"{cur}.{a}"
         self.whole(cur, f"the module object {name} is used itself, not an attribute of it")
 
+    def imported_by_pattern(self, mod: _Module, stmt: ast.stmt, call: ast.Call) -> bool:
+        """`import_module(f"pkg.{backend}.kernel")`, or of a name the statement assigns such
+        an f-string to: every local module the pattern can name counts whole (`pkg.*.kernel`,
+        a formatted value standing for any run of characters), since which one runs is decided
+        at run time. False where the name has no such pattern, or the pattern names nothing."""
+        f = call.func
+        if (f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")) != "import_module" \
+                or not call.args:
+            return False
+        arg, values = call.args[0], []
+        if isinstance(arg, ast.JoinedStr):
+            values = [arg]
+        elif isinstance(arg, ast.Name):
+            values = [n.value for n in ast.walk(stmt) if isinstance(n, ast.Assign)
+                      and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+        if not values or not all(isinstance(v, ast.JoinedStr) for v in values):
+            return False
+        found = False
+        for v in values:
+            pattern = "".join(_glob_part(mod, p) for p in v.values)
+            for name in _local_modules(pattern.split(".")[0], self.roots):
+                if fnmatch.fnmatchcase(name, pattern):
+                    found = True
+                    self.whole(name, f"imported by {mod.name} as importlib.import_module"
+                                     f"({pattern!r})")
+        return found
+
     def uses(self, mod: _Module, stmt: ast.stmt) -> None:
         """Queue what `stmt` uses; the same statement reached again queues the same."""
         memo = mod.memo.get(id(stmt))
@@ -384,6 +461,8 @@ class _Closure:
                     chains[id(v)] = attrs
             elif isinstance(node, ast.Call):
                 why = _dynamic(node)
+                if why and self.imported_by_pattern(mod, stmt, node):
+                    continue
                 if why:
                     self.whole(mod.name, why)
                 elif isinstance(node.func, (ast.Name, ast.Attribute)) and node.args and \
@@ -475,6 +554,7 @@ def reset_cache() -> None:
     _FALLBACKS.clear()
     _module_file.cache_clear()
     _top_locations.cache_clear()
+    _local_modules.cache_clear()
     stamp_cache.forget()
 
 
