@@ -271,12 +271,23 @@ class TreeClosure(fp._Closure):
             self.fallbacks.setdefault(k, v)
 
 
+_AFTER: dict[frozenset[str], list[tuple[dict, str]]] = {}
+
+
 def hash_after(tree: Tree, refs: frozenset[str]) -> str:
-    """As `fingerprint._closure` hashes the parts."""
-    parts = TreeClosure(tree).run(set(refs))
+    """As `fingerprint._closure` hashes the parts. The parts follow from the refs and the
+    modules the walk looked up, so a hash is reused wherever those resolve the same: most
+    commits change no module most checks reach."""
+    for deps, digest in _AFTER.get(refs, ()):
+        if all(identity(tree.resolve(n)) == i for n, i in deps.items()):
+            return digest
+    cl = TreeClosure(tree)
+    cl.frames.append({})
+    parts = cl.run(set(refs))
     h = hashlib.sha256()
     for (mod, name), dump in sorted(parts.items()):
         h.update(f"{mod}:{name}".encode() + b"\0" + dump.encode() + b"\0")
+    _AFTER.setdefault(refs, []).append((cl.frames.pop(), h.hexdigest()))
     return h.hexdigest()
 
 
@@ -404,13 +415,41 @@ def hashes(git: Git, commit: str) -> dict[tuple[str, str, str], tuple[str, str]]
     return out
 
 
-def compare(old: dict, new: dict) -> dict:
+LEDGER = "evidence/thorough-ledger.json"
+_LEDGERS: dict[str, dict] = {}
+
+
+def ledger_runs(git: Git, commit: str | None) -> dict[tuple[str, str, str], int]:
+    """Recorded thorough runs per result key (one per dtype variant and bind) in the commit's
+    ledger; empty where it has none."""
+    out = git.run("ls-tree", "-z", commit, "--", LEDGER).split("\t", 1) if commit else []
+    sha = out[0].split()[2] if len(out) == 2 else None
+    if sha is None:
+        return {}
+    if sha not in _LEDGERS:
+        try:
+            runs = json.loads(git.blob(sha)).get("runs", {})
+        except (ValueError, AttributeError):
+            runs = {}
+        counts: dict[tuple[str, str, str], int] = {}
+        for r in runs.values() if isinstance(runs, dict) else []:
+            k = (r.get("contract"), r.get("check"), r.get("backend"))
+            counts[k] = counts.get(k, 0) + 1
+        _LEDGERS[sha] = counts
+    return _LEDGERS[sha]
+
+
+def compare(old: dict, new: dict, runs: dict) -> dict:
+    """The row's counts; `runs` (the parent's ledger) weighs each staled key by the thorough
+    runs recorded for it before the commit."""
     both = old.keys() & new.keys()
-    return {"results": len(new),
-            "staled_before": sum(old[k][0] != new[k][0] for k in both),
-            "staled_after": sum(old[k][1] != new[k][1] for k in both),
-            "added": len(new.keys() - old.keys()),
-            "removed": len(old.keys() - new.keys())}
+    before = [k for k in both if old[k][0] != new[k][0]]
+    after = [k for k in both if old[k][1] != new[k][1]]
+    return {"results": len(new), "staled_before": len(before), "staled_after": len(after),
+            "added": len(new.keys() - old.keys()), "removed": len(old.keys() - new.keys()),
+            "ledger_runs": sum(runs.values()),
+            "ledger_staled_before": sum(runs.get(k, 0) for k in before),
+            "ledger_staled_after": sum(runs.get(k, 0) for k in after)}
 
 
 def history(repo: Path, n: int, first_parent: bool) -> list[dict]:
@@ -423,7 +462,7 @@ def history(repo: Path, n: int, first_parent: bool) -> list[dict]:
             parent = parents.split()[0] if parents else None
             row = {"commit": sha, "subject": subject, "parent": parent}
             new = hashes(git, sha)
-            row |= compare(hashes(git, parent) if parent else {}, new)
+            row |= compare(hashes(git, parent) if parent else {}, new, ledger_runs(git, parent))
             row["unparsed"] = _BROKEN[sha]
             rows.append(row)
         return rows
@@ -433,18 +472,23 @@ def history(repo: Path, n: int, first_parent: bool) -> list[dict]:
 
 # ---------------------------------------------------------------- output
 def markdown(rows: list[dict], seconds: float) -> str:
-    lines = ["| commit | subject | results | staled before | staled after | added | removed |",
-             "|---|---|--:|--:|--:|--:|--:|"]
+    lines = ["Results are (contract, check, backend) keys; ledger runs are the parent's "
+             f"{LEDGER} entries (one per dtype variant) on the keys staled.", "",
+             "| commit | subject | results | staled before | staled after | added | removed "
+             "| ledger runs | ledger staled before | ledger staled after |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         subj = r["subject"] if len(r["subject"]) <= 60 else r["subject"][:57] + "..."
         subj = subj.replace("|", "\\|")
         lines.append(f"| {r['commit'][:9]} | {subj} | {r['results']} | {r['staled_before']} "
-                     f"| {r['staled_after']} | {r['added']} | {r['removed']} |")
+                     f"| {r['staled_after']} | {r['added']} | {r['removed']} | {r['ledger_runs']} "
+                     f"| {r['ledger_staled_before']} | {r['ledger_staled_after']} |")
     t = totals(rows)
     lines += ["", f"Totals over {t['commits']} commits: staled before {t['staled_before']}, "
                   f"staled after {t['staled_after']}; commits that staled anything: before "
                   f"{t['commits_staling_before']}, after {t['commits_staling_after']}. "
-                  f"Computed in {seconds:.1f} s."]
+                  f"Ledger runs staled: before {t['ledger_staled_before']}, after "
+                  f"{t['ledger_staled_after']}. Computed in {seconds:.1f} s."]
     broken = [f"- {r['commit'][:9]} {b}" for r in rows for b in r["unparsed"]]
     if broken:
         lines += ["", "Contracts that did not parse (their results are not counted):", *broken]
@@ -456,7 +500,9 @@ def totals(rows: list[dict]) -> dict:
             "staled_before": sum(r["staled_before"] for r in rows),
             "staled_after": sum(r["staled_after"] for r in rows),
             "commits_staling_before": sum(r["staled_before"] > 0 for r in rows),
-            "commits_staling_after": sum(r["staled_after"] > 0 for r in rows)}
+            "commits_staling_after": sum(r["staled_after"] > 0 for r in rows),
+            "ledger_staled_before": sum(r["ledger_staled_before"] for r in rows),
+            "ledger_staled_after": sum(r["ledger_staled_after"] for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
