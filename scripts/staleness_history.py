@@ -18,6 +18,14 @@ window spans a layout move (top-level harness/, impl/, reference/, contracts/ ma
 `falsify.*` by pyproject's package-dir, then everything under falsify/), so each commit's
 module names are resolved against its own tree and pyproject. Only `fingerprint`'s hashing
 code is taken from the falsify this script runs with. Mutant results are not counted.
+
+Beside the keys, each row weighs the staled keys by the thorough runs the parent commit's
+evidence/thorough-ledger.json records for them (one per dtype variant): the results a
+`falsify run --changed` after that commit would have redone.
+
+Checked against falsify itself: on this repository's HEAD every key's refs equal
+`fingerprint._refs`, the after hash equals `fingerprint.impl_hash`, and the before hash the
+former code's sha256 over `fingerprint.sources()`.
 """
 
 from __future__ import annotations
