@@ -164,6 +164,35 @@ class Tree:
                     return path, self.files[path]
         return None
 
+    def local_modules(self, top: str) -> tuple[str, ...]:
+        """Every module of the top-level package `top` in this tree, by dotted name: what a
+        backend dispatch's f-string pattern is matched against."""
+        key = "*" + top
+        if key not in self.found:
+            names = set()
+            for path in self.files:
+                if not path.endswith(".py"):
+                    continue
+                for pkg, folder in self.dirs:
+                    if folder and not path.startswith(folder + "/"):
+                        continue
+                    parts = path[len(folder):].strip("/")[:-3].split("/")
+                    parts = parts[:-1] if parts[-1] == "__init__" else parts
+                    name = ".".join(x for x in (pkg, *parts) if x)
+                    if name.split(".")[0] == top and \
+                            all(x.isidentifier() for x in name.split(".")):
+                        names.add(name)
+                    break
+            self.found[key] = tuple(sorted(names))
+        return self.found[key]
+
+    def dep(self, name: str):
+        """What a memo entry's lookup of `name` depended on: the module's identity, or for
+        `*top` the list of the package's modules."""
+        if name.startswith("*"):
+            return self.local_modules(name[1:])
+        return identity(self.resolve(name))
+
     def key(self) -> str:
         """Identifies everything a fingerprint can read: the Python files and the mapping."""
         h = hashlib.sha256(repr(self.dirs).encode())
@@ -219,12 +248,17 @@ class TreeClosure(fp._Closure):
             self.frames[-1][name] = got[0]
         return got[1]
 
+    def local_modules(self, top: str) -> tuple[str, ...]:
+        if self.frames:
+            self.frames[-1]["*" + top] = self.tree.dep("*" + top)
+        return self.tree.local_modules(top)
+
     def _valid(self, deps: dict) -> bool:
         """Whether deps resolve the same in this tree; asked once per entry and tree."""
         ok = self.tree.valid.get(id(deps))
         if ok is None:
             ok = self.tree.valid[id(deps)] = \
-                all(identity(self.tree.resolve(n)) == i for n, i in deps.items())
+                all(self.tree.dep(n) == i for n, i in deps.items())
         return ok
 
     def _memo(self, mod: fp._Module, key, compute):
@@ -287,7 +321,7 @@ def hash_after(tree: Tree, refs: frozenset[str]) -> str:
     modules the walk looked up, so a hash is reused wherever those resolve the same: most
     commits change no module most checks reach."""
     for deps, digest in _AFTER.get(refs, ()):
-        if all(identity(tree.resolve(n)) == i for n, i in deps.items()):
+        if all(tree.dep(n) == i for n, i in deps.items()):
             return digest
     cl = TreeClosure(tree)
     cl.frames.append({})

@@ -297,9 +297,9 @@ def _glob_part(mod: _Module, part: ast.expr) -> str:
     v = part.value if isinstance(part, ast.FormattedValue) else None
     if isinstance(v, ast.Name) and part.format_spec is None and part.conversion == -1:
         stmts = mod.binds.get(v.id, [])
-        if len(stmts) == 1 and isinstance(stmts[0], ast.Assign) \
-                and isinstance(stmts[0].value, ast.Constant) and isinstance(stmts[0].value.value, str):
-            return glob_escape(stmts[0].value.value)
+        value = stmts[0].value if len(stmts) == 1 and isinstance(stmts[0], ast.Assign) else None
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return glob_escape(value.value)
     return "*"
 
 
@@ -319,6 +319,9 @@ class _Closure:
             return None
         st = path.stat()
         return _parsed(path, (st.st_mtime_ns, st.st_size), name)
+
+    def local_modules(self, top: str) -> tuple[str, ...]:
+        return _local_modules(top, self.roots)
 
     def whole(self, module: str, reason: str) -> None:
         if self.module(module) is not None:
@@ -427,7 +430,7 @@ class _Closure:
         found = False
         for v in values:
             pattern = "".join(_glob_part(mod, p) for p in v.values)
-            for name in _local_modules(pattern.split(".")[0], self.roots):
+            for name in self.local_modules(pattern.split(".")[0]):
                 if fnmatch.fnmatchcase(name, pattern):
                     found = True
                     self.whole(name, f"imported by {mod.name} as importlib.import_module"
