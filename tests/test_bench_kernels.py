@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,11 @@ def test_save_baseline_then_check_pass_and_fail(tmp_path):
     assert {"cpu", "cores", "torch", "threads"} <= set(doc["machine"]) and doc["quick"] is True
     assert [(x["kernel"], x["pass"]) for x in doc["rows"]] == [("softmax", "fwd")] * 2
     assert not list(base.parent.glob("*.tmp"))  # the temp file was renamed, not left behind
+    # in a log (no terminal), one line per finished case on stderr, beside stdout's table
+    done = [ln for ln in r.stderr.splitlines() if re.match(
+        r"^bench kernels: softmax \S+ fwd: ours [\d.]+ ms, eager [\d.]+ ms, ratio [\d.]+, "
+        r"\d+ s$", ln)]
+    assert len(done) == 2, r.stderr
 
     # every row's baseline ratio made 1000× worse: this run is faster everywhere, the check
     # passes (a literal re-check of the same numbers passes or fails with the machine's load:

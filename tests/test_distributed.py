@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,6 +234,10 @@ def test_bench_distributed_counts_the_whole_gradient_once():
     assert out["bytes_per_step"] == out["fp32_grad_bytes"] == 4 * out["params"], out
     assert out["single_step_s"] > 0 and out["ddp_step_s"] > 0 and out["speedup"] > 0, out
     assert -1 < out["comm_share"] < 1, out
+    # in a log (no terminal): one line per finished side on stderr, beside stdout's JSON
+    assert re.search(r"^bench distributed: one process: step [\d.]+ ms, \d+ s$\n"
+                     r"^bench distributed: DDP 2 processes: step [\d.]+ ms, \d+ s$",
+                     r.stderr, re.M), r.stderr
 
 
 @pytest.mark.heavy

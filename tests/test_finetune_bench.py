@@ -15,8 +15,14 @@ def test_bench_finetune_tiny_json(capsys):
 
     assert main(["bench", "finetune", "--size", "tiny", "--steps", "1", "--no-memory",
                  "--format", "json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
     assert [r["base"] for r in rows] == ["nf4", "q8_0"]
+    # in a log (no terminal): one line per finished base on stderr, beside stdout's JSON
+    done = [m[1] for m in (re.match(r"^bench finetune: (\S+): ours \d+ tok/s, reference \d+ "
+                                    r"tok/s, ratio [\d.]+, \d+ s$", ln)
+                           for ln in err.splitlines()) if m]
+    assert done == ["nf4", "q8_0"], err
     for r in rows:
         assert r["ours_tok_s"] > 0 and r["theirs_tok_s"] > 0
         assert r["tok_s_ratio"] == pytest.approx(r["ours_tok_s"] / r["theirs_tok_s"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -272,6 +273,10 @@ def test_bench_grpo_times_both_sides(tmp_path):
         assert s["steps"] == 1 and s["step_s"] > 0 and s["peak"] > 0
         assert 0 < s["completion_tokens"] <= 2 * 2 * 4 and s["tok_s"] > 0
     assert out["theirs"]["name"].startswith("TRL")
+    # in a log (no terminal): one line per finished side on stderr, beside stdout's JSON
+    done = [ln.split(":")[1].strip() for ln in r.stderr.splitlines()
+            if re.match(r"^bench grpo: \w+: \d+ tok/s, step \d+ ms, \d+ s$", ln)]
+    assert done == ["ours", "theirs"], r.stderr
 
 
 def test_completions_end_at_their_first_stop_token_which_they_keep():

@@ -25,7 +25,8 @@ THIRD_PARTY = re.compile(r"Failed to load .*\.so|_pytree|USDT|profiler_start|Loa
 
 def _env():
     env = dict(os.environ, COLUMNS="200")
-    for k in ("FALSIFY_QUIET", "TRITON_INTERPRET", "HF_HUB_DISABLE_PROGRESS_BARS"):
+    for k in ("FALSIFY_QUIET", "TRITON_INTERPRET", "HF_HUB_DISABLE_PROGRESS_BARS",
+              "KINETO_LOG_LEVEL"):
         env.pop(k, None)  # as a user's shell has it: the defaults decide
     return env
 
@@ -39,6 +40,19 @@ def test_importing_torchao_after_falsify_prints_nothing():
     # deprecation): importing it after falsify, as our commands do, must stay silent
     proc = subprocess.run([sys.executable, "-c", "import falsify, torchao"], env=_env(),
                           capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert _noise(proc.stdout + proc.stderr) == []
+
+
+def test_the_torch_profiler_after_falsify_prints_nothing():
+    # kineto writes "USDT: ... profiler_start" / "profiler_stop" to stderr per profile; the
+    # probes and the train/finetune benches open one per check or per side
+    code = ("import falsify, torch\n"
+            "from torch.profiler import ProfilerActivity, profile\n"
+            "with profile(activities=[ProfilerActivity.CPU]):\n"
+            "    torch.ones(4) @ torch.ones(4)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert _noise(proc.stdout + proc.stderr) == []
 

@@ -4,6 +4,7 @@ command that reproduces it, and FALSIFY_SEED making a check's examples repeatabl
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from tests.test_check_semantics import contract_dict
 ROOT = Path(__file__).resolve().parents[1]
 
 FNS = "tests.fixtures.alarm_fns"
+# a soak's line per finished round, in a log
+ROUND = re.compile(r"^falsify soak: (?P<contract>\S+) seed (?P<seed>\d+): "
+                   r"(?P<passed>\d+) passed, (?P<failed>\d+) failed, \d+ s"
+                   r"( \(cut at the deadline\))?$")
 
 
 def _contract_dir(tmp_path, predicate: str):
@@ -61,6 +66,15 @@ def test_soak_reports_a_failure_with_a_command_that_reproduces_it(tmp_path):
                  if "reproduce: " in line)
     # the contract is the project's own, so the command names it by id
     assert repro.startswith("falsify run fix-kernel-v1 --seed ") and " -k test_" in repro
+    # printed when the failure happens: between the line of the round before and the line
+    # its own round prints when it ends, which names the seed the command reproduces
+    err = r.stderr.splitlines()
+    ends = [i for i, line in enumerate(err) if ROUND.match(line)]
+    failing = next(i for i in ends if ROUND.match(err[i])["failed"] != "0")
+    before = max([i for i in ends if i < failing], default=-1)
+    within = [line for line in err[before + 1:failing] if "reproduce: " in line]
+    assert within and all(f"--seed {ROUND.match(err[failing])['seed']} " in line
+                          for line in within), r.stderr
     again = _falsify(shlex.split(repro)[1:] + ["-n", "1"], env, tmp_path)
     assert again.returncode == 1, again.stdout + again.stderr
     assert "reproduce: falsify run" in again.stdout + again.stderr  # printed by run too
@@ -73,6 +87,10 @@ def test_soak_passes_when_nothing_fails_and_stops_in_time(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert time.monotonic() - t0 < 0.3 * 60 + 10
     assert "0 failure(s)" in r.stdout
+    # in a log (no terminal): one line per finished round with its counts and seconds
+    rounds = [m for m in map(ROUND.match, r.stderr.splitlines()) if m]
+    assert rounds and all(m["contract"] == "fix-kernel-v1" for m in rounds), r.stderr
+    assert all(m["failed"] == "0" for m in rounds) and int(rounds[0]["passed"]) > 0
 
 
 def test_a_seeded_run_prints_a_rerun_line_with_its_selection(tmp_path):

@@ -4,6 +4,7 @@ refused when the two models do not compute the same loss."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -29,8 +30,10 @@ def test_bench_train_runs_all_sides(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["bench", "train", "--presets", "tiny", "--batch", "2", "--seq", "32",
                  "--steps", "2", "--warmup", "1", "--threads", "1", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
     (r,) = json.loads(out.read_text())
+    # in a log (no terminal): one line per finished preset on stderr
+    assert re.search(r"^bench train: tiny: 2x32, 2 steps per side, \d+ s$", err, re.M), err
     cfg = preset("tiny", max_seq_len=32)
     assert r["params"] == param_count(cfg) and (r["batch"], r["seq"]) == (2, 32)
     lc = r["loss_check"]

@@ -117,13 +117,28 @@ def _rank(rank: int, world: int, tmp: str, batch: int, steps: int) -> None:
 
 
 def run(world: int, batch: int, steps: int) -> dict:
+    """One process, then `world` DDP processes, watched through the shared progress display
+    on stderr, redrawn between the two only: on a terminal sides done of total and an ETA; in
+    a log one line per finished side."""
     import torch.multiprocessing as mp
+    from rich.console import Console
 
-    one = _single(batch, world, steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank, args=(world, tmp, batch, steps), nprocs=world,
-                           start_method="spawn", join=True)
-        ddp = json.loads(Path(tmp, "rank0.json").read_text())
+    from falsify.harness.progress import Progress
+
+    with Progress(Console(stderr=True), "sides", total=2, ticking=False) as view:
+        view.start(f"one process, {steps} steps")
+        t0 = time.monotonic()
+        one = _single(batch, world, steps)
+        view.finished(f"bench distributed: one process: step {one['step_s'] * 1e3:.1f} ms, "
+                      f"{time.monotonic() - t0:.0f} s")
+        view.start(f"DDP, {world} processes, {steps} steps")
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.start_processes(_rank, args=(world, tmp, batch, steps), nprocs=world,
+                               start_method="spawn", join=True)
+            ddp = json.loads(Path(tmp, "rank0.json").read_text())
+        view.finished(f"bench distributed: DDP {world} processes: step "
+                      f"{ddp['step_s'] * 1e3:.1f} ms, {time.monotonic() - t0:.0f} s")
     p = one["params"]
     return {"world": world, "batch_per_rank": batch, "global_rows": batch * world * 2,
             "steps": steps, "backend": "gloo", "params": p,

@@ -334,7 +334,7 @@ def cmd_finetune(args) -> int:
         print(json.dumps(measure_memory(args.measure, args.size, args.bnb, args.base)))
         return 0
     bases = list(BASES) if args.base == "all" else [args.base]
-    rows = [run(args.size, args.steps, not args.no_memory, b) for b in bases]
+    rows = _rows(args, bases)
     if args.format == "json":
         print(json.dumps({"rows": rows}, indent=1, default=str))
         return 0
@@ -344,6 +344,27 @@ def cmd_finetune(args) -> int:
     for r in rows:
         _print_row(c, r)
     return 0
+
+
+def _rows(args, bases: list[str]) -> list[dict]:
+    """One row per quantized base, watched through the shared progress display on stderr
+    (stdout is the table or JSON), redrawn between bases only, never while a step is timed: on
+    a terminal bases done of total and an ETA; in a log one line per finished base."""
+    from rich.console import Console
+
+    from falsify.harness.progress import Progress
+
+    rows = []
+    with Progress(Console(stderr=True), "bases", total=len(bases), ticking=False) as view:
+        for b in bases:
+            view.start(f"{b} ({args.size}, {args.steps} steps per side)")
+            t0 = time.monotonic()
+            r = run(args.size, args.steps, not args.no_memory, b)
+            rows.append(r)
+            view.finished(f"bench finetune: {b}: ours {r['ours_tok_s']:.0f} tok/s, reference "
+                          f"{r['theirs_tok_s']:.0f} tok/s, ratio {r['tok_s_ratio']:.2f}, "
+                          f"{time.monotonic() - t0:.0f} s")
+    return rows
 
 
 def _print_row(c, r: dict) -> None:

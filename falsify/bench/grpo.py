@@ -166,6 +166,28 @@ def _side(which: str, args) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _sides(args) -> dict:
+    """Ours, then TRL, each in its own process, watched through the shared progress display on
+    stderr (stdout is the table or JSON): on a terminal sides done of total and an ETA; in a
+    log one line per finished side. A side that could not run is printed when it ends."""
+    from rich.console import Console
+
+    from falsify.harness.progress import Progress
+
+    out = {}
+    with Progress(Console(stderr=True), "sides", total=2, ticking=False) as view:
+        for which in ("ours", "theirs"):
+            view.start(f"{which} ({args.steps} steps)")
+            t0 = time.monotonic()
+            out[which] = r = _side(which, args)
+            if "error" in r:
+                view.failed(f"bench grpo: {which} failed: {r['error']}")
+            view.finished(f"bench grpo: {which}: " + (
+                "failed" if "error" in r else f"{r['tok_s']:.0f} tok/s, step "
+                f"{r['step_s'] * 1e3:.0f} ms") + f", {time.monotonic() - t0:.0f} s")
+    return out
+
+
 def register(sub) -> None:
     p = sub.add_parser("grpo", help="GRPO steps, ours vs TRL's GRPOTrainer: time, memory",
                        description=__doc__.split("\n")[0])
@@ -189,8 +211,7 @@ def cmd_grpo(args) -> int:
         print(json.dumps(measure(args.measure, args.prompts, args.group, args.tokens,
                                  args.steps, args.threads)))
         return 0
-    r = {"ours": _side("ours", args), "theirs": _side("theirs", args),
-         "setup": {**MODEL, "prompts": args.prompts, "group": args.group,
+    r = {**_sides(args), "setup": {**MODEL, "prompts": args.prompts, "group": args.group,
                    "tokens": args.tokens, "steps": args.steps, "threads": args.threads}}
     if args.format == "json":
         print(json.dumps(r, indent=1))

@@ -288,26 +288,7 @@ def cmd_kernels(args) -> int:
     triton_env.announce()  # its Triton timings are the interpreter's
     dev = _device()
     peaks = gpu_peaks() if dev == "cuda" else None
-    rows = []
-    for c in chosen:
-        sides = {"ours": c.ours, "baseline": c.baseline}
-        if dev == "cuda" and c.triton is not None:
-            sides["triton"] = c.triton
-        t = time_sides(c, sides, args.repeats, dev)
-        row = dict(kernel=c.kernel, shape=c.label, size=c.size, **{"pass": c.passes},
-                   baseline=c.baseline_name, ours_ms=t["ours"] * 1e3,
-                   base_ms=t["baseline"] * 1e3, time_ratio=t["ours"] / t["baseline"])
-        if "triton" in t:
-            row.update(triton_ms=t["triton"] * 1e3,
-                       triton_ratio=t["triton"] / t["baseline"],
-                       triton_throughput=_throughput(c, t["triton"], peaks),
-                       ours_throughput=_throughput(c, t["ours"], peaks))
-        if not args.no_memory:
-            mo = peak_in_subprocess(c, "ours", args.quick)
-            mb = peak_in_subprocess(c, "baseline", args.quick)
-            row.update(ours_peak_mb=mo / 2**20, base_peak_mb=mb / 2**20,
-                       mem_ratio=mo / mb if mb else None)
-        rows.append(row)
+    rows = _measure(args, chosen, dev, peaks)
     missing, new = compare(rows, baseline["rows"]) if baseline else ([], [])
     if args.save_baseline:
         save_baseline(args.save_baseline, rows, args.quick)
@@ -323,6 +304,43 @@ def cmd_kernels(args) -> int:
         print(f"baseline written to {args.save_baseline}",
               file=sys.stderr if args.format == "json" else sys.stdout)
     return 1 if failed else 0
+
+
+def _measure(args, chosen: list[Case], dev: str, peaks) -> list[dict]:
+    """One row per case, watched through the shared progress display on stderr (stdout is
+    the table or JSON): on a terminal cases done of total and an ETA from the cases' mean; in a
+    log one line per finished case. It is redrawn between cases only, never while timing."""
+    from rich.console import Console
+
+    from falsify.harness.progress import Progress
+
+    rows = []
+    with Progress(Console(stderr=True), "cases", total=len(chosen), ticking=False) as view:
+        for c in chosen:
+            view.start(" ".join(c.key))
+            t0 = time.monotonic()
+            sides = {"ours": c.ours, "baseline": c.baseline}
+            if dev == "cuda" and c.triton is not None:
+                sides["triton"] = c.triton
+            t = time_sides(c, sides, args.repeats, dev)
+            row = dict(kernel=c.kernel, shape=c.label, size=c.size, **{"pass": c.passes},
+                       baseline=c.baseline_name, ours_ms=t["ours"] * 1e3,
+                       base_ms=t["baseline"] * 1e3, time_ratio=t["ours"] / t["baseline"])
+            if "triton" in t:
+                row.update(triton_ms=t["triton"] * 1e3,
+                           triton_ratio=t["triton"] / t["baseline"],
+                           triton_throughput=_throughput(c, t["triton"], peaks),
+                           ours_throughput=_throughput(c, t["ours"], peaks))
+            if not args.no_memory:
+                mo = peak_in_subprocess(c, "ours", args.quick)
+                mb = peak_in_subprocess(c, "baseline", args.quick)
+                row.update(ours_peak_mb=mo / 2**20, base_peak_mb=mb / 2**20,
+                           mem_ratio=mo / mb if mb else None)
+            rows.append(row)
+            view.finished(f"bench kernels: {' '.join(c.key)}: ours {row['ours_ms']:.3f} ms, "
+                          f"eager {row['base_ms']:.3f} ms, ratio {row['time_ratio']:.2f}, "
+                          f"{time.monotonic() - t0:.0f} s")
+    return rows
 
 
 def _print_table(rows, dev, peaks, checked) -> None:

@@ -84,6 +84,12 @@ def run_job(job: Job, root: Path, logdir: Path) -> Timing:
     return Timing(job, time.perf_counter() - t0, proc.returncode, log)
 
 
+def fmt_goal(left: list[Job]) -> str:
+    from falsify.harness.progress import fmt_seconds
+
+    return fmt_seconds(sum(j.goal_s for j in left))
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     """What a failed job's log says: each failure line the run printed as it happened (they
     name the contract and check, and lie above the summary), then the log's last lines."""
@@ -117,16 +123,26 @@ def cmd_self(args) -> int:
     proj = require_project("falsify bench self")
     if args.ci and not (proj.root / ".ci" / "run").is_file():
         raise UsageError(f"--ci: the project at {proj.root} has no .ci/run")
+    from rich.console import Console
+
+    from falsify.harness.progress import Progress
+
     with tempfile.TemporaryDirectory(prefix="falsify-bench-self-") as tmp:
         timings = []
-        for job in jobs(args, Path(tmp) / "ledger.json"):
-            t = run_job(job, proj.root, Path(tmp))
-            timings.append(t)
-            # one line per finished job: the bench takes minutes, and may run in a log
-            print(f"bench self: {job.name}: {t.wall_s:.1f} s (goal {job.goal_s:g} s), "
-                  f"{t.verdict}", file=sys.stderr, flush=True)
-            if t.exit != 0:
-                print(_tail(t.log), file=sys.stderr)
+        todo = jobs(args, Path(tmp) / "ledger.json")
+        # the jobs take minutes: on a terminal jobs done of total, the job now and an ETA
+        # from their goals; in a log one line per finished job. Stderr: stdout is the report.
+        view = Progress(Console(stderr=True), "jobs", total=len(todo), ticking=False,
+                        eta=lambda: "goals left " + fmt_goal(todo[len(timings):]))
+        with view:
+            for job in todo:
+                view.start(job.name)
+                t = run_job(job, proj.root, Path(tmp))
+                timings.append(t)
+                view.finished(f"bench self: {job.name}: {t.wall_s:.1f} s (goal {job.goal_s:g} "
+                              f"s), {t.verdict}")
+                if t.exit != 0:
+                    view.failed(_tail(t.log))
         report(timings, args.format)
     return 1 if any(t.exit != 0 for t in timings) else 0
 

@@ -481,19 +481,8 @@ def cmd_train(args) -> int:
     peak = _gemm_peak(threads)
     console.print(f"fp32 GEMM peak measured here (1024^3, {threads} threads): "
                   f"{peak / 1e9:.1f} GFLOP/s")
-    results = []
-    for name in args.presets.split(","):
-        b, s = default_shape(name)
-        r = bench_preset(name, args.batch or b, args.seq or s, args.steps, args.warmup,
-                         threads, args.backend)
-        peak = max(peak, r["gemm_peak"])
-        results.append(r)
-        lc = r["loss_check"]
-        console.print(f"[bold]{name}[/] ({r['params']:,} params, batch {r['batch']}x"
-                      f"{r['seq']}): same loss: ours {lc['loss_ours']:.6f} vs transformers "
-                      f"{lc['loss_hf']:.6f} (|diff| {lc['diff']:.1e} <= tol {lc['tol']:.1e}; "
-                      f"max |logit diff| {lc['max_logit_diff']:.1e})")
-    peak = max(peak, _gemm_peak(threads))
+    results = _presets(args, threads, console)
+    peak = max([peak, _gemm_peak(threads), *(r["gemm_peak"] for r in results)])
     load = (load[0], os.getloadavg()[0])
     for r in results:
         r["gemm_peak_gflop_s"] = peak / 1e9
@@ -508,6 +497,34 @@ def cmd_train(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _presets(args, threads: int, console) -> list[dict]:
+    """One result per preset, watched through the shared progress display on stderr, redrawn
+    between presets only (the steps are timed in child processes on the same cores): on a
+    terminal presets done of total and an ETA; in a log one line per finished preset."""
+    from rich.console import Console
+
+    from falsify.harness.progress import Progress
+
+    names = args.presets.split(",")
+    results = []
+    with Progress(Console(stderr=True), "presets", total=len(names), ticking=False) as view:
+        for name in names:
+            b, s = default_shape(name)
+            view.start(f"{name} ({args.warmup} + {args.steps} steps per side)")
+            t0 = time.monotonic()
+            r = bench_preset(name, args.batch or b, args.seq or s, args.steps, args.warmup,
+                             threads, args.backend)
+            results.append(r)
+            lc = r["loss_check"]
+            console.print(f"[bold]{name}[/] ({r['params']:,} params, batch {r['batch']}x"
+                          f"{r['seq']}): same loss: ours {lc['loss_ours']:.6f} vs transformers "
+                          f"{lc['loss_hf']:.6f} (|diff| {lc['diff']:.1e} <= tol "
+                          f"{lc['tol']:.1e}; max |logit diff| {lc['max_logit_diff']:.1e})")
+            view.finished(f"bench train: {name}: {r['batch']}x{r['seq']}, {args.steps} steps "
+                          f"per side, {time.monotonic() - t0:.0f} s")
+    return results
 
 
 def _print_tables(console, results: list[dict]) -> None:

@@ -62,23 +62,28 @@ def _parse_binds(binds: list[str], contracts, allow_any: bool) -> dict[str, str]
 
 
 class _Progress:
-    """pytest plugin: what a person watching the run sees while it goes on. On a terminal, a
-    live rich display: contracts done of total, checks passed and failed so far, the contract
-    running now and an ETA from the seconds the ledger recorded for each test; in a log, one
-    line per finished contract with its counts and seconds. A failure is printed when its
-    report reaches the controller, not only in the summary at the end."""
+    """pytest plugin: what a person watching the run sees while it goes on, through the shared
+    display (falsify.harness.progress): on a terminal, contracts done of total, checks passed
+    and failed so far, the contract running now and an ETA from the seconds the ledger recorded
+    for each test; in a log, one line per finished contract with its counts and seconds. A
+    failure is printed when its report reaches the controller, not only in the summary."""
 
     def __init__(self, console, contracts: dict[str, str], expected: dict[str, float],
                  workers: int):
+        from falsify.harness.progress import Progress
+
         self.console = console
         self.contracts = contracts  # generated module file name -> contract id
         self.expected = expected  # node id -> seconds it took last time
         self.workers = max(1, workers)
         self.left: dict[str, set[str]] = {}  # contract -> node ids not reported yet
         self.counts: dict[str, list] = {}  # contract -> [passed, failed, first report time]
-        self.passed = self.failed = 0
-        self.now = ""
-        self.progress = self.task = None
+        # the ETA is worked out here, on pytest's thread, as reports arrive: the display
+        # redraws on a thread of its own, which must not walk the sets these hooks change
+        self.eta = ""
+        self.view = Progress(console, "contracts", eta=lambda: self.eta)
+        self.shown = False
+        self.closed: set[str] = set()  # contracts whose line is printed
 
     def _contract(self, nodeid: str) -> str:
         return self.contracts.get(nodeid.split("::")[0].rsplit("/", 1)[-1], "?")
@@ -86,16 +91,11 @@ class _Progress:
     def _collected(self, nodeids) -> None:
         for n in nodeids:
             self.left.setdefault(self._contract(n), set()).add(n)
-        if not self.console.is_terminal or self.progress is not None:
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("[bold]contracts {task.fields[done]}"), BarColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                 console=self.console, transient=False)
-        self.progress.start()
-        self.task = self.progress.add_task("run", total=None, done="", status="")
-        self._refresh()
+        self.eta = self._eta()
+        self.view.set_total(len(self.left))
+        if not self.shown:
+            self.shown = True
+            self.view.__enter__()
 
     def pytest_collection_finish(self, session):
         self._collected(i.nodeid for i in session.items)
@@ -106,45 +106,35 @@ class _Progress:
             self._collected(ids)
 
     def _eta(self) -> str:
+        from falsify.harness.progress import fmt_seconds
+
         left = [n for ns in self.left.values() for n in ns]
         known = [self.expected[n] for n in left if n in self.expected]
         if not known:
             return "ETA unknown (no durations in the ledger)" if left else ""
         mean = sum(known) / len(known)
-        secs = (sum(known) + mean * (len(left) - len(known))) / self.workers
-        return f"ETA {secs / 60:.0f} min" if secs >= 90 else f"ETA {secs:.0f} s"
-
-    def _refresh(self) -> None:
-        if self.progress is None:
-            return
-        total = len(self.left)
-        done = sum(not ns for ns in self.left.values())
-        failed = f", [red]{self.failed} failed[/]" if self.failed else ""
-        self.progress.update(self.task, total=total, completed=done, done=f"{done}/{total}",
-                             status=f"checks {self.passed} passed{failed}; now {self.now}; "
-                                    f"{self._eta()}")
+        return f"ETA {fmt_seconds((sum(known) + mean * (len(left) - len(known))) / self.workers)}"
 
     def pytest_runtest_logreport(self, report):
         if not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return
         cid = self._contract(report.nodeid)
-        self.now = cid
         count = self.counts.setdefault(cid, [0, 0, time.time() - report.duration])
         ok = not report.failed
         count[0 if ok else 1] += 1
-        self.passed += ok
-        self.failed += not ok
+        left = self.left.setdefault(cid, set())
+        left.discard(report.nodeid)
+        self.eta = self._eta()
+        self.view.now = cid
+        self.view.check(ok)
         if report.failed:
             what = "MUTANT SURVIVED" if "falsify_mutant" in report.keywords else "FAILED"
             line = str(report.longrepr).strip().splitlines()
-            self.console.print(f"{what} {report.nodeid}: {line[-1] if line else report.when}",
-                               markup=False, style="bold red", soft_wrap=True)
-        left = self.left.setdefault(cid, set())
-        left.discard(report.nodeid)
-        if not left and self.progress is None:
-            self.console.print(f"falsify: {cid}: {count[0]} passed, {count[1]} failed, "
-                               f"{time.time() - count[2]:.0f} s", markup=False)
-        self._refresh()
+            self.view.failed(f"{what} {report.nodeid}: {line[-1] if line else report.when}")
+        if not left and cid not in self.closed:
+            self.closed.add(cid)
+            self.view.finished(f"falsify: {cid}: {count[0]} passed, {count[1]} failed, "
+                               f"{time.time() - count[2]:.0f} s")
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -152,10 +142,8 @@ class _Progress:
             self.console.print(str(report.longrepr), markup=False)
 
     def pytest_sessionfinish(self, session):
-        if self.progress is not None:
-            self.now = "-"
-            self._refresh()
-            self.progress.stop()
+        if self.shown:
+            self.view.__exit__(None, None, None)
 
 
 def _expected_seconds(ledger_path) -> dict[str, float]:

@@ -8,6 +8,11 @@ draws the same examples again (falsify/harness/runtime.py `check_settings`). Eac
 keeps its own example database: a failure one round saved is not replayed in the next, where
 it would be reported under a seed that does not reproduce it.
 
+While it runs (falsify.harness.progress, on stderr): on a terminal a live display of rounds
+done, contracts covered, checks passed and failed so far, the round running now and the time
+left; in a log one line per finished round, `falsify soak: CONTRACT seed N: P passed, F failed,
+S s`. A failing check and its reproducing command are printed as its result arrives.
+
 Exit codes: 0 nothing failed, 1 a check failed (or errored), 2 usage error.
 """
 
@@ -43,10 +48,12 @@ class Round:
     rc: int = 0
 
 
-def _run_round(module: Path, contract: str, seed: int, budget_s: float, manifest: Path) -> Round:
+def _run_round(module: Path, contract: str, seed: int, budget_s: float, manifest: Path,
+               on_result=lambda node, failed: None) -> Round:
     """One contract's checks under `seed` in a child pytest, stopped at `budget_s`; the run
     manifest names the contract's file, the `fast` profile, the backends and the round's
-    ledger, as `falsify run` hands them over."""
+    ledger, as `falsify run` hands them over. `on_result(node, failed)` is called as each
+    check's result line arrives, so a failure is reported when it happens."""
     import queue
     import threading
 
@@ -80,8 +87,10 @@ def _run_round(module: Path, contract: str, seed: int, budget_s: float, manifest
         m = _RESULT.match(line.strip())
         if m and m["outcome"] != "SKIPPED":
             r.ran += 1
-            if m["outcome"] in ("FAILED", "ERROR"):
+            failed = m["outcome"] in ("FAILED", "ERROR")
+            if failed:
                 r.failures.append(m["node"])
+            on_result(m["node"], failed)
     if r.cut and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -119,7 +128,6 @@ def seedless_keys(c) -> list[str]:
 
 
 def cmd_soak(args) -> int:
-    from falsify.harness import handover
     from falsify.harness.project import require_project, resolve_id
 
     if args.minutes <= 0:
@@ -147,14 +155,36 @@ def cmd_soak(args) -> int:
         raise UsageError("no check of these contracts draws examples (training probes, proofs "
                          "and compiles give the same result under every seed): nothing to soak")
     start = secrets.randbelow(len(order))  # a long soak and a short one cover different ones
-    rounds: list[Round] = []
-    failures: list[tuple[Round, str]] = []
     print(f"falsify soak: {len(order)} contract(s), {args.minutes:g} min, a fresh seed per "
           "round", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="falsify-soak-") as tmp:
+    rounds, failures = _soak(args, proj, by_id, modules, names, backends,
+                             order[start:] + order[:start], end)
+    checks = sum(r.ran for r in rounds)
+    print(f"soak: {len(rounds)} seed(s) drawn, {checks} check(s) run, {len(failures)} "
+          f"failure(s) in {args.minutes:g} min")
+    return 1 if failures else 0
+
+
+def _soak(args, proj, by_id, modules, names, backends, order, end):
+    """The rounds until `end` (a monotonic time), round-robin over `order`, each watched
+    through the shared progress display (falsify.harness.progress): on a terminal rounds done,
+    contracts covered, checks passed and failed so far, the round running now and the time
+    left; in a log one line per finished round. A failing check is printed with the command
+    that reproduces it as its result line arrives. Returns (rounds, failures)."""
+    from rich.console import Console
+
+    from falsify.harness import handover
+    from falsify.harness.progress import Progress, fmt_seconds
+
+    rounds: list[Round] = []
+    failures: list[tuple[Round, str]] = []
+    covered: set[str] = set()
+    view = Progress(Console(stderr=True), "rounds",
+                    eta=lambda: f"{fmt_seconds(max(0.0, end - time.monotonic()))} left")
+    with view, tempfile.TemporaryDirectory(prefix="falsify-soak-") as tmp:
         k = 0
         while (left := end - time.monotonic()) > 1.0:  # the clock between rounds
-            cid = order[(start + k) % len(order)]
+            cid = order[k % len(order)]
             seed = secrets.randbits(32)
             ledger = Path(tmp) / f"round-{k}.json"
             manifest = handover.write(Path(tmp) / f"round-{k}.manifest.json", handover.Manifest(
@@ -162,28 +192,32 @@ def cmd_soak(args) -> int:
                             reuse=seedless_keys(by_id[cid])),
                 results=str(Path(tmp) / f"round-{k}.results.json"),
                 example_db=str(Path(tmp) / f"round-{k}.examples")))
-            r = _run_round(modules[cid], cid, seed, left, manifest)
+
+            def result(node, failed, cid=cid, seed=seed):
+                view.check(not failed)
+                if failed:
+                    view.failed(f"FAILED {node}\n    reproduce: "
+                                f"{repro_command(names[cid], seed, node, args.backend)}")
+
+            view.start(f"{cid} seed {seed}")
+            t0 = time.monotonic()
+            r = _run_round(modules[cid], cid, seed, left, manifest, result)
             rounds.append(r)
-            msgs = _messages(ledger)
-            state = "cut at the deadline" if r.cut else "done"
-            print(f"round {k + 1}: {cid} seed {seed}: {r.ran} check(s), "
-                  f"{len(r.failures)} failure(s) ({state})", file=sys.stderr, flush=True)
+            covered.add(cid)
+            view.extra = f"contracts covered {len(covered)}/{len(order)}"
+            view.finished(f"falsify soak: {cid} seed {seed}: {r.ran - len(r.failures)} passed, "
+                          f"{len(r.failures)} failed, {time.monotonic() - t0:.0f} s"
+                          + (" (cut at the deadline)" if r.cut else ""))
+            msgs = _messages(ledger)  # the ledger is written when the round ends
             for node in r.failures:
                 failures.append((r, node))
-                print(f"  FAILED {node}", file=sys.stderr)
                 if msgs.get(node):
-                    print(f"    {msgs[node]}", file=sys.stderr)
-                print(f"    reproduce: {repro_command(names[cid], seed, node, args.backend)}",
-                      file=sys.stderr, flush=True)
+                    view.failed(f"  {node}: {msgs[node]}")
             if not r.cut and r.rc not in (0, 1, 5):  # 2-4: interrupted, internal, usage
-                print(f"  pytest exited {r.rc} (collection or internal error) for {cid}",
-                      file=sys.stderr, flush=True)
+                view.failed(f"  pytest exited {r.rc} (collection or internal error) for {cid}")
                 failures.append((r, f"{cid}: pytest exit {r.rc}"))
             k += 1
-    checks = sum(r.ran for r in rounds)
-    print(f"soak: {len(rounds)} seed(s) drawn, {checks} check(s) run, {len(failures)} "
-          f"failure(s) in {args.minutes:g} min")
-    return 1 if failures else 0
+    return rounds, failures
 
 
 def register(sub) -> None:
