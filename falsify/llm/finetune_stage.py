@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -26,6 +25,7 @@ from falsify.llm.grpo import reward_summary, shipped_toy_problems
 from falsify.llm.lora_model import LoraConfigError
 from falsify.llm.preflight import PreflightError
 from falsify.llm.rewards import RewardConfigError, RewardFailed, check_reward_origin
+from falsify.llm.run_base import report_error
 from falsify.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
@@ -173,13 +173,8 @@ def run_finetune(args, console: Console) -> int:
                       f"out_dir={cfg.out_dir}")
         result = FT.finetune(cfg, resume=args.resume, console=console)
     except (ConfigError, PreflightError, DataError, LoraConfigError,
-            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-        return 2
-    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
-        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
-                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
-        return 2
+            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed, OSError) as e:
+        return report_error(console, e)
     except AndonStop as e:
         console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "
                       f"{ckpt_mod.latest_checkpoint(cfg.out_dir)}")
