@@ -149,27 +149,12 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
     if keep is not None:
         console.print("  every adapter keeps the same pruning masks: the merged model keeps "
                       f"them too ({LM.MASKS_FILE})")
-    for w in written:
-        console.print(f"  wrote {w}")
-    if args.no_perplexity:
-        return 0
-    if tok_path is None:
-        console.print("note: no tokenizer found for these adapters: no perplexity reported")
-        return 0
-    from falsify.llm import evaluate as EV
-
-    tok = data_mod.load_tokenizer(tok_path)
-    texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
-    rows = ([("base (as the adapters were trained against)", LM.base_as_trained(adapted[0]))]
-            + list(zip(args.models, adapted)) + [("merged", merged)])
-    for label, m in rows:
-        ppl = EV.perplexity(m, tok, texts)["perplexity"]
-        console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
-    return 0
+    return show_written(console, args, written, tok_path, "adapters", lambda: (
+        [("base (as the adapters were trained against)", LM.base_as_trained(adapted[0]))]
+        + list(zip(args.models, adapted)) + [("merged", merged)]))
 
 
 def merge_models_cmd(args, layouts: list[str], console) -> int:
-    from falsify.llm import evaluate as EV
     from falsify.llm import model_merge as MM
 
     try:
@@ -205,16 +190,27 @@ def merge_models_cmd(args, layouts: list[str], console) -> int:
         return 2
     console.print(f"merged {len(loaded)} model(s) by {args.method}"
                   + (f" against {base.source}" if base else ""))
+    return show_written(console, args, written, tok_path, "models",
+                        lambda: [(b.source, b.model) for b in everyone] + [("merged", merged)])
+
+
+def show_written(console, args, written: list[Path], tok_path: str | None, inputs: str,
+                 rows) -> int:
+    """A --method merge's directories written and, unless --no-perplexity, the held-out
+    perplexity of each (label, model) of `rows()` (called only then: a row may build its
+    model); the exit code, 0."""
     for w in written:
         console.print(f"  wrote {w}")
     if args.no_perplexity:
         return 0
     if tok_path is None:
-        console.print("note: no tokenizer found for these models: no perplexity reported")
+        console.print(f"note: no tokenizer found for these {inputs}: no perplexity reported")
         return 0
+    from falsify.llm import evaluate as EV
+
     tok = data_mod.load_tokenizer(tok_path)
     texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
-    for label, m in [(b.source, b.model) for b in everyone] + [("merged", merged)]:
+    for label, m in rows():
         ppl = EV.perplexity(m, tok, texts)["perplexity"]
         console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
     return 0
