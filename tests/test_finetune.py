@@ -17,6 +17,7 @@ from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import lora_model as LM
 from falsify.llm import sft_data as SD
+from falsify.llm.finetune_stage import finetune
 from falsify.llm.model import ModelConfig, build_model
 from falsify.llm.preflight import PreflightError
 
@@ -320,12 +321,12 @@ def test_resume_is_bit_identical(tmp_path, tok, tok_path):
     kw = dict(method="qlora", lora_r=4, batch_size=2, grad_accum=2, max_steps=10, epochs=3,
               warmup_steps=1, val_split=0.2, save_every=2, progress=False, sample_count=0,
               backend="torch", shuffle=True)
-    a = FT.finetune(FT.config_from_dict(dict(kw, out_dir=str(tmp_path / "a"))),
+    a = finetune(FT.config_from_dict(dict(kw, out_dir=str(tmp_path / "a"))),
                     base=_base(tok_path), dataset=_ds(tok), keep_model=True)
     cb = FT.config_from_dict(dict(kw, out_dir=str(tmp_path / "b")))
-    b1 = FT.finetune(cb, base=_base(tok_path), dataset=_ds(tok), stop_after=3)
+    b1 = finetune(cb, base=_base(tok_path), dataset=_ds(tok), stop_after=3)
     assert b1.final_step == 3 and b1.adapter_dir is None
-    b2 = FT.finetune(cb, resume="auto", base=_base(tok_path), dataset=_ds(tok),
+    b2 = finetune(cb, resume="auto", base=_base(tok_path), dataset=_ds(tok),
                      keep_model=True)
     assert b2.resumed_from.endswith("step-00000003")
     assert b1.losses + b2.losses == a.losses
@@ -333,10 +334,10 @@ def test_resume_is_bit_identical(tmp_path, tok, tok_path):
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     # a different base is refused
     with pytest.raises(Exception, match="another base"):
-        FT.finetune(cb, resume="auto", base=_base(tok_path, seed=5), dataset=_ds(tok))
+        finetune(cb, resume="auto", base=_base(tok_path, seed=5), dataset=_ds(tok))
     # an out_dir with checkpoints needs --resume
     with pytest.raises(FT.FinetuneConfigError, match="already holds checkpoints"):
-        FT.finetune(cb, base=_base(tok_path), dataset=_ds(tok))
+        finetune(cb, base=_base(tok_path), dataset=_ds(tok))
 
 
 def test_early_stopping_stops_after_patience(tmp_path, tok, tok_path, monkeypatch):
@@ -350,7 +351,7 @@ def test_early_stopping_stops_after_patience(tmp_path, tok, tok_path, monkeypatc
                                    eval_interval=1, early_stopping_patience=2, progress=False,
                                    sample_count=0, backend="torch",
                                    out_dir=str(tmp_path / "r")))
-    r = FT.finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
+    r = finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
     assert r.final_step == 3 and r.stopped.startswith("early stopping")
     assert r.checkpoint.endswith("step-00000003") and r.adapter_dir is not None
 
@@ -359,7 +360,7 @@ def test_only_adapters_train_and_checkpoint_holds_only_adapters(tmp_path, tok, t
     cfg = FT.config_from_dict(dict(lora_r=4, batch_size=2, max_steps=2, val_split=0.0,
                                    progress=False, sample_count=0, backend="torch",
                                    out_dir=str(tmp_path / "r")))
-    r = FT.finetune(cfg, base=_base(tok_path), dataset=_ds(tok), keep_model=True)
+    r = finetune(cfg, base=_base(tok_path), dataset=_ds(tok), keep_model=True)
     from safetensors.torch import load_file
 
     saved = load_file(str(Path(r.checkpoint) / "model.safetensors"))
@@ -373,7 +374,7 @@ def test_max_steps_unreachable_is_a_preflight_error(tmp_path, tok, tok_path):
     cfg = FT.config_from_dict(dict(batch_size=4, epochs=1, max_steps=50, val_split=0.0,
                                    progress=False, backend="torch", out_dir=str(tmp_path)))
     with pytest.raises(PreflightError, match="max_steps=50 is unreachable"):
-        FT.finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
+        finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
 
 
 def test_hf_base_directory(tmp_path, tok, tok_path):
@@ -419,7 +420,7 @@ def test_dpo_validation_uses_its_own_reference_values(tmp_path, tok, tok_path):
     cfg = FT.config_from_dict(dict(lora_r=4, batch_size=2, max_steps=4, val_split=0.25,
                                    lr=3e-2, progress=False, sample_count=0, backend="torch",
                                    out_dir=str(tmp_path / "r")))
-    r = FT.finetune(cfg, base=_base(tok_path), dataset=ds, keep_model=True)
+    r = finetune(cfg, base=_base(tok_path), dataset=ds, keep_model=True)
     _, val = SD.split_examples(ds.examples, 0.25, cfg.seed)
     model = r.model.eval()
     losses = []

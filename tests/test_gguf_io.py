@@ -427,6 +427,7 @@ def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path
     from falsify.llm import finetune as FT
     from falsify.llm import lora_model as LM
     from falsify.llm import sft_data as SD
+    from falsify.llm.finetune_stage import finetune
 
     tok = data_mod.load_tokenizer(tok_path)
     rows = [SD.RawRecord("prompt_response", {"prompt": f"def f{i}(x):", "response":
@@ -439,7 +440,7 @@ def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path
                                    max_steps=10, warmup_steps=1, epochs=2, val_split=0.2,
                                    progress=False, sample_count=0, backend="torch",
                                    out_dir=str(tmp_path / "run")))
-    res = FT.finetune(cfg, base=base, dataset=ds, keep_model=True)
+    res = finetune(cfg, base=base, dataset=ds, keep_model=True)
     assert res.adapter_gguf == str(tmp_path / "run" / "adapter.gguf")
     assert (tmp_path / "run" / "adapter" / LM.ADAPTER_CONFIG).is_file()
     lora, alpha = G.read_lora_gguf(res.adapter_gguf)
@@ -462,6 +463,7 @@ def test_finetune_on_a_q8_0_gguf_keeps_its_projections_quantized_and_frozen(tmp_
     from falsify.llm import finetune as FT
     from falsify.llm import lora_model as LM
     from falsify.llm import sft_data as SD
+    from falsify.llm.finetune_stage import finetune
 
     base = FT.load_base(tiny.FIXTURE, "torch")
     assert base.layout == "gguf" and set(base.info["gguf_quantized"].values()) == {"q8_0"}
@@ -475,7 +477,7 @@ def test_finetune_on_a_q8_0_gguf_keeps_its_projections_quantized_and_frozen(tmp_
                                    max_steps=10, warmup_steps=1, epochs=2, val_split=0.2,
                                    progress=False, sample_count=0, backend="torch",
                                    lr=1e-2, out_dir=str(tmp_path / "run")))
-    res = FT.finetune(cfg, base=base, dataset=ds, keep_model=True)
+    res = finetune(cfg, base=base, dataset=ds, keep_model=True)
     layers = dict(LM.adapted_layers(res.model))
     q = layers["layers.0.self_attn.q_proj"]
     assert q.gguf_qtype == "q8_0" and not hasattr(q, "weight")  # no float copy of W kept

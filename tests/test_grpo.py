@@ -17,6 +17,7 @@ import torch
 from falsify.llm import finetune as FT
 from falsify.llm import rewards as RW
 from falsify.llm.evaluate import Problem, load_problems
+from falsify.llm.finetune_stage import finetune
 from falsify.llm.grpo import GrpoRun, sample_group, shipped_toy_problems, top_p_filter
 
 PROBLEM = Problem("t/0", "def f(x):\n    return", "f", " x\n",
@@ -238,9 +239,9 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     def cfg(out, **kw):
         return _config(str(out), 0, max_steps=4, save_every=2, **kw)
 
-    full = FT.finetune(cfg(tmp_path / "full"), base=_base(0), problems=_problems())
-    FT.finetune(cfg(tmp_path / "cut"), base=_base(0), problems=_problems(), stop_after=2)
-    resumed = FT.finetune(cfg(tmp_path / "cut"), base=_base(0), problems=_problems(),
+    full = finetune(cfg(tmp_path / "full"), base=_base(0), problems=_problems())
+    finetune(cfg(tmp_path / "cut"), base=_base(0), problems=_problems(), stop_after=2)
+    resumed = finetune(cfg(tmp_path / "cut"), base=_base(0), problems=_problems(),
                           resume="auto")
     assert resumed.resumed_from and resumed.final_step == 4
     lines = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text()

@@ -72,6 +72,7 @@ def test_every_run_type_takes_the_lock(tmp_path, verb):
     from falsify.llm import distill as D
     from falsify.llm import finetune as FT
     from falsify.llm import run_lock as L
+    from falsify.llm.finetune_stage import finetune
 
     run = tmp_path / "run"
     proc = _hold(run)
@@ -82,7 +83,7 @@ def test_every_run_type_takes_the_lock(tmp_path, verb):
             elif verb == "distill":
                 D.distill(D.DistillConfig(out_dir=str(run), max_steps=2, warmup_steps=0))
             else:
-                FT.finetune(FT.FinetuneConfig(out_dir=str(run), max_steps=2, warmup_steps=0))
+                finetune(FT.FinetuneConfig(out_dir=str(run), max_steps=2, warmup_steps=0))
     finally:
         _kill(proc)
 

@@ -323,6 +323,25 @@ def test_cli_errors_are_exit_code_2(tmp_path, capsys):
     assert "unknown config field 'save_every'" in capsys.readouterr().out
 
 
+def test_the_commands_error_line_names_an_os_errors_path_and_escapes_markup():
+    """run_base.report_error, which `falsify train`, `distill` and `finetune` print through: an
+    OSError (out_dir not creatable, a disk full) as path: reason; any other error as its text,
+    with rich markup in it shown, not interpreted; exit code 2 either way."""
+    import io
+
+    from rich.console import Console
+
+    from falsify.llm.run_base import report_error
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=200)
+    e = NotADirectoryError(20, "Not a directory", "/runs/[x]/step-1")
+    assert report_error(console, e) == 2
+    assert report_error(console, LC.ConfigError("unknown config field '[red]'")) == 2
+    assert buf.getvalue().splitlines() == ["error: /runs/[x]/step-1: Not a directory",
+                                           "error: unknown config field '[red]'"]
+
+
 def test_resume_config_tolerates_fields_added_since_at_their_default(tmp_path):
     """A checkpoint written before a config field existed ran as that field's default: resuming
     with the default continues the same run, resuming with another value is refused."""

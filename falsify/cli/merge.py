@@ -38,7 +38,6 @@ from rich.console import Console
 
 from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
-from falsify.llm import hf
 from falsify.llm import lora_model as LM
 from falsify.llm import merge_stage as MS
 from falsify.llm.config import ConfigError
@@ -138,16 +137,9 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
             and all(torch.equal(mk[k], masks[0][k]) for k in mk) for mk in masks) else None
         tok_path = next((str(Path(a) / "tokenizer.json") for a in args.models
                          if (Path(a) / "tokenizer.json").is_file()), base.tokenizer_path)
-        out = Path(args.out)
         meta = {"method": args.method, "adapters": [str(Path(a).resolve()) for a in args.models],
                 "base": base.source, "spec": spec.__dict__}
-        written = []
-        if "ours" in layouts:
-            written.append(write_ours(merged, out / "ours", tok_path, meta, masks=keep))
-        if "hf" in layouts:
-            written.append(hf.export_hf(merged, out / "hf", tok_path))
-            if keep is not None:
-                LM.save_masks(keep, out / "hf" / LM.MASKS_FILE)
+        written = MS.write_layouts(merged, Path(args.out), layouts, tok_path, meta, keep)
     except (MM.MergeError, ConfigError, DataError, LM.LoraConfigError, FileNotFoundError,
             ValueError) as e:
         console.print(f"[bold red]error:[/] {e}")
@@ -157,27 +149,12 @@ def merge_adapters_cmd(args, spec, layouts: list[str], console) -> int:
     if keep is not None:
         console.print("  every adapter keeps the same pruning masks: the merged model keeps "
                       f"them too ({LM.MASKS_FILE})")
-    for w in written:
-        console.print(f"  wrote {w}")
-    if args.no_perplexity:
-        return 0
-    if tok_path is None:
-        console.print("note: no tokenizer found for these adapters: no perplexity reported")
-        return 0
-    from falsify.llm import evaluate as EV
-
-    tok = data_mod.load_tokenizer(tok_path)
-    texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
-    rows = ([("base (as the adapters were trained against)", LM.base_as_trained(adapted[0]))]
-            + list(zip(args.models, adapted)) + [("merged", merged)])
-    for label, m in rows:
-        ppl = EV.perplexity(m, tok, texts)["perplexity"]
-        console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
-    return 0
+    return show_written(console, args, written, tok_path, "adapters", lambda: (
+        [("base (as the adapters were trained against)", LM.base_as_trained(adapted[0]))]
+        + list(zip(args.models, adapted)) + [("merged", merged)]))
 
 
 def merge_models_cmd(args, layouts: list[str], console) -> int:
-    from falsify.llm import evaluate as EV
     from falsify.llm import model_merge as MM
 
     try:
@@ -205,29 +182,35 @@ def merge_models_cmd(args, layouts: list[str], console) -> int:
         MM.check_same_architecture([b.model for b in everyone], [b.source for b in everyone])
         merged = MM.merge_models(spec, [b.model for b in loaded], base.model if base else None)
         tok_path = next((b.tokenizer_path for b in everyone if b.tokenizer_path), None)
-        out = Path(args.out)
         meta = {"method": args.method, "models": [b.source for b in loaded],
                 "base": base.source if base else None, "spec": spec.__dict__}
-        written = []
-        if "ours" in layouts:
-            written.append(write_ours(merged, out / "ours", tok_path, meta))
-        if "hf" in layouts:
-            written.append(hf.export_hf(merged, out / "hf", tok_path))
+        written = MS.write_layouts(merged, Path(args.out), layouts, tok_path, meta)
     except (MM.MergeError, ConfigError, DataError, ValueError) as e:
         console.print(f"[bold red]error:[/] {e}")
         return 2
     console.print(f"merged {len(loaded)} model(s) by {args.method}"
                   + (f" against {base.source}" if base else ""))
+    return show_written(console, args, written, tok_path, "models",
+                        lambda: [(b.source, b.model) for b in everyone] + [("merged", merged)])
+
+
+def show_written(console, args, written: list[Path], tok_path: str | None, inputs: str,
+                 rows) -> int:
+    """A --method merge's directories written and, unless --no-perplexity, the held-out
+    perplexity of each (label, model) of `rows()` (called only then: a row may build its
+    model); the exit code, 0."""
     for w in written:
         console.print(f"  wrote {w}")
     if args.no_perplexity:
         return 0
     if tok_path is None:
-        console.print("note: no tokenizer found for these models: no perplexity reported")
+        console.print(f"note: no tokenizer found for these {inputs}: no perplexity reported")
         return 0
+    from falsify.llm import evaluate as EV
+
     tok = data_mod.load_tokenizer(tok_path)
     texts = [p.prompt + p.canonical_solution for p in EV.load_problems()]
-    for label, m in [(b.source, b.model) for b in everyone] + [("merged", merged)]:
+    for label, m in rows():
         ppl = EV.perplexity(m, tok, texts)["perplexity"]
         console.print(f"  perplexity on held-out code: {ppl:.3f}  {label}")
     return 0

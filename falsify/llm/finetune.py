@@ -26,7 +26,8 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
 
 `FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
 the rest of the step is falsify/llm/trainer.Trainer's. GRPO (`method: grpo`, on code problems
-with a reward) is falsify/llm/grpo.py: its run and trainer extend the ones here.
+with a reward) is falsify/llm/grpo.py: its run and trainer extend the ones here, so `finetune()`,
+which picks the run for the config's method, sits above both (falsify/llm/finetune_stage.py).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
 from falsify.llm.rewards import parse_reward_error
-from falsify.llm.run_base import OneProcess, RunBase, drive
+from falsify.llm.run_base import OneProcess, RunBase
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
@@ -480,34 +481,6 @@ def resolve_steps(cfg: FinetuneConfig, n_train: int) -> FinetuneConfig:
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max_steps // 20
     check_config_algebra(n_train, cfg.batch_size, cfg.grad_accum, cfg.epochs, max_steps, warmup)
     return replace(cfg, max_steps=max_steps, warmup_steps=warmup)
-
-
-def finetune(cfg: FinetuneConfig, *, resume: str | Path | None = None, base: Base | None = None,
-             dataset: SD.Dataset | None = None, objectives: Objectives | None = None,
-             stop_after: int | None = None, keep_model: bool = False,
-             console=None, problems: list | None = None,
-             grpo_parts=None) -> FinetuneResult:
-    """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
-    checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
-    step as if killed, the schedule still runs to max_steps."""
-    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
-    parallel = distributed.DataParallel() if ranked else OneProcess()
-
-    def make_run() -> FinetuneRun:
-        if cfg.method != "grpo":
-            return FinetuneRun(cfg, objectives or Objectives(), parallel)
-        # GrpoRun extends FinetuneRun, so grpo.py imports this module: imported here
-        from falsify.llm.grpo import GrpoRun
-
-        if ranked:
-            raise FinetuneConfigError("config field method='grpo' runs in one process "
-                                      "(no --nproc)")
-        return GrpoRun(cfg, objectives or Objectives(), grpo_parts)
-
-    data = problems if cfg.method == "grpo" else dataset
-    with R.torch_threads(cfg.threads):
-        return drive(parallel, make_run, lambda run: run.load(base, data, console), resume,
-                     stop_after, keep_model)
 
 
 class FinetuneRun(RunBase):

@@ -2,6 +2,10 @@
 data-parallel job; `falsify pipeline`'s finetune stage calls `run_finetune` directly): the config
 (fresh, resumed, or the built-in demo), the run, and the report, with the command's exit codes
 (0 done, 2 config/data/preflight error, 3 Andon stop).
+
+`finetune` is the run itself, for callers with a config in hand (tests, benches): it picks the
+run type for the config's method, falsify/llm/finetune.py:FinetuneRun or
+falsify/llm/grpo.py:GrpoRun, which extends it; so it lives here, above both modules.
 """
 
 from __future__ import annotations
@@ -11,21 +15,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from falsify.harness.project import find_project
-from falsify.llm import charts
+from falsify.llm import charts, distributed
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import finetune as FT
-from falsify.llm.config import ConfigError, parse_overrides, read_yaml_config
+from falsify.llm import sft_data as SD
+from falsify.llm.config import (
+    ConfigError,
+    FinetuneConfigError,
+    parse_overrides,
+    read_yaml_config,
+)
 from falsify.llm.data import DataError
-from falsify.llm.grpo import reward_summary, shipped_toy_problems
+from falsify.llm.grpo import GrpoRun, reward_summary, shipped_toy_problems
 from falsify.llm.lora_model import LoraConfigError
 from falsify.llm.preflight import PreflightError
 from falsify.llm.rewards import RewardConfigError, RewardFailed, check_reward_origin
+from falsify.llm.run import torch_threads
+from falsify.llm.run_base import OneProcess, drive, report_error
 from falsify.llm.trainer import AndonStop
 
 # The shipped dataset has ~2,400 training examples (~300 steps an epoch at batch 8); the
@@ -158,6 +169,33 @@ def check_reward(cfg: FT.FinetuneConfig, args) -> None:
     check_reward_origin(cfg.reward, proj.root if proj else None, args.allow_any_import)
 
 
+def finetune(cfg: FT.FinetuneConfig, *, resume: str | Path | None = None,
+             base: FT.Base | None = None, dataset: SD.Dataset | None = None,
+             objectives: FT.Objectives | None = None, stop_after: int | None = None,
+             keep_model: bool = False, console=None, problems: list | None = None,
+             grpo_parts=None) -> FT.FinetuneResult:
+    """Run (or resume) a fine-tuning run. `base`/`dataset`: already loaded (tests, contract
+    checks); otherwise from cfg.model / cfg.data. `stop_after`: stop (checkpointed) after this
+    step as if killed, the schedule still runs to max_steps. The run is the method's:
+    finetune.FinetuneRun, or grpo.GrpoRun (which extends it: hence this function lives above
+    both modules)."""
+    ranked = distributed.launched_world_size() > 1  # one rank of a torchrun job
+    parallel = distributed.DataParallel() if ranked else OneProcess()
+
+    def make_run() -> FT.FinetuneRun:
+        if cfg.method != "grpo":
+            return FT.FinetuneRun(cfg, objectives or FT.Objectives(), parallel)
+        if ranked:
+            raise FinetuneConfigError("config field method='grpo' runs in one process "
+                                      "(no --nproc)")
+        return GrpoRun(cfg, objectives or FT.Objectives(), grpo_parts)
+
+    data = problems if cfg.method == "grpo" else dataset
+    with torch_threads(cfg.threads):
+        return drive(parallel, make_run, lambda run: run.load(base, data, console), resume,
+                     stop_after, keep_model)
+
+
 def run_finetune(args, console: Console) -> int:
     """`falsify finetune` in this process: the config, the run, the report; the exit code."""
     cfg = None
@@ -171,15 +209,10 @@ def run_finetune(args, console: Console) -> int:
                       f"{cfg.model or 'built-in'} data={','.join(cfg.data) or shipped} "
                       f"r={cfg.lora_r} alpha={cfg.lora_alpha} targets={','.join(cfg.targets)} "
                       f"out_dir={cfg.out_dir}")
-        result = FT.finetune(cfg, resume=args.resume, console=console)
+        result = finetune(cfg, resume=args.resume, console=console)
     except (ConfigError, PreflightError, DataError, LoraConfigError,
-            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-        return 2
-    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
-        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
-                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
-        return 2
+            ckpt_mod.CheckpointError, RewardConfigError, RewardFailed, OSError) as e:
+        return report_error(console, e)
     except AndonStop as e:
         console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "
                       f"{ckpt_mod.latest_checkpoint(cfg.out_dir)}")

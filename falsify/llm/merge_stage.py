@@ -61,6 +61,20 @@ def write_ours(model, out: Path, tokenizer_path: str | None, meta: dict,
     return atomic_dir(out, fill)
 
 
+def write_layouts(model, out: Path, layouts: list[str], tokenizer_path: str | None, meta: dict,
+                  masks: dict | None = None) -> list[Path]:
+    """`model` in each of `layouts` under `out` (OUT/ours: write_ours; OUT/hf: the Hugging Face
+    layout, with `masks` beside it); the directories written."""
+    written = []
+    if "ours" in layouts:
+        written.append(write_ours(model, out / "ours", tokenizer_path, meta, masks=masks))
+    if "hf" in layouts:
+        written.append(hf.export_hf(model, out / "hf", tokenizer_path))
+        if masks is not None:
+            LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
+    return written
+
+
 def parse_layouts(layout: str) -> list[str]:
     layouts = [s.strip() for s in layout.split(",") if s.strip()]
     if not layouts or any(s not in LAYOUTS for s in layouts):
@@ -96,13 +110,7 @@ def merge_adapter(adapter: str, out: Path, layouts: list[str], model: str | None
     meta = {"adapter": str(Path(adapter).resolve()), "base": base.source,
             "lora": side.get("lora_spec")}
     masks = LM.model_masks(adapted)  # a masked adapter: the merged model stays pruned
-    written = []
-    if "ours" in layouts:
-        written.append(write_ours(merged, out / "ours", tok, meta, masks=masks))
-    if "hf" in layouts:
-        written.append(hf.export_hf(merged, out / "hf", tok))
-        if masks is not None:
-            LM.save_masks(masks, out / "hf" / LM.MASKS_FILE)
+    written = write_layouts(merged, out, layouts, tok, meta, masks)
     adapted.eval()
     c = adapted.cfg
     x = torch.randint(4, c.vocab_size, (2, min(64, c.max_seq_len)),

@@ -1,6 +1,7 @@
 """The plumbing every training run shares (pretraining, fine-tuning, GRPO, distillation, and
 their data-parallel ranks): the step loop, eval and checkpoint cadence, stop_after test stops,
-Andon records, metrics.jsonl, progress, the resumed run's bookkeeping and the final summary.
+Andon records, metrics.jsonl, progress, the resumed run's bookkeeping and the final summary;
+and the error line the run commands print (falsify/llm/train_stage.py, finetune_stage.py).
 
 `RunBase.loop` is the one step loop; a run type says only what differs through the hooks
 below (where its micro-batches come from, what a step record holds, when it evaluates and
@@ -138,6 +139,22 @@ class QuietProgress:
 
     def close(self) -> None:
         pass
+
+
+# ------------------------------------------------------------------------- the commands
+def report_error(console, e: Exception) -> int:
+    """A run command's line for an error it expects (a bad config, data or checkpoint; for an
+    OSError, such as an out_dir not creatable or a disk full, the path and why: what is saved
+    stays), and the commands' exit code for it, 2."""
+    # rich only for a command's console: a run without one (a rank, a test) never pays
+    from rich.markup import escape
+
+    if isinstance(e, OSError):
+        text = f"{escape(str(e.filename or ''))}: {escape(e.strerror or str(e))}"
+    else:
+        text = escape(str(e))
+    console.print(f"[bold red]error:[/] {text}", soft_wrap=True)
+    return 2
 
 
 # ------------------------------------------------------------------- the process strategy

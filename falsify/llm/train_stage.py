@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
@@ -29,6 +28,7 @@ from falsify.llm.data import DataError
 from falsify.llm.model import param_count
 from falsify.llm.preflight import PreflightError
 from falsify.llm.run import find_resume_checkpoint, train
+from falsify.llm.run_base import report_error
 from falsify.llm.trainer import AndonStop
 
 
@@ -112,13 +112,8 @@ def run_loop(args, cls, runner, verb: str = "train", errors: tuple = ()) -> int:
                       f"corpus={cfg.corpus} max_steps={cfg.max_steps} "
                       f"out_dir={cfg.out_dir or 'runs/<model>-<time> (new)'}")
         result = runner(cfg, console)
-    except (ConfigError, PreflightError, DataError, CheckpointError, *errors) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-        return 2
-    except OSError as e:  # out_dir not creatable, a disk full: name the path, keep what is saved
-        console.print(f"[bold red]error:[/] {escape(str(e.filename or ''))}: "
-                      f"{escape(e.strerror or str(e))}", soft_wrap=True)
-        return 2
+    except (ConfigError, PreflightError, DataError, CheckpointError, OSError, *errors) as e:
+        return report_error(console, e)
     except AndonStop as e:
         where = e.result.out_dir if e.result is not None else cfg.out_dir
         console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "

@@ -1,7 +1,6 @@
 """Run functions for falsify/contracts/train-loop-v1.yaml (`training`-kind checks of the pretraining
-loop
-falsify/llm/run.py and falsify/llm/trainer.py) and the reference-loop parity harness that
-tests/test_reference_loop.py also uses.
+loop: falsify/llm/run.py, falsify/llm/run_base.py and falsify/llm/trainer.py) and the
+reference-loop parity harness that tests/test_reference_loop.py also uses.
 
 Every run drives the real loop (Trainer, train(), run_steps, resume_equivalence) on the tiny
 synthetic config (2 layers, hidden 64, vocab 512, seq 32: small enough that a 100-step run fits

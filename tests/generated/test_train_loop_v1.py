@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9417ec506834841edb3b28a1d70af070050736107664139ad791a64952890738"
+SHA256 = "d86bcc5c28f57d271135939d9e8d5b2c897e79cc14ff3cdb45150152d5a7539e"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
