@@ -180,3 +180,14 @@ def test_packaging_left_alone_where_discovery_is_fine(project, tmp_path):
     assert main(["init"]) == 0
     assert "setuptools" not in tomllib.loads((project / "pyproject.toml").read_text())["tool"]
     assert _egg_info(project, tmp_path).returncode == 0
+
+
+def test_gitignore_gets_the_falsify_directory_once(project, capsys):
+    """.falsify/ (the ledger, caches, run locks) is local state: init adds it to .gitignore,
+    keeping the user's lines, and a rerun does not add it twice."""
+    (project / ".gitignore").write_text("*.pyc")
+    assert main(["init"]) == 0
+    assert "wrote .gitignore" in capsys.readouterr().out
+    assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]
+    assert main(["init"]) == 0
+    assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]

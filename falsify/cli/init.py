@@ -4,7 +4,8 @@ directory.
 Writes the `[tool.falsify]` config (appended to pyproject.toml, else falsify.toml), a minimal
 contract `contracts/NAME-kernel-v1.yaml` (one parity obligation, one check, one mutant) bound to
 a stub numpy reference and a stub torch implementation in the user's package, a GitHub Actions
-workflow and a pre-commit configuration. A file that is already there is never overwritten: it
+workflow, a pre-commit configuration and a `.falsify/` line in .gitignore (the ledger and caches
+are local state). A file that is already there is never overwritten: it
 is listed as kept. In a flat-layout setuptools project it also names the package
 (`[tool.setuptools.packages.find]`), so the workflow's `pip install -e .` does not stop on
 contracts/ as a second top-level package. Until the two stubs are written, `falsify run` fails on the parity check and
@@ -110,6 +111,18 @@ def _append(old: str, table: str) -> str:
     return f"{old}{sep}{table.lstrip(chr(10))}"
 
 
+def _gitignore(root: Path) -> str | None:
+    """.gitignore with `.falsify/` (the ledger, caches and run locks: local state) added to
+    the user's lines; None when an entry for it is there already."""
+    path = root / ".gitignore"
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if {".falsify", ".falsify/", "/.falsify", "/.falsify/"} & {ln.strip() for ln in
+                                                              old.splitlines()}:
+        return None
+    sep = "" if not old or old.endswith("\n") else "\n"
+    return f"{old}{sep}.falsify/\n"
+
+
 def plan(root: Path, kernel: str, package: str | None) -> tuple[list[tuple[Path, str]], str]:
     """The files `init` would write, in order, and how the package name was chosen."""
     pkg, pkg_dir, how = _package(root, package)
@@ -146,6 +159,10 @@ def cmd_init(args) -> int:
             else pyproject.read_text(encoding="utf-8")
         atomic_write(pyproject, _append(base, packaging))
         wrote.append(pyproject)
+    ignore = _gitignore(root)
+    if ignore is not None:
+        atomic_write(root / ".gitignore", ignore)
+        wrote.append(root / ".gitignore")
     if cfg_text is None:
         kept += [] if cfg in wrote else [cfg]
     elif cfg not in wrote:
