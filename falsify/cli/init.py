@@ -5,11 +5,11 @@ Writes the `[tool.falsify]` config (appended to pyproject.toml, else falsify.tom
 contract `contracts/NAME-kernel-v1.yaml` (one parity obligation, one check, one mutant) bound to
 a stub numpy reference and a stub torch implementation in the user's package, a GitHub Actions
 workflow, a pre-commit configuration and a `.falsify/` line in .gitignore (the ledger and caches
-are local state). A file that is already there is never overwritten: it
-is listed as kept. In a flat-layout setuptools project it also names the package
-(`[tool.setuptools.packages.find]`), so the workflow's `pip install -e .` does not stop on
-contracts/ as a second top-level package. Until the two stubs are written, `falsify run` fails on the parity check and
-says what to write; that is the intended first state.
+are local state). A file that is already there is never overwritten: it is listed as kept. In
+a flat-layout setuptools project it also names the package (`[tool.setuptools.packages.find]`),
+so the workflow's `pip install -e .` does not stop on contracts/ as a second top-level package.
+Until the two stubs are written, `falsify run` fails on the parity check and says what to
+write; that is the intended first state.
 """
 
 from __future__ import annotations
