@@ -46,12 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from falsify.kernels.torch import nf4 as nf4_kernel
 from falsify.kernels.torch import quantize as q_kernel
 from falsify.llm import hf
-from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.checkpoint import atomic_dir, save_file
 from falsify.llm.model import ModelConfig, Transformer, build_model
 from falsify.llm.prune import projection_weights
 
