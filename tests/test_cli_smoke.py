@@ -153,6 +153,40 @@ def test_help_lists_every_verb_on_one_line(tmp_path, capsys, monkeypatch):
         _verb_helps(falsify_parser()))
 
 
+def _parsers(parser, prog=""):
+    """(prog, parser) for `parser` and every subcommand under it."""
+    yield prog, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _parsers(sub, f"{prog} {name}".strip())
+
+
+def test_descriptions_taken_from_docstrings_end_where_their_paragraph_ends():
+    """A `--help` description cut from a module docstring is its first paragraph, whole: not
+    its first line, which stops mid-sentence wherever the docstring wraps."""
+    import pkgutil
+
+    import falsify.bench
+    import falsify.cli
+
+    one = lambda t: " ".join(t.split())  # noqa: E731
+    paragraphs = []
+    for pkg in (falsify.cli, falsify.bench):
+        for m in pkgutil.iter_modules(pkg.__path__):
+            if m.name == "__main__":
+                continue
+            doc = importlib.import_module(f"{pkg.__name__}.{m.name}").__doc__ or ""
+            paragraphs += [one(p) for p in doc.split("\n\n") if p.strip()]
+    cut = []
+    for top, parser in (("falsify", falsify_parser()), ("pv", pv_parser())):
+        for prog, p in _parsers(parser, top):
+            d = one(p.description or "")
+            cut += [f"{prog}: {d!r}" for para in paragraphs
+                    if d and para.startswith(d) and para != d]
+    assert not cut, "descriptions cut mid-paragraph:\n" + "\n".join(cut)
+
+
 def test_usage_errors_are_one_line_exit_2(capsys):
     from falsify.cli import main as falsify
 
