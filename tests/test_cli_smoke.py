@@ -344,3 +344,17 @@ def test_finetune_overrides_may_come_between_flags():
                                         "--data", "a.jsonl", "batch_size=2"])
     assert args.overrides == ["lr=1e-3", "seed=1", "batch_size=2"]
     assert (args.lora_r, args.data, args.func.__name__) == ("8", ["a.jsonl"], "cmd_finetune")
+
+
+def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch):
+    """`falsify finetune --help` lists --method's choices and says how DPO runs (preference
+    pairs as --data, no method of its own); a method outside them is a one-line usage error."""
+    from falsify.cli import main as falsify
+
+    monkeypatch.setenv("COLUMNS", "100")
+    text = " ".join(_help(falsify, ["finetune", "--help"], capsys).split())
+    assert "{lora,qlora,grpo}" in text
+    assert re.search(r"DPO[^.]*\"chosen\"[^.]*\"rejected\"", text), text
+    assert "--method {lora,qlora,grpo} config field" not in text  # more than the field name
+    assert falsify(["finetune", "--method", "dpo"]) == 2
+    assert "choose from 'lora', 'qlora', 'grpo'" in capsys.readouterr().err
