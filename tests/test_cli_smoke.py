@@ -153,6 +153,40 @@ def test_help_lists_every_verb_on_one_line(tmp_path, capsys, monkeypatch):
         _verb_helps(falsify_parser()))
 
 
+def _parsers(parser, prog=""):
+    """(prog, parser) for `parser` and every subcommand under it."""
+    yield prog, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _parsers(sub, f"{prog} {name}".strip())
+
+
+def test_descriptions_taken_from_docstrings_end_where_their_paragraph_ends():
+    """A `--help` description cut from a module docstring is its first paragraph, whole: not
+    its first line, which stops mid-sentence wherever the docstring wraps."""
+    import pkgutil
+
+    import falsify.bench
+    import falsify.cli
+
+    one = lambda t: " ".join(t.split())  # noqa: E731
+    paragraphs = []
+    for pkg in (falsify.cli, falsify.bench):
+        for m in pkgutil.iter_modules(pkg.__path__):
+            if m.name == "__main__":
+                continue
+            doc = importlib.import_module(f"{pkg.__name__}.{m.name}").__doc__ or ""
+            paragraphs += [one(p) for p in doc.split("\n\n") if p.strip()]
+    cut = []
+    for top, parser in (("falsify", falsify_parser()), ("pv", pv_parser())):
+        for prog, p in _parsers(parser, top):
+            d = one(p.description or "")
+            cut += [f"{prog}: {d!r}" for para in paragraphs
+                    if d and para.startswith(d) and para != d]
+    assert not cut, "descriptions cut mid-paragraph:\n" + "\n".join(cut)
+
+
 def test_usage_errors_are_one_line_exit_2(capsys):
     from falsify.cli import main as falsify
 
@@ -310,3 +344,17 @@ def test_finetune_overrides_may_come_between_flags():
                                         "--data", "a.jsonl", "batch_size=2"])
     assert args.overrides == ["lr=1e-3", "seed=1", "batch_size=2"]
     assert (args.lora_r, args.data, args.func.__name__) == ("8", ["a.jsonl"], "cmd_finetune")
+
+
+def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch):
+    """`falsify finetune --help` lists --method's choices and says how DPO runs (preference
+    pairs as --data, no method of its own); a method outside them is a one-line usage error."""
+    from falsify.cli import main as falsify
+
+    monkeypatch.setenv("COLUMNS", "100")
+    text = " ".join(_help(falsify, ["finetune", "--help"], capsys).split())
+    assert "{lora,qlora,grpo}" in text
+    assert re.search(r"DPO[^.]*\"chosen\"[^.]*\"rejected\"", text), text
+    assert "--method {lora,qlora,grpo} config field" not in text  # more than the field name
+    assert falsify(["finetune", "--method", "dpo"]) == 2
+    assert "choose from 'lora', 'qlora', 'grpo'" in capsys.readouterr().err

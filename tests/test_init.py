@@ -146,3 +146,48 @@ def test_scaffold_fails_on_the_stubs_then_goes_green(project, capsys):
     assert "mutants not run" not in green.stdout + green.stderr
     cov = _run(project, *pv, "coverage", "--min", "100").stdout
     assert "1/1 obligations covered (100.0%)" in cov
+
+
+def _egg_info(root: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """The package discovery the workflow's `pip install -e .` runs (setuptools' egg_info),
+    without pip, a build environment or the network: about half a second."""
+    return subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                           "egg_info", "-e", str(tmp)], cwd=root, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("extra", ["", "\n[tool.setuptools]\nzip-safe = false\n"])
+def test_the_workflow_install_step_finds_one_package(project, tmp_path, capsys, extra):
+    """contracts/ (and later site/) next to a flat-layout package: setuptools' automatic
+    discovery would stop `pip install -e .` ("Multiple top-level packages discovered in a
+    flat-layout"); init names the package, keeping a [tool.setuptools] table already there."""
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + extra)
+    assert main(["init"]) == 0
+    (project / "site" / "docs").mkdir(parents=True)
+    proc = _egg_info(project, tmp_path)
+    assert proc.returncode == 0 and "Multiple top-level" not in proc.stderr, proc.stderr
+    assert "[tool.setuptools.packages.find]" in capsys.readouterr().out
+    cfg = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]
+    assert cfg["packages"] == {"find": {"include": ["userpkg", "userpkg.*"]}}
+    assert cfg.get("zip-safe", False) is False
+
+
+def test_packaging_left_alone_where_discovery_is_fine(project, tmp_path):
+    """A src layout (discovery looks under src/ only) or packages the user already set: the
+    pyproject gets only [tool.falsify]."""
+    (project / "src" / "userpkg").mkdir(parents=True)
+    assert main(["init"]) == 0
+    assert "setuptools" not in tomllib.loads((project / "pyproject.toml").read_text())["tool"]
+    assert _egg_info(project, tmp_path).returncode == 0
+
+
+def test_gitignore_gets_the_falsify_directory_once(project, capsys):
+    """.falsify/ (the ledger, caches, run locks) is local state: init adds it to .gitignore,
+    keeping the user's lines, and a rerun does not add it twice."""
+    (project / ".gitignore").write_text("*.pyc")
+    assert main(["init"]) == 0
+    assert "wrote .gitignore" in capsys.readouterr().out
+    assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]
+    assert main(["init"]) == 0
+    assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]

@@ -91,3 +91,18 @@ def test_a_damaged_quantized_directory_is_named(tmp_path):
         Q.dequantize_model(tmp_path / "q")
     with pytest.raises(Q.QuantizeError, match="not a quantized model directory"):
         Q.dequantize_model(tmp_path)
+
+
+def test_int4_without_group_fits_the_model(base, tmp_path):
+    """`quantize: {method: int4}` with no group: the default fits the model (width 64 and 192
+    here, as the pipeline's default student) instead of stopping on 128 not dividing 64."""
+    from falsify.llm import quantize_stage as QS
+
+    r = QS.quantize(str(base), tmp_path / "o", "int4")
+    assert (r.spec.group, r.report["group"], r.bad) == (64, 64, [])
+    assert Q.default_group(tiny_model()) == 64
+    # a width none of 32/64/128 divides is named in one line
+    odd = tiny_model()
+    odd.layers[0].mlp.up_proj.weight = torch.nn.Parameter(torch.zeros(192, 48))
+    with pytest.raises(Q.QuantizeError, match="48"):
+        Q.default_group(odd)

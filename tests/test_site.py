@@ -42,6 +42,8 @@ INSTALL_HINT = ("headless Chromium is required for the docs site test and was no
                 "Install it: `apt-get install -y chromium` (Debian/Ubuntu). This test does not "
                 "skip: a site whose math and diagrams were never rendered is not tested.")
 SOFTMAX = "softmax-kernel-v1"
+# the site is built as GitHub Pages builds a project site: under a path, not at the server root
+PROJECT_SITE = "https://owner.github.io/falsify/"
 
 
 def find_chromium() -> str:
@@ -276,7 +278,7 @@ def built_site(tmp_path_factory):
     written = write_site(rep.contracts, FakeCoverage.mixed(rep.contracts), site)
     assert site / "docs" / "contracts" / f"{SOFTMAX}.md" in written
     out = tmp / "html"
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", SITE_URL=PROJECT_SITE)
     # cwd = repository root: the snippets base path "." then finds falsify/contracts/FORMAT.md
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                            str(site / "mkdocs.yml"), "-d", str(out)], cwd=ROOT, env=env,
@@ -317,11 +319,44 @@ def test_static_build_is_complete(built_site):
         assert asset in page, f"{asset} not linked from the page"
     fonts = list((out / "assets/vendor/katex/fonts").glob("*.woff2"))
     assert len(fonts) >= 20, "KaTeX fonts missing"
-    # every script and stylesheet the HTML names is local
-    for ref in re.findall(r'<(?:script[^>]*src|link[^>]*href)="([^"]+)"', page):
+    # every script and stylesheet the HTML names is local (rel="canonical" names the page's
+    # published URL, site_url: nothing is fetched from it)
+    tags = [t for t in re.findall(r"<(?:script|link)[^>]*>", page) if 'rel="canonical"' not in t]
+    for ref in re.findall(r'(?:src|href)="([^"]+)"', "".join(tags)):
         assert not re.match(r"^(https?:)?//", ref), f"remote asset referenced: {ref}"
     guide = (out / "guide" / "contract-format" / "index.html").read_text()
     assert "Check kinds" in guide  # falsify/contracts/FORMAT.md included via snippets
+
+
+def test_404_links_resolve_under_a_project_site(built_site):
+    """GitHub Pages serves 404.html for any missing path at any depth, so its links must be
+    absolute under the site's base path (/falsify/), not the server root nor relative."""
+    out = built_site["out"]
+    page = (out / "404.html").read_text()
+    base = "/falsify/"
+    refs = [r for r in re.findall(r'(?:href|src)="([^"]+)"', page)
+            if not re.match(r"^(https?:|mailto:|#|data:)", r)]
+    assert refs, "404.html links nothing"
+    for ref in refs:
+        assert ref.startswith(base), f"404.html: {ref!r} does not resolve under {base}"
+        path = ref[len(base):].split("#")[0].split("?")[0]
+        assert (out / path).is_file() or (out / path / "index.html").is_file(), ref
+
+
+def test_pages_workflow_gives_mkdocs_the_published_url():
+    """site_url comes from SITE_URL, which the Pages workflow sets to the published base URL
+    (actions/configure-pages' base_url: owner.github.io/repo/, or a custom domain)."""
+    import yaml
+
+    cfg = (ROOT / "site" / "mkdocs.yml").read_text()
+    assert re.search(r"^site_url: !ENV \[SITE_URL, ", cfg, re.M), "site_url is not from SITE_URL"
+    steps = yaml.safe_load((ROOT / ".github/workflows/docs.yml").read_text())
+    steps = steps["jobs"]["build"]["steps"]
+    pages = [s for s in steps if str(s.get("uses", "")).startswith("actions/configure-pages@")]
+    assert pages and pages[0].get("id")
+    build = next(s for s in steps if "mkdocs build" in s.get("run", ""))
+    assert build["env"]["SITE_URL"] == f"${{{{ steps.{pages[0]['id']}.outputs.base_url }}}}/"
+    assert steps.index(pages[0]) < steps.index(build)
 
 
 def test_pages_render_offline_in_chromium(built_site, server, capsys):

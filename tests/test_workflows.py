@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "falsify" / "templates"
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 ACTIONS = {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
-           "actions/download-artifact", "actions/upload-pages-artifact", "actions/deploy-pages"}
+           "actions/download-artifact", "actions/configure-pages", "actions/upload-pages-artifact",
+           "actions/deploy-pages"}
 EXPR = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 

@@ -151,7 +151,7 @@ def run(world: int, batch: int, steps: int) -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("distributed", help="1 vs N DDP processes: step, comm share, bytes",
-                       description=__doc__.split("\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--nproc", type=int, default=2, help="data-parallel processes (default 2)")
     p.add_argument("--batch", type=int, default=4, help="rows per rank and micro-batch")
     p.add_argument("--steps", type=int, default=10, help="timed steps (after one warm-up)")

@@ -313,7 +313,7 @@ def run(size: str, steps: int, memory: bool, base: str = "nf4") -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("finetune", help="a LoRA step on NF4 and GGUF bases, ours vs HF + peft",
-                       description=__doc__.split("\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--size", choices=list(SIZES), default="small")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side")
     p.add_argument("--base", choices=[*BASES, "all"], default="all",

@@ -190,7 +190,7 @@ def _sides(args) -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("grpo", help="GRPO steps, ours vs TRL's GRPOTrainer: time, memory",
-                       description=__doc__.split("\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--tokens", type=int, default=16, help="completion length")

@@ -244,7 +244,7 @@ def _throughput(case: Case, seconds: float, peaks) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time, memory, baselines",
-                       description=__doc__.split("\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     add_arguments(p)
     p.set_defaults(func=cmd_kernels)
 
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     here, with the verb's own arguments, so that the benchmark does not import the command
     line. A usage or I/O error is one line on stderr and exit 2, as under `falsify`."""
     p = argparse.ArgumentParser(prog="python -m falsify.bench.kernels",
-                                description=__doc__.split("\n")[0])
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
     add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:

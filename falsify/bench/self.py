@@ -160,6 +160,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("self", help="falsify's own verdicts timed beside their goals",
-                       description=__doc__.split("\n\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     add_arguments(p)
     p.set_defaults(func=cmd_self)

@@ -451,7 +451,7 @@ def default_shape(name: str) -> tuple[int, int]:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="training step, ours vs transformers (eager, compiled)",
-                       description=__doc__.split("\n")[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--presets", default="tiny,50m", help="comma-separated model presets")
     p.add_argument("--batch", type=int, help="batch size (default per preset)")
     p.add_argument("--seq", type=int, help="sequence length (default per preset)")

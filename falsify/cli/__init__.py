@@ -43,7 +43,7 @@ VERBS = (  # the order of `falsify --help`
 
 
 def build_parser() -> common.Parser:
-    return common.build_parser("falsify", __doc__.splitlines()[0], VERBS)
+    return common.build_parser("falsify", " ".join(__doc__.split("\n\n")[0].split()), VERBS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from falsify.cli.train import add_launch_args, leave_rank
 from falsify.llm import checkpoint as ckpt_mod
+from falsify.llm import finetune as FT
 from falsify.llm import finetune_stage as FS
 from falsify.llm.config import ConfigError
 from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
@@ -50,15 +51,29 @@ BOOL_FLAGS = {"--train-on-prompt": "train_on_prompt", "--shuffle": "shuffle",
               "--keep-masks": "keep_masks"}
 
 
+# what a flag's help says beyond "config field KEY", and its choices
+FLAG_HELP = {
+    "method": ("the adapter and objective: lora (fp32 base) or qlora (NF4 base) train SFT, "
+               "reward-weighted SFT or DPO, whichever the --data holds (DPO: a file of "
+               'preference pairs, {"prompt", "chosen", "rejected"} per line; β: --dpo-beta); '
+               "grpo: GRPO on code problems with unit-test rewards (config field method, "
+               "default qlora)", FT.METHODS),
+    "dpo_beta": ("DPO's β, the strength of the pull toward the base (preference-pair data "
+                 "only; config field dpo_beta)", None),
+}
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO, GRPO)",
         description="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO; GRPO with "
                     "--method grpo on code problems) of our checkpoints or an HF LLaMA "
-                    "directory; the adapter is written in the PEFT format.")
+                    "directory; the adapter is written in the PEFT format. DPO: --data a "
+                    'JSONL file of {"prompt", "chosen", "rejected"} preference pairs.')
     for flag, key in VALUE_FLAGS.items():
-        p.add_argument(flag, dest=key, metavar=key.upper(), default=None,
-                       help=f"config field {key}")
+        help_, choices = FLAG_HELP.get(key, (f"config field {key}", None))
+        p.add_argument(flag, dest=key, metavar=None if choices else key.upper(), default=None,
+                       choices=choices, help=help_)
     for flag, key in BOOL_FLAGS.items():
         p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None,
                        help=f"config field {key}")

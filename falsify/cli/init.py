@@ -4,9 +4,12 @@ directory.
 Writes the `[tool.falsify]` config (appended to pyproject.toml, else falsify.toml), a minimal
 contract `contracts/NAME-kernel-v1.yaml` (one parity obligation, one check, one mutant) bound to
 a stub numpy reference and a stub torch implementation in the user's package, a GitHub Actions
-workflow and a pre-commit configuration. A file that is already there is never overwritten: it
-is listed as kept. Until the two stubs are written, `falsify run` fails on the parity check and
-says what to write; that is the intended first state.
+workflow, a pre-commit configuration and a `.falsify/` line in .gitignore (the ledger and caches
+are local state). A file that is already there is never overwritten: it is listed as kept. In
+a flat-layout setuptools project it also names the package (`[tool.setuptools.packages.find]`),
+so the workflow's `pip install -e .` does not stop on contracts/ as a second top-level package.
+Until the two stubs are written, `falsify run` fails on the parity check and says what to
+write; that is the intended first state.
 """
 
 from __future__ import annotations
@@ -72,10 +75,52 @@ def _config(root: Path) -> tuple[Path, str | None]:
     if pyproject.is_file():
         if "falsify" in _toml(pyproject).get("tool", {}):
             return pyproject, None
-        old = pyproject.read_text(encoding="utf-8")
-        sep = "" if old.endswith("\n\n") else ("\n" if old.endswith("\n") else "\n\n")
-        return pyproject, f"{old}{sep}[tool.falsify]\n{table}"
+        return pyproject, _append(pyproject.read_text(encoding="utf-8"),
+                                  f"[tool.falsify]\n{table}")
     return standalone, table
+
+
+SETUPTOOLS_BACKENDS = ("setuptools.build_meta", "setuptools.build_meta:__legacy__")
+
+
+def _packaging(root: Path, pkg: str, pkg_dir: Path) -> str | None:
+    """The `[tool.setuptools.packages.find]` table that names the package, when the workflow's
+    `pip install -e .` needs it; None when it does not. contracts/ and site/ sit next to a
+    flat-layout package, and setuptools' automatic discovery takes every top-level directory
+    with an importable name for a package ("Multiple top-level packages discovered in a
+    flat-layout"). Left alone: no [project] (the workflow installs nothing), another build
+    backend, a src layout (discovery looks under src/ only), packages or modules the user
+    set, or a setup.py/setup.cfg (which may set them)."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file() or pkg_dir != root / pkg:
+        return None
+    data = _toml(pyproject)
+    backend = data.get("build-system", {}).get("build-backend", SETUPTOOLS_BACKENDS[1])
+    tool = data.get("tool", {}).get("setuptools", {})
+    if ("project" not in data or backend not in SETUPTOOLS_BACKENDS
+            or {"packages", "py-modules"} & set(tool)
+            or (root / "setup.py").exists() or (root / "setup.cfg").exists()):
+        return None
+    return ("\n# Written by `falsify init`: contracts/ and site/ are not packages; without this,\n"
+            "# setuptools' flat-layout discovery stops `pip install -e .`.\n"
+            f'[tool.setuptools.packages.find]\ninclude = ["{pkg}", "{pkg}.*"]\n')
+
+
+def _append(old: str, table: str) -> str:
+    sep = "" if old.endswith("\n\n") else ("\n" if old.endswith("\n") else "\n\n")
+    return f"{old}{sep}{table.lstrip(chr(10))}"
+
+
+def _gitignore(root: Path) -> str | None:
+    """.gitignore with `.falsify/` (the ledger, caches and run locks: local state) added to
+    the user's lines; None when an entry for it is there already."""
+    path = root / ".gitignore"
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if {".falsify", ".falsify/", "/.falsify", "/.falsify/"} & {ln.strip() for ln in
+                                                              old.splitlines()}:
+        return None
+    sep = "" if not old or old.endswith("\n") else "\n"
+    return f"{old}{sep}.falsify/\n"
 
 
 def plan(root: Path, kernel: str, package: str | None) -> tuple[list[tuple[Path, str]], str]:
@@ -105,10 +150,22 @@ def cmd_init(args) -> int:
     root = Path.cwd()
     files, chosen = plan(root, kernel, args.package)
     cfg, cfg_text = _config(root)
+    pkg = _package(root, args.package)
+    packaging = _packaging(root, *pkg[:2])
     wrote, kept = [], []
+    if packaging is not None:  # the package named for setuptools, with the config or alone
+        pyproject = root / "pyproject.toml"
+        base = cfg_text if cfg == pyproject and cfg_text is not None \
+            else pyproject.read_text(encoding="utf-8")
+        atomic_write(pyproject, _append(base, packaging))
+        wrote.append(pyproject)
+    ignore = _gitignore(root)
+    if ignore is not None:
+        atomic_write(root / ".gitignore", ignore)
+        wrote.append(root / ".gitignore")
     if cfg_text is None:
-        kept.append(cfg)
-    else:
+        kept += [] if cfg in wrote else [cfg]
+    elif cfg not in wrote:
         atomic_write(cfg, cfg_text)
         wrote.append(cfg)
     for path, text in files:
@@ -120,6 +177,9 @@ def cmd_init(args) -> int:
     print(f"falsify init: kernel {kernel}, {chosen}")
     for p in wrote:
         print(f"  wrote {p.relative_to(root)}")
+    if packaging is not None:
+        print(f"  (pyproject.toml: [tool.setuptools.packages.find] include = [\"{pkg[0]}\", "
+              f"\"{pkg[0]}.*\"], so `pip install -e .` does not take contracts/ for a package)")
     for p in kept:
         print(f"  kept  {p.relative_to(root)} (already there, not overwritten)")
     _next_steps(kernel, files)

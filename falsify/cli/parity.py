@@ -27,7 +27,7 @@ G = 4.0
 
 def register(sub) -> None:
     p = sub.add_parser("parity", help="the whole model per backend vs the float64 reference",
-                       description=__doc__.splitlines()[0])
+                       description=" ".join(__doc__.split("\n\n")[0].split()))
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="model config overrides of the preset, e.g. num_layers=2")

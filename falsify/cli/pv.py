@@ -22,7 +22,7 @@ VERBS = (
 
 
 def build_parser() -> common.Parser:
-    return common.build_parser("pv", __doc__.splitlines()[0], VERBS)
+    return common.build_parser("pv", " ".join(__doc__.split("\n\n")[0].split()), VERBS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ def cmd_merge(args) -> int:
 
 def register(sub) -> None:
     g = group(sub, "ledger", "combine results ledgers", [SimpleNamespace(register=_verbs)])
-    g.description = __doc__.splitlines()[0]
+    g.description = " ".join(__doc__.split("\n\n")[0].split())
 
 
 def _verbs(sub) -> None:

@@ -1,6 +1,9 @@
 """`falsify quantize [--model BASE] [--method int8|int4|nf4] [--group 32|64|128]
 [--asymmetric] [--double-quant] --out DIR`
 
+Without --group, int4 groups by the largest of 128, 64 and 32 that divides every projection's
+input width (and says so), so the default fits every model the other defaults build.
+
 Weight-only quantization of every attention and MLP projection with the contract-checked
 kernels (falsify/llm/quantize_model.py has the layout). Writes OUT/quantized (the codes, scales and
 zero points, with `quantization.json`) and OUT/ours (the dequantized float32 model, a `--model`
@@ -34,7 +37,9 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="BASE",
                    help="our checkpoint or an HF LLaMA dir (default: the built-in base)")
     p.add_argument("--method", default="int8", choices=("int8", "int4", "nf4"))
-    p.add_argument("--group", type=int, default=128, help="int4: columns per group (32/64/128)")
+    p.add_argument("--group", type=int, default=None,
+                   help="int4: columns per group (32/64/128; default: the largest of them that "
+                        "divides every projection's input width)")
     p.add_argument("--asymmetric", action="store_true", help="int4: a zero point per group")
     p.add_argument("--double-quant", action="store_true",
                    help="nf4: quantize the per-block absmax to 8 bits too (QLoRA's double "

@@ -17,6 +17,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from falsify.harness.files import plain_mode
 from falsify.harness.model import Contract
 from falsify.harness.plan import runs
 from falsify.harness.project import library_dir
@@ -109,6 +110,7 @@ def atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        plain_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -51,7 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save_file as _save_file
+
+from falsify.harness.files import plain_mode
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
@@ -110,6 +113,13 @@ def set_rng_state(js: dict, tensors: dict[str, torch.Tensor]) -> None:
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def save_file(tensors: dict, filename: str | Path, metadata: dict | None = None) -> None:
+    """safetensors' save_file, with the mode a plain open() gives (it writes 0600): every
+    .safetensors falsify writes goes through here."""
+    _save_file(tensors, str(filename), metadata=metadata)
+    plain_mode(filename)
 
 
 def make_temp_dir(parent: str | Path, prefix: str) -> Path:
@@ -673,6 +683,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        plain_mode(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

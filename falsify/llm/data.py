@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from falsify.harness.files import plain_mode
 from falsify.llm.checkpoint import make_temp_dir
 
 EOS = "<|endoftext|>"
@@ -282,6 +283,7 @@ def save_tokenizer(tok, path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".json")
     os.close(fd)
     tok.save(tmp)
+    plain_mode(tmp)
     os.replace(tmp, path)
 
 

@@ -34,12 +34,13 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import finetune_base as FB
 from falsify.llm import run as R
+from falsify.llm.checkpoint import save_file
 from falsify.llm.config import ConfigError, TrainConfig
 from falsify.llm.model import ModelConfig
 from falsify.llm.run_base import OneProcess, drive

@@ -81,6 +81,11 @@ from falsify.llm.trainer import StepStats, Trainer
 log = logging.getLogger("falsify.finetune")
 
 
+# the objective: lora / qlora train SFT, reward-weighted SFT or DPO on an fp32 / NF4 base (which
+# one the data decides: preference pairs are DPO), grpo runs GRPO on code problems
+METHODS = ("lora", "qlora", "grpo")
+
+
 @dataclass
 class FinetuneConfig(LoopConfig):
     error: ClassVar[type[ConfigError]] = FinetuneConfigError
@@ -150,7 +155,7 @@ class FinetuneConfig(LoopConfig):
         "val_split": UNIT_OPEN,
         "overlong": (lambda v: v in ("truncate", "drop", "error"),
                      "must be truncate, drop or error"),
-        "method": (lambda v: v in ("lora", "qlora", "grpo"), "must be lora, qlora or grpo"),
+        "method": (lambda v: v in METHODS, "must be lora, qlora or grpo"),
         "policy": (lambda v: v in ("lora", "qlora"), "must be lora or qlora"),
         "group_size": (lambda v: v >= 2, "must be >= 2 (an advantage compares a group's "
                        "completions)"),

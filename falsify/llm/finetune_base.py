@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from falsify.harness.files import plain_mode
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import lora_model as LM
@@ -232,6 +233,7 @@ def _atomic_copy(src: Path, dst: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}-")
     os.close(fd)
     shutil.copyfile(src, tmp)
+    plain_mode(tmp)
     os.replace(tmp, dst)
 
 

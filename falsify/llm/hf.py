@@ -27,10 +27,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from falsify.llm import data as data_mod
-from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.checkpoint import atomic_dir, save_file
 from falsify.llm.model import ModelConfig, Transformer, build_model
 
 HF_PREFIX = "model."

@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from falsify.kernels.torch import lora as lora_kernel
 from falsify.kernels.torch import nf4 as nf4_kernel
 from falsify.kernels.torch import qlora as qlora_kernel
-from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.checkpoint import atomic_dir, save_file
 from falsify.llm.model import Transformer, build_model
 from falsify.reference.lora import lora_scale
 

@@ -17,11 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from falsify.llm import hf
 from falsify.llm import lora_model as LM
-from falsify.llm.checkpoint import STATE_HASHES, atomic_dir, content_hashes, write_manifest
+from falsify.llm.checkpoint import (
+    STATE_HASHES,
+    atomic_dir,
+    content_hashes,
+    save_file,
+    write_manifest,
+)
 from falsify.llm.finetune_base import load_adapted
 
 U32 = 2.0**-24

@@ -46,16 +46,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from falsify.kernels.torch import nf4 as nf4_kernel
 from falsify.kernels.torch import quantize as q_kernel
 from falsify.llm import hf
-from falsify.llm.checkpoint import atomic_dir
+from falsify.llm.checkpoint import atomic_dir, save_file
 from falsify.llm.model import ModelConfig, Transformer, build_model
 from falsify.llm.prune import projection_weights
 
 METHODS = ("int8", "int4", "nf4")
+GROUPS = (128, 64, 32)  # the int4 group sizes, largest first
 NF4_BLOCK = 64
 FORMAT = 1
 BNB_DIR = "hf-bnb-nf4"  # `falsify quantize --method nf4` writes OUT/hf-bnb-nf4
@@ -80,6 +81,19 @@ class QuantSpec:
             raise QuantizeError("--double-quant goes with --method nf4")
         if self.method == "int4" and self.group not in (32, 64, 128):
             raise QuantizeError(f"--group {self.group}: choose 32, 64 or 128")
+
+
+def default_group(model: Transformer) -> int:
+    """The int4 group size when none is given: the largest of GROUPS that divides every
+    projection's input width (128 for widths of 128·k, 64 for the pipeline's default student of
+    width 64), so that the default works on every model the other defaults build; a
+    QuantizeError naming the widths when none of them does."""
+    widths = sorted({w.shape[1] for w in projection_weights(model).values()})
+    for g in GROUPS:
+        if all(n % g == 0 for n in widths):
+            return g
+    raise QuantizeError(f"--group: no group size of {', '.join(map(str, GROUPS))} divides "
+                        f"every projection's input width ({', '.join(map(str, widths))})")
 
 
 def _quantize_one(spec: QuantSpec, name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:

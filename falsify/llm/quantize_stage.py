@@ -63,17 +63,32 @@ class Quantized:
     out: Path
 
 
-def quantize(model: str | None, out: Path, method: str = "int8", group: int = 128,
+def _group(group: int | None, method: str, m, console) -> int:
+    """The int4 group size: `group` if given, else the largest of 128/64/32 dividing every
+    projection's input width (said on `console`); other methods keep QuantSpec's default."""
+    if group is not None or method != "int4":
+        return Q.QuantSpec.group if group is None else group
+    group = Q.default_group(m)
+    if console is not None:
+        console.print(f"int4: group {group} (no --group given: the largest of 128/64/32 that "
+                      f"divides every projection's input width)")
+    return group
+
+
+def quantize(model: str | None, out: Path, method: str = "int8", group: int | None = None,
              asymmetric: bool = False, double_quant: bool = False, backend: str = "auto",
              console=None) -> Quantized:
-    """Quantize `model` (default: the built-in base) into `out`. Raises QuantizeError,
-    ConfigError or DataError on bad input."""
-    spec = Q.QuantSpec(method, group, not asymmetric, double_quant)
-    spec.validate()
+    """Quantize `model` (default: the built-in base) into `out`; int4 without `group` uses the
+    largest of 128/64/32 that fits the model (quantize_model.default_group). Raises
+    QuantizeError, ConfigError or DataError on bad input."""
+    Q.QuantSpec(method, Q.QuantSpec.group if group is None else group, not asymmetric,
+                double_quant).validate()
     if asymmetric and method != "int4":
         raise Q.QuantizeError("--asymmetric goes with --method int4")
     base = FT.base_or_builtin(model, backend, console)
     m = base.model
+    group = _group(group, method, m, console)
+    spec = Q.QuantSpec(method, group, not asymmetric, double_quant)
     Q.quantize_model(m, spec, out / "quantized", base.tokenizer_path)
     deq = Q.dequantize_model(out / "quantized")
     write_ours(deq, out / "ours", base.tokenizer_path,

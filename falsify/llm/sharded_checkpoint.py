@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 
 from falsify.llm import checkpoint as C
+from falsify.llm.checkpoint import save_file
 
 SHARDS = "shards"
 LAYOUT = "sharded"

@@ -530,7 +530,7 @@ def export_import_run(backend, dtype="float32", method="qlora", steps=3, seed=0)
         tmp = Path(tmp)
         LM.export_peft(model, tmp / "adapter", "base", meta={"test": True})
         # the binding under test decides the names written (a mutant may write others)
-        from safetensors.torch import save_file
+        from falsify.llm.checkpoint import save_file
 
         save_file(_bound("peft_state", backend)(model), str(tmp / "adapter" /
                                                           LM.ADAPTER_WEIGHTS))

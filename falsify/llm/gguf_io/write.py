@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from falsify.harness.files import plain_mode
 from falsify.llm import data as data_mod
 from falsify.llm.gguf_io.common import (
     ARCH,
@@ -99,6 +100,7 @@ def _atomic_write(path: Path, write) -> Path:
     os.close(fd)
     try:
         write(Path(tmp))
+        plain_mode(tmp)  # mkstemp's 0600 would stay on the model file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
