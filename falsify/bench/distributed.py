@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 MODEL = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
              intermediate_size=192, max_seq_len=32)
@@ -151,7 +152,7 @@ def run(world: int, batch: int, steps: int) -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("distributed", help="1 vs N DDP processes: step, comm share, bytes",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     p.add_argument("--nproc", type=int, default=2, help="data-parallel processes (default 2)")
     p.add_argument("--batch", type=int, default=4, help="rows per rank and micro-batch")
     p.add_argument("--steps", type=int, default=10, help="timed steps (after one warm-up)")

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SIZES = {
@@ -313,7 +314,7 @@ def run(size: str, steps: int, memory: bool, base: str = "nf4") -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("finetune", help="a LoRA step on NF4 and GGUF bases, ours vs HF + peft",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     p.add_argument("--size", choices=list(SIZES), default="small")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side")
     p.add_argument("--base", choices=[*BASES, "all"], default="all",

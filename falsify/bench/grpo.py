@@ -28,6 +28,7 @@ from pathlib import Path
 
 from falsify.bench.finetune import TARGETS, _status
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=384,
              vocab_size=1024, max_seq_len=128)
@@ -190,7 +191,7 @@ def _sides(args) -> dict:
 
 def register(sub) -> None:
     p = sub.add_parser("grpo", help="GRPO steps, ours vs TRL's GRPOTrainer: time, memory",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--tokens", type=int, default=16, help="completion length")

@@ -36,6 +36,7 @@ import torch
 
 from falsify.bench.kernel_cases import Case, cases, coverage_lines
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 from falsify.llm.bench_baseline import BASELINE_FORMAT, load_baseline
 
 FAIL_GROWTH = 1.10  # ratio ours/eager grown by more than this fails --check
@@ -244,7 +245,7 @@ def _throughput(case: Case, seconds: float, peaks) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("kernels", help="our kernels vs eager PyTorch: time, memory, baselines",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     add_arguments(p)
     p.set_defaults(func=cmd_kernels)
 
@@ -416,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     here, with the verb's own arguments, so that the benchmark does not import the command
     line. A usage or I/O error is one line on stderr and exit 2, as under `falsify`."""
     p = argparse.ArgumentParser(prog="python -m falsify.bench.kernels",
-                                description=" ".join(__doc__.split("\n\n")[0].split()))
+                                description=first_paragraph(__doc__))
     add_arguments(p)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:

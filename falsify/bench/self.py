@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 FALSIFY = (sys.executable, "-m", "falsify.cli")
 PV = (sys.executable, "-m", "falsify.cli.pv")
@@ -160,6 +161,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("self", help="falsify's own verdicts timed beside their goals",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     add_arguments(p)
     p.set_defaults(func=cmd_self)

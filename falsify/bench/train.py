@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 U32 = 2.0**-24
 PROFILE_STEPS = 3
@@ -451,7 +452,7 @@ def default_shape(name: str) -> tuple[int, int]:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="training step, ours vs transformers (eager, compiled)",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     p.add_argument("--presets", default="tiny,50m", help="comma-separated model presets")
     p.add_argument("--batch", type=int, help="batch size (default per preset)")
     p.add_argument("--seq", type=int, help="sequence length (default per preset)")

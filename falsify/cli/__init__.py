@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 
 from falsify.cli import common
+from falsify.helptext import first_paragraph
 
 VERBS = (  # the order of `falsify --help`
     "falsify.cli.run",       # run, mutants
@@ -43,7 +44,7 @@ VERBS = (  # the order of `falsify --help`
 
 
 def build_parser() -> common.Parser:
-    return common.build_parser("falsify", " ".join(__doc__.split("\n\n")[0].split()), VERBS)
+    return common.build_parser("falsify", first_paragraph(__doc__), VERBS)
 
 
 def main(argv: list[str] | None = None) -> int:

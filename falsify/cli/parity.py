@@ -20,6 +20,7 @@ import json
 
 from falsify.cli.common import resolve_user_binding
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 KERNELS = ("linear", "rmsnorm", "rope", "attention", "swiglu", "embedding")
 G = 4.0
@@ -27,7 +28,7 @@ G = 4.0
 
 def register(sub) -> None:
     p = sub.add_parser("parity", help="the whole model per backend vs the float64 reference",
-                       description=" ".join(__doc__.split("\n\n")[0].split()))
+                       description=first_paragraph(__doc__))
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="model config overrides of the preset, e.g. num_layers=2")

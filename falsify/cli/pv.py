@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from falsify.cli import common
+from falsify.helptext import first_paragraph
 
 VERBS = (
     "falsify.cli.pv_validate",  # validate
@@ -22,7 +23,7 @@ VERBS = (
 
 
 def build_parser() -> common.Parser:
-    return common.build_parser("pv", " ".join(__doc__.split("\n\n")[0].split()), VERBS)
+    return common.build_parser("pv", first_paragraph(__doc__), VERBS)
 
 
 def main(argv: list[str] | None = None) -> int:

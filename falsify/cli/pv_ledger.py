@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from falsify.cli.common import EXIT_FAILED, EXIT_OK, group
 from falsify.errors import UsageError
+from falsify.helptext import first_paragraph
 
 
 def cmd_merge(args) -> int:
@@ -29,7 +30,7 @@ def cmd_merge(args) -> int:
 
 def register(sub) -> None:
     g = group(sub, "ledger", "combine results ledgers", [SimpleNamespace(register=_verbs)])
-    g.description = " ".join(__doc__.split("\n\n")[0].split())
+    g.description = first_paragraph(__doc__)
 
 
 def _verbs(sub) -> None:
