@@ -13,7 +13,7 @@ from pathlib import Path
 import markdown
 import pytest
 
-from falsify.harness import docs
+from falsify.harness import docs, files
 from falsify.harness.docs import (
     GENERATED_MARKER,
     check_site,
@@ -159,7 +159,7 @@ def test_writes_are_atomic_and_stale_pages_removed(softmax, tmp_path, monkeypatc
     (pages / "hand-written.md").write_text("# notes kept by a human\n")
     replaced = []
     real = os.replace
-    monkeypatch.setattr(docs.os, "replace", lambda a, b: (replaced.append(Path(b)), real(a, b)))
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (replaced.append(Path(b)), real(a, b)))
     assert check_site([softmax], None, site)  # would create and delete pages
     paths = write_site([softmax], None, site)
     assert sorted(replaced) == paths  # every page went through temp file + os.replace

@@ -28,7 +28,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch
 
 from falsify.bench.kernel_cases import Case, cases, coverage_lines
 from falsify.errors import UsageError
+from falsify.harness.files import atomic_write
 from falsify.helptext import first_paragraph
 from falsify.llm.bench_baseline import BASELINE_FORMAT, load_baseline
 
@@ -186,16 +186,7 @@ def save_baseline(path: Path, rows: list[dict], quick: bool) -> None:
            # by (falsify/llm/dispatch.py: `backend=fastest-verified`)
            "rows": [{k: r[k] for k in ("kernel", "size", "shape", "pass", "ours_ms", "triton_ms",
                                        "base_ms", "time_ratio") if k in r} for r in rows]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # temp file in the same directory + os.replace: a reader never sees a half-written file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(doc, indent=1))
 
 
 def compare(rows: list[dict], baseline_rows: list[dict]) -> tuple[list[str], list[str]]:

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from falsify.errors import UsageError
-from falsify.harness.generate import atomic_write
+from falsify.harness.files import atomic_write
 
 KERNEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")  # a Python module name and a contract equation
 

@@ -49,13 +49,14 @@ def select_contracts(names: list[str], proj):
 
 def ensure_generated(contracts, proj) -> list[Path]:
     from falsify.harness import generate
+    from falsify.harness.files import atomic_write
 
     out = proj.generated_dir
     expected = generate.plan_tests(contracts, out)
     stale = [p for p, why in generate.stale_files(expected, out)
              if p in expected]  # only the selected contracts' modules; never delete others
     for p in stale:
-        generate.atomic_write(p, expected[p])
+        atomic_write(p, expected[p])
     if stale:
         print(f"falsify: regenerated {len(stale)} test module(s) in {out}", file=sys.stderr)
     return [out / generate.module_name(c.id) for c in contracts]

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from falsify.harness.audit import MATRIX_KINDS, declared
+from falsify.harness.files import atomic_write
 from falsify.harness.graph import mermaid
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, Check, Contract
@@ -756,18 +755,9 @@ def render_site(contracts: list[Contract], coverage=None) -> dict[str, str]:
 def write_atomic(path: Path, content: str) -> bool:
     """Write `content` via a temp file in the same folder and os.replace. Returns False (and
     leaves the file untouched) when it already holds exactly this content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file() and path.read_text(encoding="utf-8") == content:
         return False
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, content)
     return True
 
 

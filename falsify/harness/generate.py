@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
-from falsify.harness.files import plain_mode
+from falsify.harness.files import atomic_write
 from falsify.harness.model import Contract
 from falsify.harness.plan import runs
 from falsify.harness.project import library_dir
@@ -102,19 +101,6 @@ def render(c: Contract, out_dir: Path) -> str:
         lines.append(f"def test_{_ident(m.id)}():")
         lines.append(f'    rt.assert_killed(CONTRACT, "{m.id}")')
     return "\n".join(lines).rstrip() + "\n"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        plain_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def plan_tests(contracts: list[Contract], out_dir: Path) -> dict[Path, str]:

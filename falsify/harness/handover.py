@@ -28,10 +28,10 @@ plugin then takes the ledger and profile from the project (falsify.harness.proje
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from falsify.harness.files import atomic_write
 
 VERSION = 1
 SELECT = ("checks", "mutants", "all")
@@ -61,16 +61,7 @@ class Manifest:
 
 
 def atomic_write_json(path: Path, data) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
 def write(path: Path, m: Manifest) -> Path:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from falsify.harness.files import atomic_write
 
 VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "unproven")
@@ -62,18 +62,8 @@ def _locked(path: Path):
 def _write(data: dict, path: Path) -> None:
     """Replace the ledger at `path` with `data`: a temp file in the same directory, fsynced,
     then os.replace, so a reader sees the old file or the new one, never half of either."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True), durable=True)
 
 
 def merge(entries: list[dict], mutants: list[dict], path: Path) -> Path:

@@ -19,8 +19,9 @@ import atexit
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from falsify.harness.files import atomic_write
 
 FORMAT = 1
 MAX_ENTRIES = 20_000  # the oldest go first: a cache that grows with every edit stays bounded
@@ -94,18 +95,10 @@ class StampCache:
         """Merge this process's new entries into the file, atomically."""
         if not self.new:
             return
-        tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             merged = {**self._read(), **self.new}
             merged = dict(list(merged.items())[-MAX_ENTRIES:])
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": FORMAT, "entries": merged}, f)
-            os.replace(tmp, self.path)
-            tmp, self.new = None, {}
+            atomic_write(self.path, json.dumps({"format": FORMAT, "entries": merged}))
+            self.new = {}
         except OSError:
             pass  # a cache that cannot be written only costs time on the next call
-        finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)

@@ -54,7 +54,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save_file as _save_file
 
-from falsify.harness.files import plain_mode
+from falsify.harness.files import atomic_write, plain_mode
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
@@ -650,7 +650,7 @@ def truncate_metrics(path: str | Path, step: int, records: list[dict] | None = N
     lines = path.read_bytes().split(b"\n") if path.exists() else []
     keep = _intact_records(path, lines, step if records is None else step - 1)
     keep += [json.dumps(r).encode() for r in records or []]
-    _atomic_write_bytes(path, b"".join(ln + b"\n" for ln in keep))
+    atomic_write(path, b"".join(ln + b"\n" for ln in keep), durable=True)
 
 
 def _intact_records(path: Path, lines: list[bytes], step: int) -> list[bytes]:
@@ -676,15 +676,3 @@ def _intact_records(path: Path, lines: list[bytes], step: int) -> list[bytes]:
     return keep
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        plain_mode(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

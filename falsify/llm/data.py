@@ -26,14 +26,13 @@ import os
 import re
 import shutil
 import sysconfig
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from falsify.harness.files import plain_mode
+from falsify.harness.files import atomic_path
 from falsify.llm.checkpoint import make_temp_dir
 
 EOS = "<|endoftext|>"
@@ -279,12 +278,8 @@ def load_tokenizer(path: str | Path):
 
 
 def save_tokenizer(tok, path: str | Path) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".json")
-    os.close(fd)
-    tok.save(tmp)
-    plain_mode(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".json") as tmp:
+        tok.save(str(tmp))
 
 
 def encode(tok, text: str) -> list[int]:

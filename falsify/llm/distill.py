@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from falsify.harness.files import atomic_write
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import finetune_base as FB
@@ -434,7 +435,7 @@ class DistillRun(R.PretrainRun):
             # the student's checkpoints carry their tokenizer: load_base finds it in the run
             # directory (a distillation config is not a pretraining config to re-derive it from)
             tok = self.out / "tokenizer.json"
-            R.atomic_write_text(tok, (self.data.cache_path / "tokenizer.json").read_text())
+            atomic_write(tok, (self.data.cache_path / "tokenizer.json").read_text())
         self.sampler = BlockTagged(self.sampler)
         return DistillTrainer(self.model, self.cfg, self.device, self.autocast, self.parts,
                               teacher=self.teacher, cfg_kd=self.cfg, cache=self.cache,
@@ -447,7 +448,7 @@ class DistillRun(R.PretrainRun):
 
     def write_summary(self) -> None:
         t = self.teacher
-        R.atomic_write_text(self.out / "distill.json", json.dumps({
+        atomic_write(self.out / "distill.json", json.dumps({
             "teacher": t.source, "teacher_layout": t.info.get("layout"),
             "teacher_fingerprint": t.fingerprint, "teacher_params":
                 sum(p.numel() for p in t.module.parameters()),

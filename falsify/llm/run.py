@@ -45,7 +45,6 @@ from falsify.llm.run_base import (  # noqa: F401  (the run plumbing's API: R.Pro
     OneProcess,
     Progress,
     RunBase,
-    atomic_write_text,
     drive,
     metrics_extra,
     step_or_andon,

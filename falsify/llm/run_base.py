@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from falsify.harness.files import atomic_write
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import run_lock
 from falsify.llm.trainer import AndonStop, StepStats, Trainer
@@ -32,12 +33,6 @@ METRICS_RECORDS = "metrics_records"  # the checkpoint step's metrics.jsonl recor
 
 
 # ---------------------------------------------------------------------------- the files
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def truncate_metrics(path: Path, step: int, state: dict | None = None,
                      ckpt: Path | None = None) -> None:
     """After resuming at `step`, drop records a killed run wrote for later steps, and a torn last
@@ -85,7 +80,7 @@ def step_or_andon(trainer: Trainer, micro: list, out: Path) -> StepStats:
     try:
         return trainer.train_step(micro)
     except AndonStop as e:
-        atomic_write_text(out / "andon.json", json.dumps(
+        atomic_write(out / "andon.json", json.dumps(
             {"step": e.step, "reason": str(e),
              "last_good_checkpoint": str(ckpt_mod.latest_checkpoint(out))}))
         raise
@@ -344,13 +339,13 @@ class RunBase:
     def write_config(self, effective: dict) -> None:
         """config.json (the effective config: what ran) and config.yaml (what was asked)."""
         if self.writes:
-            atomic_write_text(self.out / "config.json",
+            atomic_write(self.out / "config.json",
                               json.dumps(effective, indent=1, default=str))
-            atomic_write_text(self.out / "config.yaml",
+            atomic_write(self.out / "config.yaml",
                               yaml.safe_dump(asdict(self.cfg), sort_keys=False))
 
     def write_run_summary(self) -> None:
-        atomic_write_text(self.out / "summary.json", json.dumps(
+        atomic_write(self.out / "summary.json", json.dumps(
             {k: v for k, v in asdict(self.result).items() if k != "model"}, default=str))
 
     # ---- the loop ------------------------------------------------------------------
