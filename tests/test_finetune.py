@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -354,6 +355,49 @@ def test_early_stopping_stops_after_patience(tmp_path, tok, tok_path, monkeypatc
     r = finetune(cfg, base=_base(tok_path), dataset=_ds(tok))
     assert r.final_step == 3 and r.stopped.startswith("early stopping")
     assert r.checkpoint.endswith("step-00000003") and r.adapter_dir is not None
+
+
+def _report(cfg, r) -> str:
+    from rich.console import Console
+
+    from falsify.llm.finetune_stage import summary
+
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    summary(console, cfg, r)
+    return console.export_text()
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())  # the table's title wraps to the table's width
+
+
+def _eval_rows(text: str) -> list[str]:
+    return [ln.split("│")[1].strip() for ln in text.splitlines() if ln.startswith("│")]
+
+
+def test_the_summary_shows_the_evaluations_that_ran_and_says_when_none_did(tmp_path, tok,
+                                                                           tok_path):
+    """max_steps below eval_interval: the last step is evaluated all the same, so the table
+    holds the frozen base (step 0) and step 2. A resumed run's baseline is the first process's:
+    its table does not claim step 0. No held-out examples: no table, a line that says why."""
+    kw = dict(method="qlora", lora_r=4, batch_size=2, max_steps=2, val_split=0.2,
+              eval_interval=10, progress=False, sample_count=0, backend="torch")
+    cfg = FT.config_from_dict(dict(kw, out_dir=str(tmp_path / "a")))
+    text = _report(cfg, finetune(cfg, base=_base(tok_path), dataset=_ds(tok)))
+    assert "held-out examples (step 0 = the frozen base)" in _words(text)
+    assert _eval_rows(text) == ["0", "2"]
+
+    cfg = FT.config_from_dict(dict(kw, max_steps=3, out_dir=str(tmp_path / "b")))
+    finetune(cfg, base=_base(tok_path), dataset=_ds(tok), stop_after=1)
+    text = _report(cfg, finetune(cfg, resume="auto", base=_base(tok_path), dataset=_ds(tok)))
+    assert "held-out examples" in text and "step 0" not in text
+    assert _eval_rows(text) == ["3"]
+
+    cfg = FT.config_from_dict(dict(kw, val_split=0.0, out_dir=str(tmp_path / "c")))
+    text = _report(cfg, finetune(cfg, base=_base(tok_path), dataset=_ds(tok)))
+    assert "val_loss" not in text and not _eval_rows(text)
+    assert "no evaluation ran: no held-out examples (val_split=0, 24 train examples)" \
+        in _words(text)
 
 
 def test_only_adapters_train_and_checkpoint_holds_only_adapters(tmp_path, tok, tok_path):

@@ -327,6 +327,30 @@ def test_cli_export_gguf_self_checks(model, tok_path, tmp_path, capsys):
     assert tok.get_vocab_size() == model.cfg.vocab_size
 
 
+def test_export_output_names_the_final_file_not_the_temp_one(model, tok_path, tmp_path,
+                                                             capsys, caplog):
+    """The file is written through a temp file beside it; the gguf package's writer logs the
+    name it opens (at INFO, shown where a finetune or train run configures logging): the user
+    must see the file they asked for, never a name that is gone once the export finishes."""
+    import logging
+
+    from falsify.cli import main
+    from falsify.llm import hf
+    from falsify.llm import lora_model as LM
+
+    src = hf.export_hf(model, tmp_path / "hf", tok_path)
+    out = tmp_path / "m.gguf"
+    caplog.set_level(logging.INFO)
+    assert main(["export", str(src), "--out", str(out), "--gguf"]) == 0
+    adapter = G.write_lora_gguf(LM.apply_lora(tiny.model(), LM.LoraSpec(method="lora", r=4)),
+                                tmp_path / "adapter.gguf")
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("gguf")]
+    assert any(m.startswith(f"{out}: n_tensors") for m in logged), logged
+    assert any(m.startswith(f"{adapter}: n_tensors") for m in logged), logged
+    text = "\n".join([*logged, *capsys.readouterr()])
+    assert ".tmp" not in text and ".m.gguf-" not in text and ".adapter.gguf-" not in text, text
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--gguf", "--format", "hf"], "--gguf contradicts --format hf"),
     (["--gguf-type", "f16"], "--gguf-type applies to --format gguf only"),

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import falsify
 from falsify.cli import main
 
 KERNEL = "mykernel"
@@ -114,9 +115,9 @@ TORCH = "import torch\n\n\ndef mykernel(x):\n    return torch.tanh(x)\n"
 
 def _run(project: Path, *argv: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
     # run from the project as a user would: falsify finds it by its [tool.falsify] table and
-    # imports the user's package from the project root; no environment variable says where
-    env = dict(os.environ, FALSIFY_QUIET="1")
-    env.pop("PYTHONPATH", None)
+    # imports the user's package from the project root; no environment variable says where.
+    # The path is only the falsify under test (this checkout's, not whichever is installed).
+    env = dict(os.environ, FALSIFY_QUIET="1", PYTHONPATH=str(Path(falsify.__file__).parents[1]))
     proc = subprocess.run([sys.executable, *argv], cwd=project, env=env, capture_output=True,
                           text=True, timeout=600)
     if check_rc is not None:
@@ -191,3 +192,49 @@ def test_gitignore_gets_the_falsify_directory_once(project, capsys):
     assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]
     assert main(["init"]) == 0
     assert (project / ".gitignore").read_text().splitlines() == ["*.pyc", ".falsify/"]
+
+
+MYSOFTMAX = "import torch\n\n\ndef softmax(x):\n    return torch.softmax(x, -1)\n"
+
+
+def _generated(project: Path) -> list[str]:
+    return sorted(p.name for p in (project / "tests/generated").iterdir())
+
+
+@pytest.mark.heavy
+def test_runs_of_contracts_not_the_projects_own_leave_generated_in_sync(project, tmp_path,
+                                                                        capsys):
+    """A library contract bound to the user's kernel, and a contract file from outside the
+    project's contract directories: their test modules go to the project's local state, so
+    tests/generated stays what `pv generate` writes and the pre-commit gate still passes; the
+    results still reach the ledgers."""
+    from falsify.cli.pv import main as pv_main
+    from falsify.harness import ledger
+    from falsify.harness.project import library_dir
+
+    assert main(["init"]) == 0
+    fals = ["-m", "falsify", "run", "-n", "1", "--no-mutants", "--backend", "torch"]
+    assert pv_main(["generate", "--no-docs"]) == 0
+    own = _generated(project)
+    assert own == ["__init__.py", f"test_{KERNEL}_kernel_v1.py"]
+
+    (project / "userpkg/mysoftmax.py").write_text(MYSOFTMAX)
+    _run(project, *fals, "softmax-kernel-v1", "--bind",
+         "softmax.torch=userpkg.mysoftmax:softmax", "-k", "SM_001")
+    assert pv_main(["generate", "--check"]) == 0
+    assert _generated(project) == own
+    assert (project / ".falsify/generated/test_softmax_kernel_v1.py").is_file()
+    bound = ledger.load(project / ".falsify/ledger-bind.json")["runs"].values()
+    assert {(e["contract"], e["check"], e["backend"], e["outcome"]) for e in bound} == \
+        {("softmax-kernel-v1", "FALSIFY-SM-001", "torch", "passed")}
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = elsewhere / "mysoftmax-kernel-v1.yaml"
+    outside.write_text((library_dir() / "softmax-kernel-v1.yaml").read_text())
+    _run(project, *fals, str(outside), "-k", "SM_001")
+    assert pv_main(["generate", "--check"]) == 0
+    assert _generated(project) == own
+    runs = ledger.load(project / ".falsify/ledger.json")["runs"].values()
+    assert {(e["contract"], e["check"], e["backend"], e["outcome"]) for e in runs} == \
+        {("mysoftmax-kernel-v1", "FALSIFY-SM-001", "torch", "passed")}

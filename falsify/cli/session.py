@@ -48,18 +48,39 @@ def select_contracts(names: list[str], proj):
 
 
 def ensure_generated(contracts, proj) -> list[Path]:
+    """The contracts' test modules, regenerated where stale; their paths, in order.
+
+    The project's own contracts get theirs in its `generated` dir, as `pv generate` writes
+    them. Any other contract (a library contract run by id, bound with --bind or not; a file
+    outside the project's contract directories) gets its module in the project's scratch dir
+    (`Project.scratch_generated_dir`, local state): in `generated` it would be a module no
+    project contract generates, and `pv generate --check`, the CI and pre-commit gate, would
+    fail on it."""
     from falsify.harness import generate
     from falsify.harness.files import atomic_write
+    from falsify.harness.project import project_files
 
-    out = proj.generated_dir
-    expected = generate.plan_tests(contracts, out)
-    stale = [p for p, why in generate.stale_files(expected, out)
-             if p in expected]  # only the selected contracts' modules; never delete others
-    for p in stale:
-        atomic_write(p, expected[p])
-    if stale:
-        print(f"falsify: regenerated {len(stale)} test module(s) in {out}", file=sys.stderr)
-    return [out / generate.module_name(c.id) for c in contracts]
+    mine = set(project_files(proj).values())
+    own = [c for c in contracts if c.path.resolve() in mine]
+    others = [c for c in contracts if c.path.resolve() not in mine]
+    where = {}
+    # the scratch dir has no __init__.py: its modules import under their own names, never as
+    # a package that could shadow the project's generated package (both may run together)
+    for out, group, package in ((proj.generated_dir, own, True),
+                                (proj.scratch_generated_dir, others, False)):
+        if not group:
+            continue
+        expected = generate.plan_tests(group, out)
+        if not package:
+            expected.pop(out / "__init__.py")
+        # only the selected contracts' modules: never delete others
+        stale = [p for p, _ in generate.stale_files(expected, out, prune=False)]
+        for p in stale:
+            atomic_write(p, expected[p])
+        if stale and package:
+            print(f"falsify: regenerated {len(stale)} test module(s) in {out}", file=sys.stderr)
+        where.update({c.id: out / generate.module_name(c.id) for c in group})
+    return [where[c.id] for c in contracts]
 
 
 def run_manifest(proj, contracts, select: str, profile: str, backends: list[str],

@@ -7,7 +7,7 @@ nearest directory that declares one wins; within one directory `falsify.toml` wi
 
     [tool.falsify]
     contracts = ["contracts"]           # project contract directories
-    generated = "tests/generated"       # generated test modules
+    generated = "tests/generated"       # generated modules of the project's own contracts
     ledger = ".falsify/ledger.json"     # results ledger
     docs = "site/docs/contracts"        # generated contract pages
     backends = ["reference", "torch", "triton"]   # default backends for `falsify run`
@@ -74,6 +74,20 @@ class Project:
     profile: str
     overrides: tuple[str, ...]
     source: Path  # the falsify.toml or pyproject.toml it came from
+
+    @property
+    def state_dir(self) -> Path:
+        """Local state, never committed (`falsify init` adds it to .gitignore): hypothesis'
+        examples, caches, and the modules of `scratch_generated_dir`."""
+        return self.root / ".falsify"
+
+    @property
+    def scratch_generated_dir(self) -> Path:
+        """Where `falsify run` generates the test modules of contracts that are not the
+        project's own (library contracts, files outside its contract directories): the
+        `generated` dir holds exactly what `pv generate` writes, and `pv generate --check`
+        guards it."""
+        return self.state_dir / "generated"
 
 
 def _table(path: Path) -> dict | None:

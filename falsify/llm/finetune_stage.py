@@ -106,12 +106,9 @@ def summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> N
         console.print(f"[bold]train loss {first:.4f} -> {last:.4f}[/] (mean of the first / last "
                       f"{k} steps)")
     if r.evals:
-        t = Table("step", "val_loss", *(["val_ppl"] if r.kind == "sft" else ["val_accuracy"]),
-                  title="held-out examples (step 0 = the frozen base)")
-        for e in r.evals:
-            t.add_row(str(e["step"]), f"{e['val_loss']:.4f}",
-                      f"{e.get('val_ppl', e.get('val_accuracy', 0)):.3f}")
-        console.print(t)
+        _eval_table(console, r)
+    elif not r.rewards:  # GRPO holds out nothing: its report is the reward
+        console.print(f"no evaluation ran: {_why_no_eval(cfg, r)}")
     mem = r.memory
     console.print(f"base projections: {mem['projections_stored'] / 2**20:.2f} MiB stored vs "
                   f"{mem['projections_fp32'] / 2**20:.2f} MiB fp32 "
@@ -137,6 +134,29 @@ def summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> N
         t = ("greedy" if cfg.sample_temperature == 0 else
              f"T={cfg.sample_temperature}, top-k {cfg.sample_top_k}, same seed for both")
         console.print(Panel(body, title=f"sample of a held-out prompt ({t})", expand=False))
+
+
+def _eval_table(console: Console, r: FT.FinetuneResult) -> None:
+    """One row per evaluation this process ran; a resumed run's baseline (step 0) was
+    evaluated by the process that started it, so the title names step 0 only when it is here."""
+    base = " (step 0 = the frozen base)" if r.evals[0]["step"] == 0 else ""
+    t = Table("step", "val_loss", *(["val_ppl"] if r.kind == "sft" else ["val_accuracy"]),
+              title=f"held-out examples{base}")
+    for e in r.evals:
+        t.add_row(str(e["step"]), f"{e['val_loss']:.4f}",
+                  f"{e.get('val_ppl', e.get('val_accuracy', 0)):.3f}")
+    console.print(t)
+
+
+def _why_no_eval(cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> str:
+    if not r.data_info.get("val"):
+        return (f"no held-out examples (val_split={cfg.val_split:g}, "
+                f"{r.data_info.get('train', 0)} train examples)")
+    # a step at max_steps is always evaluated: this process stopped short of it (or resumed
+    # a run that had reached it)
+    return (f"none was due in the {len(r.steps)} step(s) this process ran, up to step "
+            f"{r.final_step} of max_steps={r.max_steps} (eval_interval="
+            f"{'null: each epoch end' if cfg.eval_interval is None else cfg.eval_interval})")
 
 
 def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:

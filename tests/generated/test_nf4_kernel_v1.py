@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b2ad879a5818ca05d11cb7e5203e8ddbb6c0bf651e33251d912aab2e2c721d83"
+SHA256 = "3c35ee05f98d718b919c6bb659736f91005c966ed807f57e85c8eb85946d74d7"
 CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -108,16 +109,38 @@ def _atomic_write(path: Path, write) -> Path:
     return path
 
 
+class _FinalName(logging.Filter):
+    """The gguf writer logs the name of the file it opens ("PATH: n_tensors = ..."), which is
+    our temp file: its records name the file being written instead, the one the user asked
+    for and the only one that exists once the write is done."""
+
+    def __init__(self, tmp: Path, final: Path):
+        super().__init__()
+        self.tmp, self.final = str(tmp), str(final)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.tmp in message:
+            record.msg, record.args = message.replace(self.tmp, self.final), None
+        return True
+
+
 def _write(writer_args, path: Path, fill) -> Path:
     gguf = _gguf()
+    writer_log = logging.getLogger(gguf.GGUFWriter.__module__)
 
     def write(tmp: Path):
-        w = gguf.GGUFWriter(tmp, ARCH, **writer_args)
-        fill(w)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        rename = _FinalName(tmp, path)
+        writer_log.addFilter(rename)
+        try:
+            w = gguf.GGUFWriter(tmp, ARCH, **writer_args)
+            fill(w)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+        finally:
+            writer_log.removeFilter(rename)
 
     return _atomic_write(path, write)
 
