@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from falsify.harness.files import plain_mode
+from falsify.harness.files import atomic_path
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import lora_model as LM
@@ -228,13 +227,9 @@ def base_or_builtin(model: str | None, backend: str = "auto", console=None) -> B
 
 def _atomic_copy(src: Path, dst: Path) -> None:
     import shutil
-    import tempfile
 
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}-")
-    os.close(fd)
-    shutil.copyfile(src, tmp)
-    plain_mode(tmp)
-    os.replace(tmp, dst)
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def base_fingerprint(model: Transformer) -> str:

@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from falsify.harness.files import atomic_path
 from falsify.kernels.torch import lora as lora_kernel
 from falsify.kernels.torch import nf4 as nf4_kernel
 from falsify.kernels.torch import qlora as qlora_kernel
@@ -512,19 +513,9 @@ def read_masks(path: str | Path) -> dict[str, torch.Tensor]:
 
 def save_masks(masks: dict[str, torch.Tensor], path: str | Path) -> None:
     """Write masks.safetensors atomically (temp file beside it, then rename)."""
-    import os
-    import tempfile
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         save_file({k: v.detach().to("cpu", torch.bool).contiguous() for k, v in masks.items()},
-                  tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+                  str(tmp), metadata={"format": "pt"})
 
 
 def masks_digest(masks: dict[str, torch.Tensor]) -> str:

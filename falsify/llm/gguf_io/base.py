@@ -6,9 +6,9 @@ import hashlib
 import tempfile
 from pathlib import Path
 
+from falsify.harness.files import atomic_write
 from falsify.llm.gguf_io.common import QuantTensor, dequantize
 from falsify.llm.gguf_io.read import read_gguf
-from falsify.llm.gguf_io.write import _atomic_write
 from falsify.llm.model import Transformer, build_model
 
 
@@ -21,7 +21,7 @@ def tokenizer_file(tok) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     f = d / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
     if not f.is_file() or f.read_text() != text:
-        _atomic_write(f, lambda tmp: tmp.write_text(text))
+        atomic_write(f, text)
     return f
 
 

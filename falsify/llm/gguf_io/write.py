@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from falsify.harness.files import plain_mode
+from falsify.harness.files import atomic_path
 from falsify.llm import data as data_mod
 from falsify.llm.gguf_io.common import (
     ARCH,
@@ -94,21 +92,6 @@ def gguf_tensors(model: Transformer, gtype: str) -> dict[str, tuple]:
     return out
 
 
-def _atomic_write(path: Path, write) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        plain_mode(tmp)  # mkstemp's 0600 would stay on the model file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 class _FinalName(logging.Filter):
     """The gguf writer logs the name of the file it opens ("PATH: n_tensors = ..."), which is
     our temp file: its records name the file being written instead, the one the user asked
@@ -142,7 +125,10 @@ def _write(writer_args, path: Path, fill) -> Path:
         finally:
             writer_log.removeFilter(rename)
 
-    return _atomic_write(path, write)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return path
 
 
 def write_gguf(model: Transformer, path: str | Path, tokenizer_path: str | Path | None = None,
