@@ -331,7 +331,7 @@ def test_train_config_file_then_resume_auto(tmp_path):
     # the run exports to the HF layout; a synthetic-corpus run has no tokenizer, and says so
     r = _run("falsify", "export", "run", "--out", "hf", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "no tokenizer found" in r.stdout and "bit-identical" in r.stdout
+    assert "trained on the synthetic corpus" in r.stdout and "bit-identical" in r.stdout
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 512
     assert not (tmp_path / "hf" / "tokenizer.json").exists()
 

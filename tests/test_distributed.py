@@ -85,6 +85,29 @@ def test_a_bad_config_is_refused_once_before_any_rank_starts(tmp_path):
     assert "rank" not in r.stderr and not (tmp_path / "r").exists()
 
 
+def test_a_ddp_run_ends_with_its_sample_and_summary(tmp_path):
+    """The run's last act, the sample, goes through the model every rank holds (DDP's wrapper
+    has no `cfg`): every rank finishes, rank 0 prints the sample and writes summary.json."""
+    tiny = [a for a in TINY if not a.startswith("sample_tokens=")]
+    r = falsify("train", "--nproc", "2", *tiny, "max_steps=3", "batch_size=2",
+                "sample_tokens=8", f"out_dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_step"] == 3 and summary["sample"]
+    assert "sample (prompt" in r.stdout
+
+
+@pytest.mark.parametrize("verb", ["train", "finetune"])
+def test_a_bad_warmup_is_refused_once_before_any_rank_starts(tmp_path, verb):
+    """The warmup fraction is a preflight rule, not a field rule: both launchers check it."""
+    args = TINY if verb == "train" else ["progress=false", "backend=torch"]
+    r = falsify(verb, "--nproc", "2", *args, "max_steps=3", "warmup_steps=2",
+                f"out_dir={tmp_path / 'r'}")
+    assert r.returncode == 2
+    assert (r.stdout + r.stderr).count("warmup_steps=2 is 66.7% of max_steps=3") == 1
+    assert "rank" not in r.stderr and not (tmp_path / "r").exists()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():

@@ -62,19 +62,28 @@ def _tensors_equal(a: dict, b: dict) -> list[str]:
                   if k not in a or k not in b or not torch.equal(a[k].float(), b[k].float()))
 
 
+def _no_tokenizer(base) -> str:
+    """Why an export ships no tokenizer: a pretraining run's is recovered from its corpus
+    whenever it has one, so the cases left are a run on synthetic ids and a model saved
+    without its tokenizer.json."""
+    if base.info.get("corpus") == "synthetic":
+        return f"{base.source} was trained on the synthetic corpus (token ids, no tokenizer)"
+    return f"no tokenizer.json found with {base.source}"
+
+
 def _export_model(src: Path, out: Path, tokenizer: str | None, console) -> int:
     from falsify.llm import finetune as FT
     from falsify.llm import hf
 
-    base = FT.load_base(src, "torch", need_tokenizer=False)
+    base = FT.load_base(src, "torch", need_tokenizer=False, tokenizer=tokenizer)
     if base.layout == "hf":
         raise UsageError(f"{src} is already in the HF layout (config.json + model.safetensors)")
     tok = tokenizer or base.tokenizer_path
     hf.export_hf(base.model, out, tok)
     console.print(f"wrote {out} (HF LLaMA layout) from {base.source}")
     if tok is None:
-        console.print("note: no tokenizer found for this checkpoint (a synthetic-corpus run has "
-                      "none): weights and config only; pass --tokenizer FILE to include one")
+        console.print(f"note: {_no_tokenizer(base)}: weights and config only; pass --tokenizer "
+                      "FILE to include one")
     back = hf.import_hf(out, "torch").state_dict()
     bad = _tensors_equal(back, base.model.state_dict())
     return _verdict(bad, console)
@@ -84,13 +93,13 @@ def _export_gguf(src: Path, out: Path, tokenizer: str | None, gtype: str, consol
     from falsify.llm import finetune as FT
     from falsify.llm import gguf_io
 
-    base = FT.load_base(src, "torch", need_tokenizer=False)
+    base = FT.load_base(src, "torch", need_tokenizer=False, tokenizer=tokenizer)
     tok = tokenizer or base.tokenizer_path
     gguf_io.write_gguf(base.model, out, tok, gtype, name=src.resolve().name)
     console.print(f"wrote {out} (GGUF, llama, {gtype}) from {base.source}")
     if tok is None:
-        console.print("note: no tokenizer found for this checkpoint (a synthetic-corpus run has "
-                      "none): tokenizer.ggml.model = none; pass --tokenizer FILE to include one")
+        console.print(f"note: {_no_tokenizer(base)}: tokenizer.ggml.model = none; pass "
+                      "--tokenizer FILE to include one")
     return _verdict(gguf_io.stored_mismatches(base.model, out, gtype), console)
 
 

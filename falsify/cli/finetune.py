@@ -23,18 +23,16 @@ import logging
 import os
 
 from rich.console import Console
-from rich.markup import escape
 
-from falsify.cli.train import add_launch_args, leave_rank
+from falsify.cli.train import add_launch_args, launch_checked, leave_rank
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import finetune as FT
 from falsify.llm import finetune_stage as FS
-from falsify.llm.config import ConfigError
 from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
 from falsify.llm.data import DataError
 from falsify.llm.finetune_stage import DEMO, DEMO_GRPO  # noqa: F401  (the demo's settings)
 from falsify.llm.lora_model import LoraConfigError
-from falsify.llm.preflight import PreflightError
+from falsify.llm.preflight import check_config
 
 # flag -> config field (store-value flags)
 VALUE_FLAGS = {"--method": "method", "--model": "model", "--out": "out_dir", "--rank": "lora_r",
@@ -131,25 +129,24 @@ def _launch(args, console: Console) -> int:
     """The launcher's side of `--nproc N`: the config is checked once, the built-in base is
     trained (or found cached) once, here, then every rank runs this command without the
     launcher's options."""
-    from falsify.llm import distributed
     from falsify.llm.finetune_base import builtin_base
 
-    try:
-        fa = finetune_args(args)
+    fa = finetune_args(args)
+
+    def check():
         cfg = FS.resolve_config(fa, console)
-        cfg.validate()
+        check_config(cfg)
         FS.check_reward(cfg, fa)
         if cfg.model is None:
             builtin_base(cfg, console)
-        argv = [*(["--config", args.config] if args.config else []),
+
+    def argv():  # after check(): resolve_config fixes fa.resume to the checkpoint it found
+        return ["finetune", *(["--config", args.config] if args.config else []),
                 *(["--resume", fa.resume] if fa.resume else []),
                 *(["--allow-any-import"] if args.allow_any_import else []),
                 *_flag_overrides(args), *args.overrides]
-        return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
-                                  ["finetune", *argv])
-    except (ConfigError, PreflightError, DataError, LoraConfigError, ValueError,
-            ckpt_mod.CheckpointError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-        return 2
+
+    return launch_checked(args, check, argv, console,
+                          (DataError, LoraConfigError, ckpt_mod.CheckpointError))
 
 

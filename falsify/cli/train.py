@@ -19,6 +19,7 @@ from falsify.llm.config import (
     TrainConfig,
 )
 from falsify.llm.config_file import LIMITS as CONFIG_FILE_LIMITS
+from falsify.llm.preflight import PreflightError, check_config
 from falsify.llm.train_stage import run_loop, train_runner
 
 
@@ -60,19 +61,29 @@ def cmd_train(args) -> int:
     from falsify.llm import distributed
 
     if (args.nproc > 1 or args.nnodes > 1) and distributed.launched_world_size() == 1:
-        if not args.resume:  # a bad field is refused once, here, not by every rank
-            try:
-                TrainConfig.load(args.config, args.overrides).validate()
-            except ConfigError as e:
-                Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-                return 2
-        try:
-            return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint,
-                                      ["train", *train_argv(args)])
-        except ValueError as e:
-            Console().print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-            return 2
+        def check():
+            if not args.resume:  # a resumed config is the checkpoint's, checked by the ranks
+                check_config(TrainConfig.load(args.config, args.overrides))
+
+        return launch_checked(args, check, lambda: ["train", *train_argv(args)], Console())
     return leave_rank(run_loop(args, TrainConfig, train_runner(args)))
+
+
+def launch_checked(args, check, argv, console, errors: tuple = ()) -> int:
+    """The launcher's side of `--nproc N`: `check()` runs once, here (the config's rules, the
+    warmup fraction: falsify/llm/preflight.py:check_config, and whatever else the verb needs
+    first), so a bad field is one error before any rank starts, not one per rank after the
+    spawn; then every rank runs `python -m falsify ARGV`, `argv()` being called after the
+    check (which may resolve what it names, as a resume's checkpoint). The exit code (2:
+    refused)."""
+    from falsify.llm import distributed
+
+    try:
+        check()
+        return distributed.launch(args.nproc, args.nnodes, args.rdzv_endpoint, argv())
+    except (ConfigError, PreflightError, ValueError, *errors) as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        return 2
 
 
 def leave_rank(code: int) -> int:

@@ -27,6 +27,15 @@ from falsify.llm.model import ModelConfig, ModelConfigError, preset
 
 ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                "intermediate_size", "rope_theta", "rms_norm_eps", "init_std")
+# The TrainConfig fields that decide the corpus and so the tokenizer trained on it (run.data_spec
+# reads them, and the seed for the synthetic corpus). Two runs that agree on them share one
+# tokenizer: a distillation student and its teacher, the pipeline's pretrain and distill stages.
+DATA_FIELDS = ("corpus", "data_files", "jsonl_field", "max_files", "max_bytes", "val_fraction",
+               "synthetic_tokens", "vocab_size")
+# The quick demo corpus: the first ~2 MB of the stdlib, enough for the tiny preset's few hundred
+# steps and tokenized in seconds. The built-in base and the default pipeline train on it; a plain
+# `falsify train` (and `falsify distill`) reads the whole corpus (TrainConfig.max_bytes = null).
+QUICK_MAX_BYTES = 2_000_000
 
 
 class ConfigError(ValueError):

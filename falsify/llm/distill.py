@@ -9,7 +9,8 @@ linear-KD kernel (falsify/kernels/<backend>/fused_linear_kd.py, fused-linear-kd-
 student's [tokens, V] logits are never built.
 
 The teacher is one of our checkpoints, an HF-layout causal LM directory (any architecture
-transformers loads) or, by default, the built-in base `falsify finetune` uses. Its signal is
+transformers loads) or, by default, the built-in base of `falsify finetune` trained on the
+student's corpus (cached per corpus), so that the two share one tokenizer. Its signal is
 either its full logits, computed on the fly, or its top-k (values, indices) per token, computed
 on the fly or read from a cache of safetensors shards written once before training
 (`teacher_cache`). The top-k form renormalises the teacher over its k largest logits; the
@@ -42,8 +43,7 @@ from falsify.llm import data as data_mod
 from falsify.llm import finetune_base as FB
 from falsify.llm import run as R
 from falsify.llm.checkpoint import save_file
-from falsify.llm.config import ConfigError, TrainConfig
-from falsify.llm.model import ModelConfig
+from falsify.llm.config import DATA_FIELDS, ConfigError, TrainConfig
 from falsify.llm.run_base import OneProcess, drive
 from falsify.llm.trainer import IGNORE_INDEX, LoopParts, Trainer
 
@@ -62,7 +62,9 @@ class DistillConfigError(ConfigError):
 class DistillConfig(TrainConfig):
     """TrainConfig (the student and its data) plus the teacher and the KD loss. Defaults: the
     usual KD recipe (T = 4, α = 0.5, [hinton2015]), a student half the tiny preset's width and
-    depth, on the built-in base's corpus so that teacher and student share its tokenizer."""
+    depth, on `falsify train`'s default data (TrainConfig's data fields, not restated here), so
+    that the student of a default pretraining run's teacher shares its tokenizer. The built-in
+    teacher is trained on the student's corpus (load_teacher), so it shares it too."""
 
     error: ClassVar[type[ConfigError]] = DistillConfigError
 
@@ -72,11 +74,10 @@ class DistillConfig(TrainConfig):
     teacher_topk: int | None = None  # null: full teacher logits; k: the teacher's top-k
     teacher_cache: str | None = None  # top-k shards directory: read if it matches, else written
     kd_chunk: int | None = None  # tokens per chunk of the fused linear-KD kernel (null: its own)
-    # the student (architecture overrides of the `tiny` preset) and the built-in base's data
+    # the student: architecture overrides of the `tiny` preset (its data: TrainConfig's)
     hidden_size: int | None = 64
     num_layers: int | None = 2
     intermediate_size: int | None = 192
-    max_bytes: int | None = 2_000_000
     max_steps: int = 300
     warmup_steps: int = 15
     batch_size: int = 8
@@ -155,9 +156,12 @@ def micro_numerator(loss_mean: torch.Tensor, n: int) -> torch.Tensor:
     return loss_mean * n
 
 
-def load_teacher(path: str | None, backend: str, console=None) -> Teacher:
+def load_teacher(path: str | None, backend: str, console=None, data: dict | None = None
+                 ) -> Teacher:
     """Our checkpoint or HF LLaMA dir (falsify/llm/finetune_base.py:load_base: our kernels), any
-    other HF-layout causal LM (transformers' AutoModelForCausalLM, fp32), or the built-in base."""
+    other HF-layout causal LM (transformers' AutoModelForCausalLM, fp32), or the built-in base,
+    trained on `data` (the student's config.DATA_FIELDS) so that it shares the student's
+    tokenizer by construction (cached per corpus, as `falsify finetune`'s is)."""
     if path is not None:
         p = Path(path)
         cfg_file = p / "config.json"
@@ -166,28 +170,15 @@ def load_teacher(path: str | None, backend: str, console=None) -> Teacher:
             return _hf_teacher(p)
     try:
         if path is None:
-            base = FB.base_or_builtin(None, backend, console)
+            base = FB.base_or_builtin(None, backend, console, data)
         else:
             # a teacher trained on synthetic ids has no tokenizer; whether one is needed is
             # check_teacher's business, once the student's data is known
             base = FB.load_base(path, backend, need_tokenizer=False)
-            if base.tokenizer_path is None and base.layout == "ours":
-                base.tokenizer_path = _pretraining_tokenizer(Path(path))
     except ConfigError as e:
         raise DistillConfigError(f"config field teacher={path!r}: {e}") from None
     return Teacher(base.model, base.model.cfg.vocab_size, base.source, base.tokenizer_path,
                    hf=False, info={"layout": base.layout})
-
-
-def _pretraining_tokenizer(path: Path) -> str | None:
-    """A pretraining checkpoint does not store its tokenizer: it is its corpus's (cached,
-    deterministic) tokenizer, found again from the checkpoint's train config."""
-    state = ckpt_mod.read_state(ckpt_mod.find_checkpoint(path))
-    if "train" not in state["config"]:
-        return None
-    tok = FB._tokenizer_from_train_config(state["config"]["train"],
-                                          ModelConfig(**state["config"]["model"]))
-    return str(tok) if tok is not None else None
 
 
 def _hf_teacher(p: Path) -> Teacher:
@@ -402,7 +393,8 @@ class DistillRun(R.PretrainRun):
                  teacher: Teacher | None = None, console=None):
         super().__init__(cfg, parts)
         self.dparts = dparts
-        self.teacher = teacher or load_teacher(cfg.teacher, cfg.backend, console)
+        self.teacher = teacher or load_teacher(cfg.teacher, cfg.backend, console,
+                                               {k: getattr(cfg, k) for k in DATA_FIELDS})
         self.teacher.module.to(self.device)
         dparts.freeze(self.teacher.module)
         self.teacher.fingerprint = weights_fingerprint(self.teacher.module)

@@ -281,7 +281,10 @@ class DistributedTrainer(DataParallelStep, Trainer):
         elif parallel != "fsdp":
             raise ValueError(f"parallel={parallel!r}: must be ddp or fsdp")
         self.wrapped = loss_module  # DDP(root) or the FSDP root: what the step calls
-        self.forward_model = loss_module  # evaluation and sampling go through it too
+        # evaluation and sampling: under FSDP through the root (its forward gathers the
+        # sharded weights); under DDP the replica itself, which is the model (it has the
+        # model's cfg) — DDP's wrapper adds only gradient reduction, which they do not need
+        self.forward_model = loss_module.module if parallel == "ddp" else loss_module
 
     def parallel_loss(self, micro) -> tuple[torch.Tensor, dict]:
         x, y = micro

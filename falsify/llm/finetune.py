@@ -73,7 +73,7 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
     load_base,
 )
 from falsify.llm.model import Transformer, generate
-from falsify.llm.preflight import PreflightError, check_config_algebra, check_warmup
+from falsify.llm.preflight import PreflightError, check_config, check_config_algebra
 from falsify.llm.rewards import parse_reward_error
 from falsify.llm.run_base import OneProcess, RunBase
 from falsify.llm.trainer import StepStats, Trainer
@@ -497,9 +497,7 @@ class FinetuneRun(RunBase):
 
     def __init__(self, cfg: FinetuneConfig, obj: Objectives, parallel: OneProcess | None = None):
         super().__init__(parallel)
-        cfg.validate()
-        if cfg.max_steps is not None and cfg.warmup_steps is not None:
-            check_warmup(cfg.max_steps, cfg.warmup_steps)  # before any base or data work
+        check_config(cfg)  # before any base or data work
         self.cfg, self.obj = cfg, obj
         self.device, self.autocast = R.resolve_device(cfg)
         self.out = Path(cfg.out_dir)

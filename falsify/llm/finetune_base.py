@@ -19,7 +19,13 @@ from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
-from falsify.llm.config import ConfigError, FinetuneConfigError, TrainConfig, model_config
+from falsify.llm.config import (
+    QUICK_MAX_BYTES,
+    ConfigError,
+    FinetuneConfigError,
+    TrainConfig,
+    model_config,
+)
 from falsify.llm.config import config_from_dict as train_config_from_dict
 from falsify.llm.model import ModelConfig, Transformer, build_model
 
@@ -49,11 +55,14 @@ def _find_tokenizer(paths: list[Path]) -> Path | None:
     return None
 
 
-def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True) -> Base:
+def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True,
+              tokenizer: str | Path | None = None) -> Base:
     """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
     output), an HF LLaMA directory (config.json + model.safetensors, falsify/llm/hf.py) or a
-    llama.cpp
-    GGUF LLaMA file (falsify/llm/gguf_io/read.py: quantized projections stay quantized)."""
+    llama.cpp GGUF LLaMA file (falsify/llm/gguf_io/read.py: quantized projections stay
+    quantized). Its tokenizer is found (or, for a pretraining checkpoint, recovered) whenever it
+    has one; `need_tokenizer`: one that has none is an error (a synthetic-corpus run has none).
+    `tokenizer`: a tokenizer.json given in place of the base's own (no search, no recovery)."""
     from safetensors.torch import load_file
 
     from falsify.llm import hf
@@ -62,7 +71,7 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
     if not p.exists():
         raise FinetuneConfigError(f"config field model={str(path)!r}: no such file or directory")
     if p.is_file():
-        return _gguf_base(p, backend, need_tokenizer)
+        return _gguf_base(p, backend, need_tokenizer, tokenizer)
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file() and \
             json.loads((p / "config.json").read_text()).get("model_type") == "llama":
         model = hf.import_hf(p, backend)
@@ -86,15 +95,18 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
                                       f"{sorted(set(weights) - set(own))[:3]})")
         model.load_state_dict(weights, strict=True)
         layout, where = "ours", [ck, ck.parent.parent, p]
-        tok_path = _find_tokenizer(where)
-        if tok_path is None and need_tokenizer and "train" in state["config"]:
+        tok_path = Path(tokenizer) if tokenizer else _find_tokenizer(where)
+        if tok_path is None and "train" in state["config"]:
+            # whether or not the caller needs one: an export or a merge ships it when it exists
             tok_path = _tokenizer_from_train_config(state["config"]["train"], mcfg)
-        return _with_masks(_base(model, tok_path, str(p), layout, need_tokenizer), ck)
-    return _with_masks(_base(model, _find_tokenizer(where), str(p), layout, need_tokenizer),
-                       masks_dir)
+        base = _base(model, tok_path, str(p), layout, need_tokenizer)
+        base.info["corpus"] = state["config"].get("train", {}).get("corpus")
+        return _with_masks(base, ck)
+    tok_path = Path(tokenizer) if tokenizer else _find_tokenizer(where)
+    return _with_masks(_base(model, tok_path, str(p), layout, need_tokenizer), masks_dir)
 
 
-def _gguf_base(p: Path, backend: str, need_tokenizer: bool) -> Base:
+def _gguf_base(p: Path, backend: str, need_tokenizer: bool, tokenizer=None) -> Base:
     from falsify.llm import gguf_io
 
     with p.open("rb") as f:
@@ -106,7 +118,8 @@ def _gguf_base(p: Path, backend: str, need_tokenizer: bool) -> Base:
         model, tok = gguf_io.base_model(p, backend)
     except gguf_io.GGUFError as e:
         raise FinetuneConfigError(f"config field model: {e}") from None
-    tok_path = gguf_io.tokenizer_file(tok) if tok is not None else None
+    tok_path = Path(tokenizer) if tokenizer else \
+        gguf_io.tokenizer_file(tok) if tok is not None else None
     base = _base(model, tok_path, str(p), "gguf", need_tokenizer)
     base.info["gguf_quantized"] = {k: v.qtype for k, v in model.gguf_quant.items()}
     return base
@@ -165,34 +178,37 @@ def _tokenizer_from_train_config(train_cfg: dict, mcfg: ModelConfig) -> Path | N
     return prepared.cache_path / "tokenizer.json"
 
 
-def builtin_base_config(cfg: FinetuneConfig, out_dir: Path) -> TrainConfig:
-    """The built-in base: the pretraining loop's `tiny` preset on the first ~2 MB of the
-    stdlib corpus (the shipped SFT data is derived from the same corpus), about a minute on 2
-    CPU cores."""
+def builtin_base_config(cfg: FinetuneConfig, out_dir: Path, data: dict | None = None
+                        ) -> TrainConfig:
+    """The built-in base: the pretraining loop's `tiny` preset on the quick demo corpus, the
+    first ~2 MB of the stdlib (the shipped SFT data is derived from the same corpus), about a
+    minute on 2 CPU cores. `data`: TrainConfig data fields (config.DATA_FIELDS) that replace
+    that corpus (a distillation student's, so the built-in teacher shares its tokenizer)."""
     return train_config_from_dict({
-        "model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000, "val_fraction": 0.05,
+        "model": "tiny", "corpus": "stdlib", "max_bytes": QUICK_MAX_BYTES, "val_fraction": 0.05,
         "batch_size": 8, "grad_accum": 1, "max_steps": cfg.base_steps,
         "warmup_steps": max(1, cfg.base_steps // 20), "lr": 3e-3, "lr_min": 3e-4,
         "eval_interval": cfg.base_steps, "eval_batches": 4, "save_interval": cfg.base_steps,
         "keep_last": 1, "sample_tokens": 0, "seed": cfg.seed, "cache_dir": cfg.cache_dir,
         "out_dir": str(out_dir), "progress": cfg.progress, "backend": cfg.backend,
         "ledger": cfg.ledger, "bench_baseline": cfg.bench_baseline,  # a policy's evidence
-        "device": cfg.device, "threads": cfg.threads}, source="built-in base")
+        "device": cfg.device, "threads": cfg.threads, **(data or {})}, source="built-in base")
 
 
-def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
+def builtin_base(cfg: FinetuneConfig, console=None, data: dict | None = None) -> Base:
     """Train the built-in base with the pretraining loop (falsify/llm/run.py), or reuse it from
-    cache_dir (keyed by its config and the Python version, whose stdlib is the corpus)."""
+    cache_dir (keyed by its config and the Python version, whose stdlib is the corpus).
+    `data`: builtin_base_config's."""
     import sys
 
-    probe = builtin_base_config(cfg, Path("."))
+    probe = builtin_base_config(cfg, Path("."), data)
     key_src = {k: v for k, v in asdict(probe).items()
                if k not in ("out_dir", "progress", "cache_dir", "threads", "ledger",
                             "bench_baseline")}
     key_src["python"] = sys.version.split()[0]
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(cfg.cache_dir) / "finetune-base" / key
-    tcfg = builtin_base_config(cfg, out)
+    tcfg = builtin_base_config(cfg, out, data)
     done = out / "summary.json"
     if not done.is_file():
         if console is not None:
@@ -215,14 +231,17 @@ def builtin_base(cfg: FinetuneConfig, console=None) -> Base:
     return base
 
 
-def base_or_builtin(model: str | None, backend: str = "auto", console=None) -> Base:
+def base_or_builtin(model: str | None, backend: str = "auto", console=None,
+                    data: dict | None = None) -> Base:
     """The model a command works on: `model` (load_base) or, given none, the built-in base
-    that `falsify finetune` uses (trained once, then reused from the cache)."""
+    that `falsify finetune` uses (trained once, then reused from the cache); `data`:
+    builtin_base_config's."""
     if model:
         return load_base(model, backend)
     from falsify.llm.finetune import load_config
 
-    return builtin_base(load_config(None, [f"backend={backend}", "progress=false"]), console)
+    return builtin_base(load_config(None, [f"backend={backend}", "progress=false"]), console,
+                        data)
 
 
 def _atomic_copy(src: Path, dst: Path) -> None:

@@ -39,7 +39,13 @@ from falsify.llm import merge_stage as MS
 from falsify.llm import prune_stage as PS
 from falsify.llm import quantize_stage as QS
 from falsify.llm import train_stage as TS
-from falsify.llm.config import ConfigError, TrainConfig, parse_overrides
+from falsify.llm.config import (
+    DATA_FIELDS,
+    QUICK_MAX_BYTES,
+    ConfigError,
+    TrainConfig,
+    parse_overrides,
+)
 from falsify.llm.data import DataError
 from falsify.llm.evaluate import EvalError
 from falsify.llm.lora_model import LoraConfigError
@@ -48,13 +54,12 @@ from falsify.llm.quantize_model import QuantizeError
 from falsify.llm.sandbox import SandboxError
 
 STAGES = ("pretrain", "distill", "finetune", "merge", "prune", "quantize", "eval")
-# the data fields the distillation student inherits from pretraining: one corpus, one tokenizer
-SHARED_DATA = ("corpus", "max_bytes", "max_files", "val_fraction", "vocab_size", "seq_len",
-               "cache_dir")
+# the fields the distillation student inherits from pretraining: one corpus, one tokenizer
+SHARED_DATA = (*DATA_FIELDS, "seq_len", "cache_dir")
 
 # The built-in default: the tiny preset on the stdlib, minutes on 2 CPU cores.
 TINY = {
-    "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": 2_000_000,
+    "pretrain": {"model": "tiny", "corpus": "stdlib", "max_bytes": QUICK_MAX_BYTES,
                  "max_steps": 500, "warmup_steps": 25, "batch_size": 8, "eval_interval": 500,
                  "eval_batches": 4, "save_interval": 500, "sample_tokens": 0},
     "distill": {"max_steps": 300, "warmup_steps": 15, "batch_size": 8, "eval_interval": 300,

@@ -128,6 +128,15 @@ def machine_memory_bytes(device: torch.device) -> int:
 
 
 # ------------------------------------------------------------------------------ the checks
+def check_config(cfg) -> None:
+    """The checks that need neither data nor a device: the config's own field rules and the
+    warmup fraction (when the steps are set). A data-parallel launcher runs them once before
+    any rank starts, so a bad field is one error, not one per rank."""
+    cfg.validate()
+    if cfg.max_steps is not None and cfg.warmup_steps is not None:
+        check_warmup(cfg.max_steps, cfg.warmup_steps)
+
+
 def preflight_config(cfg: TrainConfig, mcfg: ModelConfig, device: torch.device) -> dict:
     """The checks that need no data; returns the memory numbers for the run log."""
     try:
