@@ -125,3 +125,21 @@ def test_stage_settings_convert_as_the_flags_did():
     assert PL.stage_settings("eval", {"k": 1, "text": "a.py"}) == {"k": "1", "text": ["a.py"]}
     assert PL.stage_settings("quantize", {"double_quant": True, "asymmetric": False}) \
         == {"double_quant": True, "asymmetric": False}
+
+
+def test_a_list_setting_reaches_the_stage_as_the_same_list(tmp_path, capsys):
+    """`data_files` is a list: the stage's overrides carry it in the command line's list syntax
+    (a,b), which reads back to the same list; an item with a comma cannot be carried and is
+    refused up front, naming the file, stage and key."""
+    from falsify.llm.config import TrainConfig, parse_overrides
+
+    files = ["a.txt", "sub/b.txt"]
+    cfg = TrainConfig.from_dict(parse_overrides(PL._overrides({"data_files": files})),
+                                source="t", from_text=True)
+    assert cfg.data_files == files
+    bad = tmp_path / "p.yaml"
+    bad.write_text("pretrain: {data_files: ['a,b.txt']}\n")
+    assert main(["pipeline", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    out = capsys.readouterr().out
+    assert f"{bad}: stage 'pretrain': config field 'data_files': an item holds a comma" in out
+    assert not (tmp_path / "o").exists()

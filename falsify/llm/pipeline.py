@@ -193,7 +193,20 @@ def stage_settings(stage: str, settings: dict, where: str = "pipeline") -> dict:
 
 
 def _overrides(settings: dict) -> list[str]:
-    return [f"{k}={'null' if v is None else v}" for k, v in settings.items()]
+    """The settings as the `key=value` overrides a config command reads back to the same values:
+    null for None, a list comma-separated (the command line's list syntax)."""
+    return [f"{k}={_override_text(k, v)}" for k, v in settings.items()]
+
+
+def _override_text(key: str, v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        if any("," in str(x) for x in v):
+            raise ConfigError(f"config field {key!r}: an item holds a comma, which the command "
+                                f"line's list syntax (a,b,c) cannot carry: {v!r}")
+        return ",".join(str(x) for x in v)
+    return str(v)
 
 
 def _flags(settings: dict) -> list[str]:
