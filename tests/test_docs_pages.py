@@ -393,3 +393,15 @@ def test_real_coverage_object_from_a_small_ledger(softmax):
     assert "fs-passed" not in sec  # a stale pass is not shown as passed
     index = render_site([c], cov)["docs/contracts/index.md"]
     assert f"Overall: 1/{len(c.obligations)} obligations covered" in index
+
+
+def test_index_diagram_leaves_isolated_contracts_to_a_list():
+    """The index draws the dependency edges left to right, layer by layer; a contract with no
+    edge is linked in a sentence below it instead of widening the diagram."""
+    contracts = load_all([ROOT / "falsify" / "contracts"]).contracts
+    views = {c.id: docs.adapt_coverage(None, c) for c in contracts}
+    index = docs.index_page(sorted(contracts, key=lambda c: c.id), views, None)
+    diagram = index.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert diagram.startswith("graph LR\n  subgraph kernels")
+    assert '["softmax-kernel-v1"]' not in diagram and '["train-loop-v1"]' in diagram
+    assert "[softmax-kernel-v1](softmax-kernel-v1.md)" in index.split("```mermaid", 1)[1]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from falsify.harness.audit import MATRIX_KINDS, declared
-from falsify.harness.graph import mermaid
+from falsify.harness.graph import build, isolated, mermaid, overview
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, Check, Contract
 from falsify.harness.plan import backends_of, equation_of, runs, variants_of
@@ -128,7 +128,7 @@ def overall(coverage, views: dict[str, ContractView]) -> tuple[int, int]:
 
 
 def _mermaid(contracts: list[Contract], focus: str | None = None) -> str:
-    return mermaid(contracts, focus=focus).strip()
+    return mermaid(contracts, focus=focus, direction="auto").strip()
 
 
 # --------------------------------------------------------------------------------------------
@@ -776,7 +776,13 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
                + ["mutants killed", "covered"], rows)
     L += ["Obligation statuses, as the contract pages show them:", ""]
     L += [f"- {badge(s)} {text(_STATUS_HELP[s])}" for s in STATUSES] + [""]
-    L += ["## Dependency graph", "", "```mermaid", _mermaid(contracts), "```", ""]
+    L += ["## Dependency graph", "",
+          "Each arrow runs from a contract to one that depends on it.", "",
+          "```mermaid", overview(contracts).strip(), "```", ""]
+    alone = isolated(build(contracts))
+    if alone:
+        L += ["Depending on no other contract, and with none depending on them: "
+              + ", ".join(f"[{n}]({n}.md)" for n in alone) + ".", ""]
     return "\n".join(L).rstrip() + "\n"
 
 
