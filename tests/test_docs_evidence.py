@@ -159,7 +159,8 @@ def test_an_evidence_pattern_matching_nothing_is_refused(tmp_path, monkeypatch, 
 
 
 def test_this_repository_publishes_its_committed_evidence():
-    """The committed ledgers carry a valid provenance, and the Pages workflow asks for them."""
+    """The committed ledgers carry a valid provenance (tests/test_workflows.py: the Pages
+    workflow generates from them)."""
     from falsify.harness.evidence import load_evidence
     from falsify.harness.project import find_project
 
@@ -167,9 +168,6 @@ def test_this_repository_publishes_its_committed_evidence():
     _, sources = load_evidence(find_project(root))
     assert "evidence/thorough-ledger.json" in [s.path for s in sources]
     assert all(not s.local and s.commit for s in sources)
-    steps = yaml.safe_load((root / ".github/workflows/docs.yml").read_text())
-    runs_ = [s.get("run", "") for s in steps["jobs"]["build"]["steps"]]
-    assert any(r.strip() == ".venv/bin/pv generate --results evidence" for r in runs_), runs_
 
 
 def test_stamp_records_the_provenance_generate_then_accepts(tmp_path, monkeypatch, capsys):

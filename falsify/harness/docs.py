@@ -407,7 +407,9 @@ def _summary(c: Contract, view: ContractView, sources=()) -> list[str]:
     killed, nmut = mutant_counts(c, view)
     if view.ran:
         figures = (f"**{pct(view.covered, view.total)}**: {view.covered}/{view.total} "
-                   "obligations covered")
+                   "obligations covered" + (f" ({view.stale} stale: recorded against an older "
+                                            "contract text or implementation)"
+                                            if view.stale else ""))
     else:
         figures = f"**{NOT_RUN_TEXT}**: no results for its {view.total} obligations"
     muts = f"{killed}/{nmut} killed" if view.mutants_ran or not nmut else NOT_RUN_TEXT
