@@ -64,6 +64,8 @@ SMOKE = {
     "pv audit": f"{HERE}::test_run_mutants_coverage_audit",
     "pv list": f"{HERE}::test_pv_verbs",
     "pv ledger merge": "tests/test_shard.py::test_merge_refuses_conflicts_and_names_both_files",
+    "pv ledger stamp":
+        "tests/test_docs_evidence.py::test_stamp_records_the_provenance_generate_then_accepts",
     "falsify init": "tests/test_init.py::test_scaffold_fails_on_the_stubs_then_goes_green",
     "falsify parity": "tests/test_parity.py::test_cli_json_plot_and_pass",
     "falsify soak":

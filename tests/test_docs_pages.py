@@ -24,6 +24,8 @@ from falsify.harness.model import load_contract
 from falsify.harness.plan import runs
 from falsify.harness.validate import load_all
 
+# a measured-looking zero: "0/14 obligations", "0/8 killed", "0/2 passed", a "| 0/14 |" cell
+ZERO = re.compile(r"\b0/\d+ (obligations|killed|passed)|\| 0/\d+ \|")
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ROOT / "falsify" / "contracts" / "softmax-kernel-v1.yaml"
 COMPAT = ROOT / "tests" / "fixtures" / "compat"
@@ -176,10 +178,24 @@ def test_without_coverage_everything_is_not_run(softmax):
     for m in softmax.mutants:
         assert 'fs-not-run">not-run' in _row(page, m.id)
     assert "fs-covered" not in page and "fs-passed" not in page and "fs-killed" not in page
-    assert f"0/{len(softmax.obligations)} obligations covered" in page
+    # nothing ran: "not run", never a 0 % that reads like a measured result
+    assert f"**not run**: no results for its {len(softmax.obligations)} obligations" in page
     index = site["docs/contracts/index.md"]
     n = len(load_all([SOFTMAX]).contracts[0].obligations)
-    assert f"0/{n} obligations covered" in index
+    assert f"**Overall: not run** (no results for any of the {n} obligations)" in index
+    for text_ in (page, index):
+        assert "0 %" not in text_ and f"0/{n}" not in text_
+
+
+def test_an_empty_ledger_reads_not_run_and_warns(softmax):
+    """A missing ledger loads as an empty one: the pages must not turn it into 0 % covered."""
+    from falsify.harness.coverage import compute
+
+    site = render_site([softmax], compute([softmax], {"runs": {}, "mutants": {}}))
+    index, page = site["docs/contracts/index.md"], site["docs/contracts/softmax-kernel-v1.md"]
+    assert '!!! warning "No results"' in index and "**Overall: not run**" in index
+    for text_ in (page, index):
+        assert "0 %" not in text_ and not re.search(ZERO, text_)
 
 
 def test_statuses_from_coverage_object(softmax):
@@ -377,3 +393,15 @@ def test_real_coverage_object_from_a_small_ledger(softmax):
     assert "fs-passed" not in sec  # a stale pass is not shown as passed
     index = render_site([c], cov)["docs/contracts/index.md"]
     assert f"Overall: 1/{len(c.obligations)} obligations covered" in index
+
+
+def test_index_diagram_leaves_isolated_contracts_to_a_list():
+    """The index draws the dependency edges left to right, layer by layer; a contract with no
+    edge is linked in a sentence below it instead of widening the diagram."""
+    contracts = load_all([ROOT / "falsify" / "contracts"]).contracts
+    views = {c.id: docs.adapt_coverage(None, c) for c in contracts}
+    index = docs.index_page(sorted(contracts, key=lambda c: c.id), views, None)
+    diagram = index.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert diagram.startswith("graph LR\n  subgraph kernels")
+    assert '["softmax-kernel-v1"]' not in diagram and '["train-loop-v1"]' in diagram
+    assert "[softmax-kernel-v1](softmax-kernel-v1.md)" in index.split("```mermaid", 1)[1]

@@ -168,6 +168,34 @@ def test_mermaid_focus_for_the_docs():
         graph.mermaid(contracts, focus="nope")
 
 
+def test_a_wide_focus_is_drawn_left_to_right():
+    """Six dependencies of one contract: top-down they make one row the page shrinks; with
+    direction auto they stack in a column. A chain stays top-down."""
+    wide = {f"k{i}-kernel-v1": [] for i in range(6)}
+    wide["model-v1"] = sorted(wide)
+    assert graph.mermaid(wide, focus="model-v1", direction="auto").startswith("graph LR\n")
+    chain = {"a-v1": [], "b-v1": ["a-v1"], "c-v1": ["b-v1"]}
+    assert graph.mermaid(chain, focus="b-v1", direction="auto").startswith("graph TD\n")
+    with pytest.raises(ValueError, match="direction 'up'"):
+        graph.mermaid(chain, direction="up")
+
+
+def test_overview_groups_layers_and_leaves_out_isolated_contracts():
+    contracts = {"ce-kernel-v1": [], "kd-kernel-v1": ["ce-kernel-v1"], "lonely-kernel-v1": [],
+                 "train-v1": ["kd-kernel-v1"], "adamw-kernel-v1": []}
+    text = graph.overview(contracts)
+    lines = text.splitlines()
+    assert lines[0] == "graph LR"
+    k, lo = lines.index('  subgraph kernels["kernels"]'), lines.index('  subgraph loops["loops"]')
+    assert k < lo
+    assert lines[k + 1:k + 3] == ['    ce_kernel_v1["ce-kernel-v1"]',
+                                  '    kd_kernel_v1["kd-kernel-v1"]'] and lines[k + 3] == "  end"
+    assert lines[lo + 1:lo + 3] == ['    train_v1["train-v1"]', "  end"]
+    assert "ce_kernel_v1 --> kd_kernel_v1" in text and "kd_kernel_v1 --> train_v1" in text
+    assert "lonely" not in text and "adamw" not in text
+    assert graph.isolated(graph.build(contracts)) == ["adamw-kernel-v1", "lonely-kernel-v1"]
+
+
 def test_graph_dot(tmp_path, capsys):
     d = _chain(tmp_path, {"a-v1": ["b-v1"], "b-v1": []})
     rc, out, _ = pv(capsys, "graph", "--format", "dot", d)

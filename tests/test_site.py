@@ -42,6 +42,8 @@ INSTALL_HINT = ("headless Chromium is required for the docs site test and was no
                 "Install it: `apt-get install -y chromium` (Debian/Ubuntu). This test does not "
                 "skip: a site whose math and diagrams were never rendered is not tested.")
 SOFTMAX = "softmax-kernel-v1"
+# the smallest label a person reads without zooming, in a 1280 px wide window
+MIN_LABEL_PX = 11.0
 # the site is built as GitHub Pages builds a project site: under a path, not at the server root
 PROJECT_SITE = "https://owner.github.io/falsify/"
 
@@ -179,10 +181,43 @@ def _classes(node: dict) -> list[str]:
     return d.get("class", "").split()
 
 
+# Per node of a drawn diagram: its label's rendered font size (the computed size in the SVG's
+# user units times the scale the SVG is drawn at: mermaid sets width 100% and a max-width, so a
+# wide diagram is shrunk to the column) and the text. Runs on the <svg> itself, which the
+# protocol reaches inside Material's closed shadow root.
+MEASURE_LABELS = """function () {
+  const box = this.getBoundingClientRect();
+  const vb = this.viewBox && this.viewBox.baseVal;
+  const scale = vb && vb.width ? box.width / vb.width : 1;
+  const labels = [...this.querySelectorAll("g.node")].map((n) => {
+    const t = n.querySelector(".nodeLabel") || n.querySelector("text");
+    return {text: t.textContent.trim(),
+            font_px: parseFloat(getComputedStyle(t).fontSize) * scale,
+            height_px: t.getBoundingClientRect().height};
+  });
+  return {width: box.width, height: box.height, scale: scale, labels: labels};
+}"""
+
+
+def measure_graph_labels(browser: Chromium, sid: str, svgs: list[dict]) -> list[dict]:
+    """MEASURE_LABELS on each drawn diagram (DOM nodes from DOM.getDocument)."""
+    out = []
+    for svg in svgs:
+        obj = browser.send("DOM.resolveNode", {"backendNodeId": svg["backendNodeId"]},
+                           session=sid)["object"]
+        res = browser.send("Runtime.callFunctionOn",
+                           {"functionDeclaration": MEASURE_LABELS, "objectId": obj["objectId"],
+                            "returnByValue": True}, session=sid)
+        assert "exceptionDetails" not in res, res["exceptionDetails"]
+        out.append(res["result"]["value"])
+    return out
+
+
 def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
-                 timeout: float = 20.0) -> dict:
+                 timeout: float = 20.0, measure: bool = False) -> dict:
     """Load `url`, wait until it rendered (math when wanted, every mermaid block), take a
-    full-page screenshot. Returns what was found."""
+    full-page screenshot. Returns what was found; with `measure`, the rendered size of every
+    diagram's labels (`labels`, one entry per diagram)."""
     target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
     sid = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
         "sessionId"]
@@ -209,6 +244,11 @@ def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
             break
         time.sleep(0.2)
     html = browser.send("DOM.getOuterHTML", {"nodeId": root["nodeId"]}, session=sid)["outerHTML"]
+    labels = []
+    if measure:
+        svgs = [next(x for x in _walk(h) if x is not h
+                     and (x.get("localName") or "").lower() == "svg") for h in drawn]
+        labels = measure_graph_labels(browser, sid, svgs)
     size = browser.send("Page.getLayoutMetrics", session=sid)["cssContentSize"]
     height = min(int(size["height"]) + 1, 16000)
     png = browser.send("Page.captureScreenshot",
@@ -228,7 +268,7 @@ def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
     browser.send("Target.closeTarget", {"targetId": target})
     return dict(html=html, katex=katex, mermaid_hosts=len(hosts), mermaid_svgs=len(drawn),
                 mermaid_pending=len(pending), requests=requests, failed=failed,
-                bad_status=bad_status, shot=shot, height=height)
+                bad_status=bad_status, shot=shot, height=height, labels=labels)
 
 
 def katex_errors(browser: Chromium, url: str, items: list[tuple[str, str]]) -> list[str]:
@@ -286,6 +326,13 @@ def built_site(tmp_path_factory):
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     assert "WARNING" not in proc.stderr, proc.stderr
     return dict(out=out, tmp=tmp, contracts=rep.contracts)
+
+
+def _neighbourhood(built_site, cid: str) -> int:
+    """How many contracts a contract page's dependency diagram draws."""
+    from falsify.harness.graph import mermaid
+
+    return mermaid(built_site["contracts"], focus=cid).count('["')
 
 
 def _has_module(name: str) -> bool:
@@ -367,7 +414,13 @@ def test_pages_render_offline_in_chromium(built_site, server, capsys):
         sm = inspect_page(browser, f"{server}/contracts/{SOFTMAX}/", tmp / f"{SOFTMAX}.png",
                           want_math=True)
         ix = inspect_page(browser, f"{server}/contracts/", tmp / "contracts-index.png",
-                          want_math=False)
+                          want_math=False, measure=True)
+        # the contract pages with the largest dependency diagrams
+        big = sorted(built_site["contracts"], key=lambda c: (-_neighbourhood(built_site, c.id),
+                                                             c.id))[:3]
+        focus = {c.id: inspect_page(browser, f"{server}/contracts/{c.id}/",
+                                    tmp / f"{c.id}.png", want_math=False, measure=True)
+                 for c in big}
         bad_tex = katex_errors(browser, f"{server}/contracts/{SOFTMAX}/",
                                [(f"{c.id}/{eq.name}", eq.latex or to_latex(eq.formula))
                                 for c in built_site["contracts"] for eq in c.equations.values()])
@@ -392,3 +445,13 @@ def test_pages_render_offline_in_chromium(built_site, server, capsys):
         assert r["shot"].stat().st_size > 10_000
     # the live statuses from the coverage object are on the page
     assert "fs-covered" in sm["html"] and "fs-failed" in sm["html"]
+    # every label of the dependency graphs is readable at 1280 px, not shrunk to fit a row
+    (overview,) = ix["labels"]
+    drawn = {lab["text"] for lab in overview["labels"]}
+    assert len(drawn) >= 20, f"the index diagram draws {sorted(drawn)}"
+    for name, diagrams in [("index", ix["labels"])] + [(k, v["labels"]) for k, v in focus.items()]:
+        for d in diagrams:
+            small = [(lab["text"], round(lab["font_px"], 1)) for lab in d["labels"]
+                     if lab["font_px"] < MIN_LABEL_PX]
+            assert not small, (f"{name}: labels under {MIN_LABEL_PX} px at 1280 px (diagram "
+                               f"scaled by {d['scale']:.2f}): {small}")

@@ -63,21 +63,29 @@ def cmd_generate(args) -> int:
         print(f"wrote {p}")
     pages = []
     if not args.no_docs:
-        pages = _write_docs(rep.contracts, proj)
+        pages = _write_docs(rep.contracts, proj, args.results)
     print(f"{len(changed)} test module(s) changed, {len(expected)} in all; "
           f"{len(pages)} docs page(s) written")
     return 0
 
 
-def _write_docs(contracts, proj):
-    from falsify.harness import coverage, docs, ledger
+def _write_docs(contracts, proj, results=None):
+    """The docs pages from the project's committed evidence (the default where it declares
+    some: what is published is what anyone can check out), or from its local ledger, which
+    the pages then label as such."""
+    from falsify.harness import coverage, docs, evidence, ledger
 
-    try:
-        cov = coverage.compute(contracts, ledger.load(proj.ledger_path))
-    except ledger.LedgerError as e:
-        print(f"warning: {e}; docs show every obligation as not-run")
-        cov = None
-    return docs.write_site(contracts, cov, pages_dir=proj.docs_dir)
+    results = results or ("evidence" if proj.evidence else "ledger")
+    if results == "evidence":
+        data, sources = evidence.load_evidence(proj)  # a bad evidence ledger is an error
+    else:
+        try:
+            data, sources = evidence.load_local(proj)
+        except ledger.LedgerError as e:
+            print(f"warning: {e}; docs show every obligation as not-run")
+            data, sources = None, []
+    cov = coverage.compute(contracts, data) if data is not None else None
+    return docs.write_site(contracts, cov, pages_dir=proj.docs_dir, sources=sources)
 
 
 def cmd_coverage(args) -> int:
@@ -133,6 +141,10 @@ def register(sub) -> None:
                    help="exit 1 if regenerating would change any file")
     g.add_argument("--out", default=None, help="output directory for test modules")
     g.add_argument("--no-docs", action="store_true", help="only the test modules")
+    g.add_argument("--results", choices=("evidence", "ledger"), default=None,
+                   help="what the docs pages show: the committed `evidence` ledgers (default "
+                        "when the project declares any; what the published site uses) or the "
+                        "local `ledger`, labelled as local")
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("coverage", help="obligation coverage from the results ledger")

@@ -12,7 +12,12 @@ half-written page.
 
 Statuses come from the coverage object only, through `adapt_coverage` (the one place that knows
 its interface). With `coverage=None` every obligation, run and mutant reads "not-run": the site
-can be built before anything ran, and it says so instead of implying success.
+can be built before anything ran, and it says so instead of implying success. A contract with
+no result at all reads "not run", never "0 %": nothing failed, nothing was tried.
+
+Every coverage figure names its source: the ledgers it was computed from (`sources`, see
+falsify/harness/evidence.py), each with its file, commit, profile and date, or the label of a
+local ledger that is not committed evidence.
 
 The site renders offline: equations become `$$…$$` blocks for pymdownx.arithmatex (generic mode)
 that the vendored KaTeX renders in the browser; dependency graphs become ```mermaid fences that
@@ -31,7 +36,7 @@ from pathlib import Path
 
 from falsify.harness.audit import MATRIX_KINDS, declared
 from falsify.harness.files import atomic_write
-from falsify.harness.graph import mermaid
+from falsify.harness.graph import build, isolated, mermaid, overview
 from falsify.harness.latex import to_latex
 from falsify.harness.model import BACKENDS, Check, Contract
 from falsify.harness.plan import backends_of, equation_of, runs, variants_of
@@ -66,6 +71,21 @@ class ContractView:
     obligations: dict[str, ObligationView]
     covered: int
     total: int
+
+    @property
+    def ran(self) -> bool:
+        """Whether any run or mutant of the contract has a result (stale ones included)."""
+        return any(_state_of(r) != NOT_RUN for o in self.obligations.values() for r in o.runs) \
+            or self.mutants_ran
+
+    @property
+    def stale(self) -> int:
+        return sum(o.status == "stale" for o in self.obligations.values())
+
+    @property
+    def mutants_ran(self) -> bool:
+        return any(m.get("killed") is not None or str(m.get("state") or NOT_RUN) != NOT_RUN
+                   for o in self.obligations.values() for m in o.mutants.values())
 
 
 def adapt_coverage(coverage, contract: Contract) -> ContractView:
@@ -107,7 +127,7 @@ def overall(coverage, views: dict[str, ContractView]) -> tuple[int, int]:
 
 
 def _mermaid(contracts: list[Contract], focus: str | None = None) -> str:
-    return mermaid(contracts, focus=focus).strip()
+    return mermaid(contracts, focus=focus, direction="auto").strip()
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,6 +208,19 @@ def anchor(ident: str) -> str:
 
 def pct(covered: int, total: int) -> str:
     return f"{100.0 * covered / total:.0f} %" if total else "–"
+
+
+NOT_RUN_TEXT = "not run"
+
+
+def sources_line(sources, contract: str | None = None) -> str:
+    """Where the figures beside it come from. On a contract page, the sources that hold
+    results of that contract (all of them when none does: it was run in none)."""
+    sources = list(sources)
+    if not sources:
+        return "**Results from**: no ledger (nothing has been run)"
+    mine = [s for s in sources if contract is None or contract in s.contracts] or sources
+    return "**Results from** " + "; ".join(s.describe() for s in mine)
 
 
 def _indent(lines: list[str], n: int = 4) -> list[str]:
@@ -342,9 +375,10 @@ def source_of(ref: str) -> tuple[str | None, int | None, str | None]:
 # the contract page
 
 
-def contract_page(c: Contract, contracts: list[Contract], view: ContractView) -> str:
+def contract_page(c: Contract, contracts: list[Contract], view: ContractView,
+                  sources=()) -> str:
     L = _head(c.id) + [f"# {c.id}", "", text(c.description), ""]
-    L += _summary(c, view)
+    L += _summary(c, view, sources)
     L += ["## References", ""]
     L += [f"- {text(r)}" for r in c.references] or ["_none given_"]
     L += [""]
@@ -366,14 +400,23 @@ def contract_page(c: Contract, contracts: list[Contract], view: ContractView) ->
     return "\n".join(L).rstrip() + "\n"
 
 
-def _summary(c: Contract, view: ContractView) -> list[str]:
-    """Version, status, kernel, coverage and mutant counts, and the source file."""
+def _summary(c: Contract, view: ContractView, sources=()) -> list[str]:
+    """Version, status, kernel, coverage and mutant counts with where they come from, and the
+    source file."""
     killed, nmut = mutant_counts(c, view)
+    if view.ran:
+        figures = (f"**{pct(view.covered, view.total)}**: {view.covered}/{view.total} "
+                   "obligations covered" + (f" ({view.stale} stale: recorded against an older "
+                                            "contract text or implementation)"
+                                            if view.stale else ""))
+    else:
+        figures = f"**{NOT_RUN_TEXT}**: no results for its {view.total} obligations"
+    muts = f"{killed}/{nmut} killed" if view.mutants_ran or not nmut else NOT_RUN_TEXT
     return [f"- **Version** {code(c.version)} · **status** {text(c.status)}"
             f" · **kernel** {code(c.kernel or '–')} · **critical** {'yes' if c.critical else 'no'}"
             f" · **format** {text(c.mode)}",
-            f"- **Coverage** **{pct(view.covered, view.total)}**: {view.covered}/{view.total} "
-            f"obligations covered · **mutants** {killed}/{nmut} killed",
+            f"- **Coverage** {figures} · **mutants** {muts}",
+            f"- {sources_line(sources, c.id)}",
             f"- **Source** {code(_rel(c.path))} (sha256 {code(c.sha256[:12])})", ""]
 
 
@@ -522,6 +565,8 @@ def _backend_cell(outcomes: list[str] | None) -> str:
     if not outcomes:
         return "–"
     n, passed = len(outcomes), outcomes.count(PASSED)
+    if all(o == NOT_RUN for o in outcomes):  # no result: not a measured "0 passed"
+        return badge(NOT_RUN) + f" ({n} expected)"
     for worst in (FAILED, "stale", "skipped", NOT_RUN):
         if worst in outcomes:
             return badge(worst) + f" {passed}/{n} passed"
@@ -689,16 +734,29 @@ def _tolerance(tol) -> list[str]:
 # the index page (coverage dashboard)
 
 
-def index_page(contracts: list[Contract], views: dict[str, ContractView], coverage) -> str:
+def index_page(contracts: list[Contract], views: dict[str, ContractView], coverage,
+               sources=()) -> str:
     covered, total = overall(coverage, views)
     names = backend_order({b for c in contracts for b in backend_counts(c, views[c.id])})
     L = _head("Contracts", hide_toc=True) + ["# Contracts", ""]
-    if coverage is None:
+    ran = any(v.ran for v in views.values())
+    if not ran:
         L += ['!!! warning "No results"', "",
-              "    These pages were generated without a results ledger: every obligation reads "
+              "    These pages were generated without results: every obligation reads "
               "*not-run*. Run `falsify run` and regenerate with `pv generate`.", ""]
-    L += [f"**Overall: {covered}/{total} obligations covered ({pct(covered, total)}).** "
-          "An obligation is covered only when every check bound to it passed on every "
+    if any(s.local for s in sources):
+        L += ['!!! note "Local results"', "",
+              "    These pages show a local ledger, not the project's committed evidence.", ""]
+    L += [sources_line(sources), ""]
+    stale = sum(v.stale for v in views.values())
+    # a result recorded against an older contract text or implementation proves nothing now:
+    # say how many, so that a low figure from old evidence is not read as failures
+    head = (f"**Overall: {covered}/{total} obligations covered ({pct(covered, total)})"
+            + (f"; {stale} stale (results recorded against an older contract text or "
+               "implementation)" if stale else "") + ".**"
+            if ran else f"**Overall: {NOT_RUN_TEXT}** (no results for any of the {total} "
+            "obligations).")
+    L += [f"{head} An obligation is covered only when every check bound to it passed on every "
           "declared backend in the ledger and every mutant declared for it was killed. "
           "Backend columns count the expected runs (check × dtype or target) as "
           "*passed / failed / not-run*; skipped and stale runs count as not-run.", ""]
@@ -707,16 +765,25 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
         v = views[c.id]
         counts = backend_counts(c, v)
         killed, nmut = mutant_counts(c, v)
+        muts = f"{killed}/{nmut}" if v.mutants_ran or not nmut else NOT_RUN_TEXT
         rows.append([f"[{c.id}]({c.id}.md)<br>{code(c.version)} {text(c.status)}",
-                     f"{v.covered}/{v.total}"]
+                     f"{v.covered}/{v.total}" if v.ran else NOT_RUN_TEXT]
                     + [_counts(counts.get(b)) for b in names]
-                    + [f"{killed}/{nmut}", f"**{pct(v.covered, v.total)}**"])
+                    + [muts, (f"**{pct(v.covered, v.total)}**"
+                              + (f" · {v.stale} stale" if v.stale else "")) if v.ran
+                       else NOT_RUN_TEXT])
     L += table(["contract", "obligations covered"]
                + names
                + ["mutants killed", "covered"], rows)
     L += ["Obligation statuses, as the contract pages show them:", ""]
     L += [f"- {badge(s)} {text(_STATUS_HELP[s])}" for s in STATUSES] + [""]
-    L += ["## Dependency graph", "", "```mermaid", _mermaid(contracts), "```", ""]
+    L += ["## Dependency graph", "",
+          "Each arrow runs from a contract to one that depends on it.", "",
+          "```mermaid", overview(contracts).strip(), "```", ""]
+    alone = isolated(build(contracts))
+    if alone:
+        L += ["Depending on no other contract, and with none depending on them: "
+              + ", ".join(f"[{n}]({n}.md)" for n in alone) + ".", ""]
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -742,13 +809,17 @@ def _counts(d: dict[str, int] | None) -> str:
 # writing
 
 
-def render_site(contracts: list[Contract], coverage=None) -> dict[str, str]:
-    """Page path (relative to the site dir) -> text. Pure: no files touched."""
+def render_site(contracts: list[Contract], coverage=None, sources=()) -> dict[str, str]:
+    """Page path (relative to the site dir) -> text. Pure: no files touched. `sources`: the
+    ledgers `coverage` was computed from (falsify.harness.evidence.Source), named on every
+    page beside the figures."""
     contracts = sorted(contracts, key=lambda c: c.id)
     views = {c.id: adapt_coverage(coverage, c) for c in contracts}
-    pages = {(PAGES_SUBDIR / "index.md").as_posix(): index_page(contracts, views, coverage)}
+    pages = {(PAGES_SUBDIR / "index.md").as_posix(): index_page(contracts, views, coverage,
+                                                                sources)}
     for c in contracts:
-        pages[(PAGES_SUBDIR / f"{c.id}.md").as_posix()] = contract_page(c, contracts, views[c.id])
+        pages[(PAGES_SUBDIR / f"{c.id}.md").as_posix()] = contract_page(c, contracts, views[c.id],
+                                                                        sources)
     return dict(sorted(pages.items()))
 
 
@@ -762,12 +833,12 @@ def write_atomic(path: Path, content: str) -> bool:
 
 
 def write_site(contracts: list[Contract], coverage, site_dir: str | Path | None = None,
-               pages_dir: str | Path | None = None) -> list[Path]:
+               pages_dir: str | Path | None = None, sources=()) -> list[Path]:
     """Write every contract page and the index into `pages_dir` (default
     `<site_dir>/docs/contracts/`); remove generated pages of contracts that no longer exist.
     Returns the page paths (sorted)."""
     pages_dir = Path(pages_dir) if pages_dir is not None else Path(site_dir) / PAGES_SUBDIR
-    pages = render_site(contracts, coverage)
+    pages = render_site(contracts, coverage, sources)
     out = []
     for rel, content in pages.items():
         p = pages_dir / Path(rel).relative_to(PAGES_SUBDIR)
@@ -779,10 +850,11 @@ def write_site(contracts: list[Contract], coverage, site_dir: str | Path | None 
     return sorted(out)
 
 
-def check_site(contracts: list[Contract], coverage, site_dir: str | Path) -> list[Path]:
-    """Pages that `write_site` would create, change or delete (for `pv generate --check`)."""
+def check_site(contracts: list[Contract], coverage, site_dir: str | Path,
+               sources=()) -> list[Path]:
+    """Pages that `write_site` would create, change or delete."""
     site_dir = Path(site_dir)
-    pages = render_site(contracts, coverage)
+    pages = render_site(contracts, coverage, sources)
     diff = [site_dir / rel for rel, content in pages.items()
             if not (site_dir / rel).is_file()
             or (site_dir / rel).read_text(encoding="utf-8") != content]

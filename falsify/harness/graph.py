@@ -203,12 +203,15 @@ def _mermaid_label(s: str) -> str:
     return '"' + s + '"'
 
 
-def mermaid(contracts, focus: str | None = None) -> str:
-    """A `graph TD` mermaid diagram. `contracts`: Contract objects, a mapping id -> Contract
-    or id -> dependency ids, or a Graph. With `focus` (a contract's docs page), only that
-    contract, everything it depends on and everything that depends on it are drawn, and the
-    focus node is highlighted. Dependencies that name no known contract are not drawn
-    (`pv graph` reports them)."""
+def mermaid(contracts, focus: str | None = None, direction: str = "TD") -> str:
+    """A `graph TD` mermaid diagram (`direction` "LR": left to right; "auto": LR when the
+    widest rank holds at least as many contracts as there are ranks, as the docs pages draw
+    it: a contract with six dependencies then stacks them in a column instead of spreading
+    them over one row that the page shrinks below a readable size). `contracts`: Contract
+    objects, a mapping id -> Contract or id -> dependency ids, or a Graph. With `focus` (a
+    contract's docs page), only that contract, everything it depends on and everything that
+    depends on it are drawn, and the focus node is highlighted. Dependencies that name no
+    known contract are not drawn (`pv graph` reports them)."""
     g = contracts if isinstance(contracts, Graph) else build(contracts)
     nodes = g.order
     if focus is not None:
@@ -216,8 +219,13 @@ def mermaid(contracts, focus: str | None = None) -> str:
             raise KeyError(f"unknown contract {focus!r}")
         near = _reach(g.deps, focus) | _reach(g.dependents, focus)
         nodes = [n for n in g.order if n in near]
+    if direction == "auto":
+        ranks, widest = _shape(g, nodes)
+        direction = "LR" if widest >= ranks else "TD"
+    if direction not in ("TD", "LR"):
+        raise ValueError(f"direction {direction!r}: TD, LR or auto")
     ids = _mermaid_ids(nodes)
-    lines = ["graph TD"]
+    lines = [f"graph {direction}"]
     lines += [f"  {ids[n]}[{_mermaid_label(n)}]" for n in nodes]
     for n in nodes:
         for d in g.deps[n]:
@@ -227,6 +235,54 @@ def mermaid(contracts, focus: str | None = None) -> str:
         lines.append("  classDef focus stroke-width:3px,font-weight:bold")
         lines.append(f"  class {ids[focus]} focus")
     return "\n".join(lines) + "\n"
+
+
+# Kernel contracts are named <name>-kernel-vN; the others (train-loop-v1, distill-v1, ...)
+# check the training loops built from kernels.
+LAYERS = ("kernels", "loops")
+
+
+def layer_of(contract_id: str) -> str:
+    return "kernels" if re.search(r"-kernel-v\d+$", contract_id) else "loops"
+
+
+def isolated(g: Graph) -> list[str]:
+    """Contracts that depend on no other and that no other depends on, sorted."""
+    users = g.dependents
+    return sorted(n for n in g.deps if not g.deps[n] and not users[n])
+
+
+def overview(contracts) -> str:
+    """The docs index's diagram of every dependency: a `graph LR` (dependencies left of their
+    users) with one box per layer, kernels then loops. Contracts without any dependency edge
+    are left out (`isolated`; the page lists them): drawn top-down, thirty-odd contracts sit in
+    one rank that the page shrinks to 4 px labels, while left to right the widest rank is a
+    column and the diagram is only as wide as its dependency depth."""
+    g = contracts if isinstance(contracts, Graph) else build(contracts)
+    alone = set(isolated(g))
+    nodes = [n for n in g.order if n not in alone]
+    ids = _mermaid_ids(nodes)
+    lines = ["graph LR"]
+    for layer in LAYERS:
+        mine = [n for n in nodes if layer_of(n) == layer]
+        if mine:
+            lines.append(f"  subgraph {layer}[{_mermaid_label(layer)}]")
+            lines += [f"    {ids[n]}[{_mermaid_label(n)}]" for n in mine]
+            lines.append("  end")
+    for n in nodes:
+        for d in g.deps[n]:
+            lines.append(f"  {ids[d]} --> {ids[n]}")
+    return "\n".join(lines) + "\n"
+
+
+def _shape(g: Graph, nodes: list[str]) -> tuple[int, int]:
+    """(ranks, contracts in the widest rank) of the diagram of `nodes` (in `g.order`)."""
+    keep, depth = set(nodes), {}
+    for n in nodes:
+        depth[n] = 1 + max((depth[d] for d in g.deps[n] if d in keep and d in depth),
+                           default=-1)
+    per = [list(depth.values()).count(r) for r in set(depth.values())]
+    return len(per), max(per, default=0)
 
 
 def _reach(edges: dict[str, list[str]], start: str) -> set[str]:

@@ -122,3 +122,16 @@ def write_merged(paths: list[Path], out: Path) -> dict:
     with _locked(out):
         _write(data, out)
     return data
+
+
+def set_provenance(path: Path, provenance: dict) -> dict:
+    """Record what a committed ledger is evidence of (falsify.harness.evidence), atomically
+    and under the ledger lock; the entries are left as they are."""
+    path = Path(path)
+    if not path.is_file():
+        raise LedgerError(f"{path}: no such ledger")
+    with _locked(path):
+        data = load(path)
+        data["provenance"] = dict(provenance)
+        _write(data, path)
+    return data

@@ -13,6 +13,11 @@ nearest directory that declares one wins; within one directory `falsify.toml` wi
     backends = ["reference", "torch", "triton"]   # default backends for `falsify run`
     profile = "fast"                    # default hypothesis profile (fast | ci | thorough)
     overrides = []                      # project contract ids that replace library ids
+    evidence = []                       # committed ledgers (paths or globs) the docs publish
+
+`evidence` names ledgers committed with the project, each carrying its provenance (commit,
+profile, date): `pv generate` builds the docs pages from them (falsify.harness.evidence), not
+from the local `ledger`, whose results nobody else can see.
 
 Every key is optional (the defaults are shown). Commands that write (run, mutants, generate)
 need a project; read-only verbs work on the files they are given without one. Nothing is ever
@@ -40,7 +45,7 @@ PROFILES = ("fast", "ci", "thorough")
 BACKENDS = ("reference", "torch", "triton")
 DEFAULTS = {"contracts": ["contracts"], "generated": "tests/generated",
             "ledger": ".falsify/ledger.json", "docs": "site/docs/contracts",
-            "backends": list(BACKENDS), "profile": "fast", "overrides": []}
+            "backends": list(BACKENDS), "profile": "fast", "overrides": [], "evidence": []}
 
 _STR_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
 SCHEMA = {
@@ -55,6 +60,7 @@ SCHEMA = {
                      "uniqueItems": True},
         "profile": {"enum": list(PROFILES)},
         "overrides": {**_STR_LIST, "uniqueItems": True},
+        "evidence": {**_STR_LIST, "uniqueItems": True},
     },
 }
 
@@ -74,6 +80,7 @@ class Project:
     profile: str
     overrides: tuple[str, ...]
     source: Path  # the falsify.toml or pyproject.toml it came from
+    evidence: tuple[str, ...] = ()  # paths or globs relative to `root`, as declared
 
     @property
     def state_dir(self) -> Path:
@@ -139,7 +146,8 @@ def load(path: Path) -> Project | None:
     return Project(root=root, contract_dirs=tuple(at(d) for d in cfg["contracts"]),
                    generated_dir=at(cfg["generated"]), ledger_path=at(cfg["ledger"]),
                    docs_dir=at(cfg["docs"]), backends=tuple(cfg["backends"]),
-                   profile=cfg["profile"], overrides=tuple(cfg["overrides"]), source=path)
+                   profile=cfg["profile"], overrides=tuple(cfg["overrides"]), source=path,
+                   evidence=tuple(cfg["evidence"]))
 
 
 def find_project(start: Path | None = None) -> Project | None:
