@@ -102,7 +102,8 @@ def provenance(data: dict, name: str) -> dict:
             if str(e.get("time", "")) > prov["date"]:
                 raise EvidenceError(f"{name}: provenance.date {prov['date']} is older than "
                                     f"{key!r} ({e['time']}): the ledger was extended since it "
-                                    "was stamped; stamp it again")
+                                    f"was stamped; stamp it again: pv ledger stamp {name} "
+                                    "--commit <the commit it ran on>")
     return prov
 
 
