@@ -82,7 +82,8 @@ def provenance(data: dict, name: str) -> dict:
     prov = data.get("provenance")
     if not isinstance(prov, dict):
         raise EvidenceError(f"{name}: no `provenance` object (commit, profile, date): an "
-                            "evidence ledger must say what it is evidence of")
+                            "evidence ledger must say what it is evidence of; record it with "
+                            f"pv ledger stamp {name} --commit <the commit it ran on>")
     for key in ("commit", "profile", "date"):
         if not isinstance(prov.get(key), str) or not prov[key]:
             raise EvidenceError(f"{name}: provenance.{key} is missing")
