@@ -1,5 +1,5 @@
 """The third-party guide tells the truth: every `falsify run --bind` command on
-site/docs/guide/third-party.md is rerun (ci profile: derandomized, so the same examples) and its
+site/docs/guide/third-party.md is rerun (ci profile: fixed examples) and its
 outcome must match the output the page shows: the same results row and the same failed checks,
 each with its diagnosis, and exit 1 exactly when something failed.
 

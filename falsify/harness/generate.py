@@ -81,7 +81,8 @@ def render(c: Contract, out_dir: Path) -> str:
                 lines.append(f'@rt.unless_unavailable(CONTRACT, "{t.id}", "{r.backend}")')
             if uses_hypothesis(kind):
                 spec = c.inputs.get(t.spec.get("input", ""), {})
-                lines.append(f'@rt.check_settings(CONTRACT, "{t.id}", "{r.backend}")')
+                lines.append(
+                    f'@rt.check_settings(CONTRACT, "{t.id}", "{r.backend}", "{r.variant}")')
                 lines.append(f'@given(case=rt.strategy(CONTRACT, "{t.id}", "{r.variant}"))')
                 pinned = len(spec.get("examples") or []) if replays_pinned(kind) else 0
                 for i in range(pinned):

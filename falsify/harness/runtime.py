@@ -5,7 +5,7 @@
     execute(contract, check_id, backend, variant, case)       # one example
     strategy(contract, check_id, variant)                     # hypothesis strategy of cases
     examples(contract, check_id, variant)                     # pinned cases (@example)
-    check_settings(contract, check_id, backend)               # hypothesis settings
+    check_settings(contract, check_id, backend, variant)      # hypothesis settings
     kill_mutant(contract, mutant_id)                          # run its obligation's checks
 
 `contract` is a loaded `Contract`. Contracts are loaded by path and cached by (resolved path,
@@ -395,11 +395,13 @@ def _pin_local_constants() -> None:
     """Make what a seed draws independent of what the process has imported.
 
     Hypothesis mixes into its draws constants it finds in every *local* module loaded so far
-    (`providers._get_local_constants`). That pool differs between a soak round, a
-    `falsify run -k TEST`, and xdist workers that ran other tests first, so one seed drew
-    different examples in each and a reported seed did not reproduce. Under a seed the pool is
-    pinned empty (hypothesis' built-in constants still apply). The hook is private: if a
-    hypothesis release moves it, tests/test_soak.py's module-loading test fails."""
+    (`providers._get_local_constants`): falsify itself when it is not installed in
+    site-packages, the user's package, the kernels a run binds. That pool differs between
+    projects, between a soak round and a `falsify run -k TEST`, and between xdist workers that
+    ran other tests first, so one seed drew different examples in each. Under a seed (and the
+    `ci` profile's fixed one) the pool is pinned empty for the process (hypothesis' built-in
+    constants still apply). The hook is private: if a hypothesis release moves it,
+    tests/test_soak.py's module-loading test fails."""
     from hypothesis.internal.conjecture import providers
 
     if getattr(providers, "_falsify_pinned", False) or not hasattr(
@@ -411,18 +413,30 @@ def _pin_local_constants() -> None:
     providers._falsify_pinned = True
 
 
+def check_seed(contract_id: str, check_id: str, backend: str, variant: str,
+               seed: int | None) -> int:
+    """The seed one check's search starts from: a sha256 digest of the check's identity and the
+    run's seed (None: the `ci` profile's fixed examples). Nothing else enters it, so a check draws
+    the same examples in any project, checkout path or selection of tests; hypothesis' own
+    derandomization would digest the generated test function (its source and signature)
+    instead. Each backend and variant gets its own stream, as each test did before."""
+    key = "\x1f".join([contract_id, check_id, backend, variant,
+                       "ci" if seed is None else str(seed)])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
 def check_settings(contract_ref: str | Contract, check_id: str, backend: str,
-                   shrink: bool = True):
-    """The check's hypothesis settings, as a decorator; with FALSIFY_SEED it also fixes the
-    seed (hypothesis' `@seed`), so a seeded run draws the same examples every time. Without
-    `shrink`, the shrink phase is left out (a mutant run: see `run_with_hypothesis`)."""
+                   variant: str, shrink: bool = True):
+    """The check's hypothesis settings, as a decorator. Under FALSIFY_SEED, and in the `ci`
+    profile, it also fixes the seed (hypothesis' `@seed`, to `check_seed`), so the run draws
+    the same examples every time and everywhere; otherwise (`fast`, `thorough`) each run draws
+    fresh ones. Without `shrink`, the shrink phase is left out (a mutant run: see
+    `run_with_hypothesis`)."""
     from hypothesis import seed as fix_seed
 
     c = contract(contract_ref)
     t = _check(c, check_id)
     n = run_seed()
-    if n is not None:
-        _pin_local_constants()
     derandomize = profile_name() == "ci" and n is None
     s = settings(
         max_examples=max_examples(c, t, backend),
@@ -434,9 +448,10 @@ def check_settings(contract_ref: str | Contract, check_id: str, backend: str,
         print_blob=True,
         **({} if shrink else {"phases": [p for p in Phase if p is not Phase.shrink]}),
     )
-    if n is None:
+    if n is None and not derandomize:
         return s
-    return lambda test: fix_seed(n)(s(test))
+    _pin_local_constants()
+    return lambda test: fix_seed(check_seed(c.id, check_id, backend, variant, n))(s(test))
 
 
 def strategy(contract_ref: str | Contract, check_id: str, variant: str):
@@ -480,7 +495,7 @@ def run_with_hypothesis(contract_ref: str | Contract, check_id: str, backend: st
         execute(c, check_id, backend, variant, case)
 
     search = given(case=strategy(c, check_id, variant))(search)
-    check_settings(c, check_id, backend, shrink=shrink)(search)()
+    check_settings(c, check_id, backend, variant, shrink=shrink)(search)()
 
 
 @dataclass

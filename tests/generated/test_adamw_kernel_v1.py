@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("adamw-kernel-v1.yaml", SHA256)
 # FALSIFY-AW-001 → AW-EQV-001 (parity): Single-step parity (parameters)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_aw_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_aw_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_aw_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_aw_001__triton__float16(case):
 # FALSIFY-AW-002 → AW-EQV-001 (parity): Single-step parity (fp32 optimizer states)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float32")[1])
@@ -63,7 +63,7 @@ def test_falsify_aw_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float16")[1])
@@ -72,7 +72,7 @@ def test_falsify_aw_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float32")[1])
@@ -81,7 +81,7 @@ def test_falsify_aw_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-001", check="FALSIFY-AW-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-002", "float16")[1])
@@ -92,7 +92,7 @@ def test_falsify_aw_002__triton__float16(case):
 # FALSIFY-AW-003 → AW-INV-001 (property): Zero gradient, zero first moment ⇒ only weight decay moves θ
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[1])
@@ -100,7 +100,7 @@ def test_falsify_aw_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_aw_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[1])
@@ -116,7 +116,7 @@ def test_falsify_aw_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[1])
@@ -124,7 +124,7 @@ def test_falsify_aw_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float32")[1])
@@ -132,7 +132,7 @@ def test_falsify_aw_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-001", check="FALSIFY-AW-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-003", "float16")[1])
@@ -152,7 +152,7 @@ def test_falsify_aw_004__triton__float32():
 # FALSIFY-AW-005 → AW-INV-002 (property): Bias correction on the first step
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[1])
@@ -160,7 +160,7 @@ def test_falsify_aw_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[1])
@@ -168,7 +168,7 @@ def test_falsify_aw_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[1])
@@ -176,7 +176,7 @@ def test_falsify_aw_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[1])
@@ -184,7 +184,7 @@ def test_falsify_aw_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float32")[1])
@@ -192,7 +192,7 @@ def test_falsify_aw_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-002", check="FALSIFY-AW-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-005", "float16")[1])
@@ -202,7 +202,7 @@ def test_falsify_aw_005__triton__float16(case):
 # FALSIFY-AW-006 → AW-BND-001 (property): Moment bounds over a run
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[1])
@@ -211,7 +211,7 @@ def test_falsify_aw_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[1])
@@ -220,7 +220,7 @@ def test_falsify_aw_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-006", "float32")[1])
@@ -231,7 +231,7 @@ def test_falsify_aw_006__triton__float32(case):
 # FALSIFY-AW-007 → AW-BND-001 (property): v ≥ 0 at extreme gradients
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[1])
@@ -239,7 +239,7 @@ def test_falsify_aw_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[1])
@@ -247,7 +247,7 @@ def test_falsify_aw_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[1])
@@ -255,7 +255,7 @@ def test_falsify_aw_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[1])
@@ -263,7 +263,7 @@ def test_falsify_aw_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float32")[1])
@@ -271,7 +271,7 @@ def test_falsify_aw_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BND-001", check="FALSIFY-AW-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-007", "float16")[1])
@@ -281,7 +281,7 @@ def test_falsify_aw_007__triton__float16(case):
 # FALSIFY-AW-008 → AW-EQV-002 (parity): Multi-step parity from zero state (parameters)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-002", check="FALSIFY-AW-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-008", "float32")[1])
@@ -290,7 +290,7 @@ def test_falsify_aw_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-002", check="FALSIFY-AW-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-008", "float32")[1])
@@ -301,7 +301,7 @@ def test_falsify_aw_008__triton__float32(case):
 # FALSIFY-AW-009 → AW-EQV-002 (parity): Multi-step parity (states)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-002", check="FALSIFY-AW-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-009", "float32")[1])
@@ -310,7 +310,7 @@ def test_falsify_aw_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-EQV-002", check="FALSIFY-AW-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-009", "float32")[1])
@@ -341,7 +341,7 @@ def test_falsify_aw_011__triton__float32():
 # FALSIFY-AW-012 → AW-INV-003 (parity): Non-default hyperparameters reach the kernel
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-003", check="FALSIFY-AW-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-012", "float32")[1])
@@ -349,7 +349,7 @@ def test_falsify_aw_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-INV-003", check="FALSIFY-AW-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-012", "float32")[1])
@@ -403,7 +403,7 @@ def test_falsify_aw_018__triton__sm_90():
 # FALSIFY-AW-019 → AW-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
@@ -412,7 +412,7 @@ def test_falsify_aw_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
@@ -421,7 +421,7 @@ def test_falsify_aw_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
@@ -430,7 +430,7 @@ def test_falsify_aw_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
@@ -439,7 +439,7 @@ def test_falsify_aw_019__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-019", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float32")[1])
@@ -448,7 +448,7 @@ def test_falsify_aw_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-019", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DET-001", check="FALSIFY-AW-019", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-019", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-019", "float16")[1])
@@ -459,7 +459,7 @@ def test_falsify_aw_019__triton__float16(case):
 # FALSIFY-AW-020 → AW-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[1])
@@ -468,7 +468,7 @@ def test_falsify_aw_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[1])
@@ -477,7 +477,7 @@ def test_falsify_aw_020__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-AW-020", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float32")[1])
@@ -486,7 +486,7 @@ def test_falsify_aw_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-020", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-020", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-020", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-020", "float16")[1])
@@ -497,7 +497,7 @@ def test_falsify_aw_020__triton__float16(case):
 # FALSIFY-AW-021 → AW-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float32")[1])
@@ -506,7 +506,7 @@ def test_falsify_aw_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-BIN-001", check="FALSIFY-AW-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-021", "float16")[1])
@@ -538,7 +538,7 @@ def test_falsify_aw_023__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[1])
@@ -549,7 +549,7 @@ def test_falsify_aw_024__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[1])
@@ -560,7 +560,7 @@ def test_falsify_aw_024__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float32")[1])
@@ -571,7 +571,7 @@ def test_falsify_aw_024__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-024", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-024", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-024", "float16")[1])
@@ -584,7 +584,7 @@ def test_falsify_aw_024__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-025", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-025", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[1])
@@ -594,7 +594,7 @@ def test_falsify_aw_025__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-DEV-001", check="FALSIFY-AW-025", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-AW-025", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-025", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-AW-025", "float32")[1])
@@ -605,19 +605,19 @@ def test_falsify_aw_025__triton__float32(case):
 # FALSIFY-AW-026 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_step)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
 def test_falsify_aw_026__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-026", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
 def test_falsify_aw_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-026", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-026", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-026", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-026", "float32"))
 def test_falsify_aw_026__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-026", "triton", "float32", case)
@@ -625,19 +625,19 @@ def test_falsify_aw_026__triton__float32(case):
 # FALSIFY-AW-027 → AW-LAY-001 (layouts): Layouts and size 0 (adamw_run)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
 def test_falsify_aw_027__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-027", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
 def test_falsify_aw_027__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-027", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="AW-LAY-001", check="FALSIFY-AW-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-AW-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-AW-027", "float32"))
 def test_falsify_aw_027__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-AW-027", "triton", "float32", case)

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 # FALSIFY-ATT-001 → ATT-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-001", check="FALSIFY-ATT-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_att_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-001", check="FALSIFY-ATT-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_att_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-001", check="FALSIFY-ATT-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_att_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-001", check="FALSIFY-ATT-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_att_001__triton__float16(case):
 # FALSIFY-ATT-002 → ATT-BND-001 (parity): Parity at large logits
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float32")[1])
@@ -62,7 +62,7 @@ def test_falsify_att_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_att_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float32")[1])
@@ -78,7 +78,7 @@ def test_falsify_att_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-002", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_att_002__triton__float16(case):
 # FALSIFY-ATT-003 → ATT-EQV-002 (parity): The saved logsumexp is the log-normalizer
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-002", check="FALSIFY-ATT-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float32")[1])
@@ -98,7 +98,7 @@ def test_falsify_att_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-002", check="FALSIFY-ATT-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_att_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-002", check="FALSIFY-ATT-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float32")[1])
@@ -118,7 +118,7 @@ def test_falsify_att_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-002", check="FALSIFY-ATT-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-003", "float16")[1])
@@ -130,7 +130,7 @@ def test_falsify_att_003__triton__float16(case):
 # FALSIFY-ATT-004 → ATT-INV-001 (metamorphic): Causality (metamorphic: perturb the future)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[1])
@@ -138,7 +138,7 @@ def test_falsify_att_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[1])
@@ -146,7 +146,7 @@ def test_falsify_att_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[1])
@@ -154,7 +154,7 @@ def test_falsify_att_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[1])
@@ -162,7 +162,7 @@ def test_falsify_att_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float32")[1])
@@ -170,7 +170,7 @@ def test_falsify_att_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-INV-001", check="FALSIFY-ATT-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-004", "float16")[1])
@@ -216,7 +216,7 @@ def test_falsify_att_008__z3__proof():
 # FALSIFY-ATT-009 → ATT-EQV-006 (gradient): Backward matches the reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-006", check="FALSIFY-ATT-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float32")[1])
@@ -226,7 +226,7 @@ def test_falsify_att_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-006", check="FALSIFY-ATT-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float16")[1])
@@ -236,7 +236,7 @@ def test_falsify_att_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-006", check="FALSIFY-ATT-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float32")[1])
@@ -246,7 +246,7 @@ def test_falsify_att_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-006", check="FALSIFY-ATT-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-009", "float16")[1])
@@ -258,7 +258,7 @@ def test_falsify_att_009__triton__float16(case):
 # FALSIFY-ATT-010 → ATT-EQV-007 (gradient): GQA gradients are group sums
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[1])
@@ -266,7 +266,7 @@ def test_falsify_att_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[1])
@@ -274,7 +274,7 @@ def test_falsify_att_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[1])
@@ -282,7 +282,7 @@ def test_falsify_att_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[1])
@@ -290,7 +290,7 @@ def test_falsify_att_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float32")[1])
@@ -298,7 +298,7 @@ def test_falsify_att_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-007", check="FALSIFY-ATT-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-010", "float16")[1])
@@ -308,7 +308,7 @@ def test_falsify_att_010__triton__float16(case):
 # FALSIFY-ATT-011 → ATT-BND-001 (gradient): Backward at large logits
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[1])
@@ -316,7 +316,7 @@ def test_falsify_att_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[1])
@@ -324,7 +324,7 @@ def test_falsify_att_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[1])
@@ -332,7 +332,7 @@ def test_falsify_att_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[1])
@@ -340,7 +340,7 @@ def test_falsify_att_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float32")[1])
@@ -348,7 +348,7 @@ def test_falsify_att_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BND-001", check="FALSIFY-ATT-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-011", "float16")[1])
@@ -410,7 +410,7 @@ def test_falsify_att_017__triton__sm_90():
 # FALSIFY-ATT-018 → ATT-EQV-008 (gradient): flash_attention's own backward matches the reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float32")[1])
@@ -420,7 +420,7 @@ def test_falsify_att_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-018", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float16")[1])
@@ -430,7 +430,7 @@ def test_falsify_att_018__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-018", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float32")[1])
@@ -440,7 +440,7 @@ def test_falsify_att_018__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-018", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-018", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-018", "float16")[1])
@@ -452,7 +452,7 @@ def test_falsify_att_018__triton__float16(case):
 # FALSIFY-ATT-019 → ATT-EQV-008 (gradient): The reference backward is the derivative of flash_attention's o
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-019", "float32")[1])
@@ -460,7 +460,7 @@ def test_falsify_att_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-008", check="FALSIFY-ATT-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-019", "float16")[1])
@@ -470,7 +470,7 @@ def test_falsify_att_019__reference__float16(case):
 # FALSIFY-ATT-020 → ATT-EQV-009 (gradient): flash_attention's backward through both outputs, o and lse
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[1])
@@ -480,7 +480,7 @@ def test_falsify_att_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[1])
@@ -490,7 +490,7 @@ def test_falsify_att_020__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-020", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float32")[1])
@@ -500,7 +500,7 @@ def test_falsify_att_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-020", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-020", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-020", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-020", "float16")[1])
@@ -512,7 +512,7 @@ def test_falsify_att_020__triton__float16(case):
 # FALSIFY-ATT-021 → ATT-EQV-009 (gradient): The reference backward is the derivative of flash_attention's o and lse together
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float32")[1])
@@ -520,7 +520,7 @@ def test_falsify_att_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-009", check="FALSIFY-ATT-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-021", "float16")[1])
@@ -530,7 +530,7 @@ def test_falsify_att_021__reference__float16(case):
 # FALSIFY-ATT-022 → ATT-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
@@ -540,7 +540,7 @@ def test_falsify_att_022__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-022", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
@@ -550,7 +550,7 @@ def test_falsify_att_022__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-022", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
@@ -560,7 +560,7 @@ def test_falsify_att_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
@@ -570,7 +570,7 @@ def test_falsify_att_022__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-022", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float32")[1])
@@ -580,7 +580,7 @@ def test_falsify_att_022__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-022", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DET-001", check="FALSIFY-ATT-022", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-022", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-022", "float16")[1])
@@ -592,7 +592,7 @@ def test_falsify_att_022__triton__float16(case):
 # FALSIFY-ATT-023 → ATT-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[1])
@@ -602,7 +602,7 @@ def test_falsify_att_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[1])
@@ -612,7 +612,7 @@ def test_falsify_att_023__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-023", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float32")[1])
@@ -622,7 +622,7 @@ def test_falsify_att_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-023", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-023", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-023", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-023", "float16")[1])
@@ -634,7 +634,7 @@ def test_falsify_att_023__triton__float16(case):
 # FALSIFY-ATT-024 → ATT-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-024", "float32")[1])
@@ -644,7 +644,7 @@ def test_falsify_att_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-BIN-001", check="FALSIFY-ATT-024", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-024", "float16")[1])
@@ -677,7 +677,7 @@ def test_falsify_att_026__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-027", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-027", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[1])
@@ -688,7 +688,7 @@ def test_falsify_att_027__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-027", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-027", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float16")[1])
@@ -699,7 +699,7 @@ def test_falsify_att_027__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-027", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-027", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float32")[1])
@@ -710,7 +710,7 @@ def test_falsify_att_027__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-027", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-027", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-027", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-027", "float16")[1])
@@ -723,7 +723,7 @@ def test_falsify_att_027__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-028", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-028", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[1])
@@ -734,7 +734,7 @@ def test_falsify_att_028__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-028", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-028", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float16")[1])
@@ -745,7 +745,7 @@ def test_falsify_att_028__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-028", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-028", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float32")[1])
@@ -756,7 +756,7 @@ def test_falsify_att_028__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-DEV-001", check="FALSIFY-ATT-028", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ATT-028", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-028", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-028", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-028", "float16")[1])
@@ -768,7 +768,7 @@ def test_falsify_att_028__triton__float16(case):
 # FALSIFY-ATT-029 → ATT-EQV-010 (gradgrad): flash_attention's double backward (torch) through o and lse matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-029", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-029", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-029", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-029", "float32")[0])
 def test_falsify_att_029__torch__float32(case):
@@ -777,7 +777,7 @@ def test_falsify_att_029__torch__float32(case):
 # FALSIFY-ATT-030 → ATT-EQV-010 (gradgrad): SDPA attention refuses double backward with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-030", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-030", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-030", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-030", "float32")[0])
 def test_falsify_att_030__torch__float32(case):
@@ -786,7 +786,7 @@ def test_falsify_att_030__torch__float32(case):
 # FALSIFY-ATT-031 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (attention)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-031", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-031", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-031", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-031", "float32")[0])
 def test_falsify_att_031__triton__float32(case):
@@ -795,7 +795,7 @@ def test_falsify_att_031__triton__float32(case):
 # FALSIFY-ATT-032 → ATT-EQV-010 (gradgrad): The Triton backwards refuse to be differentiated again (flash_attention)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-010", check="FALSIFY-ATT-032", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-032", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-032", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-032", "float32")[0])
 def test_falsify_att_032__triton__float32(case):
@@ -804,7 +804,7 @@ def test_falsify_att_032__triton__float32(case):
 # FALSIFY-ATT-033 → ATT-EQV-011 (jvp): SDPA attention refuses forward mode with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-033", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-033", "float32")[0])
 def test_falsify_att_033__torch__float32(case):
@@ -813,7 +813,7 @@ def test_falsify_att_033__torch__float32(case):
 # FALSIFY-ATT-034 → ATT-EQV-011 (jvp): Forward mode of the tiled and Triton attention is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-034", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-034", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-034", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-034", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-034", "float32")[0])
 def test_falsify_att_034__triton__float32(case):
@@ -822,14 +822,14 @@ def test_falsify_att_034__triton__float32(case):
 # FALSIFY-ATT-035 → ATT-EQV-011 (jvp): Forward mode of flash_attention is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
 def test_falsify_att_035__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-035", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-EQV-011", check="FALSIFY-ATT-035", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-035", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-035", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-035", "float32")[0])
 def test_falsify_att_035__triton__float32(case):
@@ -838,19 +838,19 @@ def test_falsify_att_035__triton__float32(case):
 # FALSIFY-ATT-036 → ATT-LAY-001 (layouts): Layouts and size 0 (attention)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
 def test_falsify_att_036__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-036", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
 def test_falsify_att_036__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-036", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-036", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-036", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-036", "float32"))
 def test_falsify_att_036__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-036", "triton", "float32", case)
@@ -858,19 +858,19 @@ def test_falsify_att_036__triton__float32(case):
 # FALSIFY-ATT-037 → ATT-LAY-001 (layouts): Layouts and size 0 (flash_attention)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
 def test_falsify_att_037__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-037", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
 def test_falsify_att_037__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-037", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-LAY-001", check="FALSIFY-ATT-037", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-037", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-037", "float32"))
 def test_falsify_att_037__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ATT-037", "triton", "float32", case)
@@ -878,7 +878,7 @@ def test_falsify_att_037__triton__float32(case):
 # FALSIFY-ATT-038 → ATT-COMPILE-001 (compile): Compiled agrees with eager (attention)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ATT-COMPILE-001", check="FALSIFY-ATT-038", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ATT-038", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ATT-038", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ATT-038", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ATT-038", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 # FALSIFY-BPE-001 → BPE-RT-001 (roundtrip): lossless round trip over all of Unicode
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-RT-001", check="FALSIFY-BPE-001", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-001", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-001", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-001", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-001", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-001", "int64")[1])
@@ -20,7 +20,7 @@ def test_falsify_bpe_001__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-001", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-RT-001", check="FALSIFY-BPE-001", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-001", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-001", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-001", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-001", "int64")[1])
@@ -30,7 +30,7 @@ def test_falsify_bpe_001__torch__int64(case):
 # FALSIFY-BPE-002 → BPE-RT-001 (roundtrip): lossless round trip over code-like text
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-RT-001", check="FALSIFY-BPE-002", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-002", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-002", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-002", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-002", "int64")[1])
@@ -38,7 +38,7 @@ def test_falsify_bpe_002__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-002", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-RT-001", check="FALSIFY-BPE-002", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-002", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-002", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-002", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-002", "int64")[1])
@@ -48,7 +48,7 @@ def test_falsify_bpe_002__torch__int64(case):
 # FALSIFY-BPE-003 → BPE-EQ-001 (parity): rank-order merges, unicode
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-EQ-001", check="FALSIFY-BPE-003", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-003", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-003", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-003", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-003", "int64")[1])
@@ -58,7 +58,7 @@ def test_falsify_bpe_003__torch__int64(case):
 # FALSIFY-BPE-004 → BPE-EQ-001 (parity): rank-order merges, code
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-EQ-001", check="FALSIFY-BPE-004", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-004", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-004", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-004", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-004", "int64")[1])
@@ -68,14 +68,14 @@ def test_falsify_bpe_004__torch__int64(case):
 # FALSIFY-BPE-005 → BPE-BYTE-001 (property): every byte is a token
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-BYTE-001", check="FALSIFY-BPE-005", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-005", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-005", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-005", "int64")[0])
 def test_falsify_bpe_005__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-005", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-BYTE-001", check="FALSIFY-BPE-005", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-005", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-005", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-005", "int64")[0])
 def test_falsify_bpe_005__torch__int64(case):
@@ -84,7 +84,7 @@ def test_falsify_bpe_005__torch__int64(case):
 # FALSIFY-BPE-006 → BPE-BYTE-001 (parity): the byte tokens are the ones the reference reads
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-BYTE-001", check="FALSIFY-BPE-006", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-006", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-006", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-006", "int64")[0])
 def test_falsify_bpe_006__torch__int64(case):
@@ -93,7 +93,7 @@ def test_falsify_bpe_006__torch__int64(case):
 # FALSIFY-BPE-007 → BPE-SPEC-001 (property): special tokens are atomic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-SPEC-001", check="FALSIFY-BPE-007", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-007", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-007", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-007", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-007", "int64")[1])
@@ -101,7 +101,7 @@ def test_falsify_bpe_007__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-007", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-SPEC-001", check="FALSIFY-BPE-007", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-007", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-007", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-007", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-007", "int64")[1])
@@ -111,14 +111,14 @@ def test_falsify_bpe_007__torch__int64(case):
 # FALSIFY-BPE-008 → BPE-SPEC-001 (property): near misses are ordinary text
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-SPEC-001", check="FALSIFY-BPE-008", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-008", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-008", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-008", "int64")[0])
 def test_falsify_bpe_008__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-008", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-SPEC-001", check="FALSIFY-BPE-008", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-008", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-008", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-008", "int64")[0])
 def test_falsify_bpe_008__torch__int64(case):
@@ -127,7 +127,7 @@ def test_falsify_bpe_008__torch__int64(case):
 # FALSIFY-BPE-009 → BPE-VOCAB-001 (property): vocab mismatch refused
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-VOCAB-001", check="FALSIFY-BPE-009", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-009", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-009", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-009", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-009", "int64")[1])
@@ -136,7 +136,7 @@ def test_falsify_bpe_009__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-009", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-VOCAB-001", check="FALSIFY-BPE-009", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-009", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-009", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-009", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-009", "int64")[1])
@@ -147,7 +147,7 @@ def test_falsify_bpe_009__torch__int64(case):
 # FALSIFY-BPE-010 → BPE-DET-001 (determinism): deterministic encode
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-DET-001", check="FALSIFY-BPE-010", backend="reference", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-010", "reference", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-010", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-010", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-010", "int64")[1])
@@ -155,7 +155,7 @@ def test_falsify_bpe_010__reference__int64(case):
     rt.execute(CONTRACT, "FALSIFY-BPE-010", "reference", "int64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="BPE-DET-001", check="FALSIFY-BPE-010", backend="torch", variant="int64")
-@rt.check_settings(CONTRACT, "FALSIFY-BPE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-BPE-010", "torch", "int64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-BPE-010", "int64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-010", "int64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-BPE-010", "int64")[1])

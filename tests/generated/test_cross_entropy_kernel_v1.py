@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 # FALSIFY-CE-001 → CE-EQV-001 (parity): Per-row loss parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_ce_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_ce_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_ce_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_ce_001__triton__float16(case):
 # FALSIFY-CE-002 → CE-EQV-001 (parity): Reduced loss parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float32")[1])
@@ -65,7 +65,7 @@ def test_falsify_ce_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float16")[1])
@@ -76,7 +76,7 @@ def test_falsify_ce_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float32")[1])
@@ -87,7 +87,7 @@ def test_falsify_ce_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-001", check="FALSIFY-CE-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-002", "float16")[1])
@@ -100,7 +100,7 @@ def test_falsify_ce_002__triton__float16(case):
 # FALSIFY-CE-003 → CE-EQV-002 (gradient): Backward parity with a per-row upstream gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[1])
@@ -110,7 +110,7 @@ def test_falsify_ce_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[1])
@@ -120,7 +120,7 @@ def test_falsify_ce_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[1])
@@ -130,7 +130,7 @@ def test_falsify_ce_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[1])
@@ -140,7 +140,7 @@ def test_falsify_ce_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float32")[1])
@@ -150,7 +150,7 @@ def test_falsify_ce_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-003", "float16")[1])
@@ -162,7 +162,7 @@ def test_falsify_ce_003__triton__float16(case):
 # FALSIFY-CE-004 → CE-EQV-002 (gradient): Backward parity for every reduction
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[1])
@@ -173,7 +173,7 @@ def test_falsify_ce_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[1])
@@ -184,7 +184,7 @@ def test_falsify_ce_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[1])
@@ -195,7 +195,7 @@ def test_falsify_ce_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[1])
@@ -206,7 +206,7 @@ def test_falsify_ce_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float32")[1])
@@ -217,7 +217,7 @@ def test_falsify_ce_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-002", check="FALSIFY-CE-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-004", "float16")[1])
@@ -230,7 +230,7 @@ def test_falsify_ce_004__triton__float16(case):
 # FALSIFY-CE-005 → CE-INV-001 (property): Ignored rows have zero loss
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[1])
@@ -240,7 +240,7 @@ def test_falsify_ce_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[1])
@@ -250,7 +250,7 @@ def test_falsify_ce_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[1])
@@ -260,7 +260,7 @@ def test_falsify_ce_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[1])
@@ -270,7 +270,7 @@ def test_falsify_ce_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float32")[1])
@@ -280,7 +280,7 @@ def test_falsify_ce_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-005", "float16")[1])
@@ -292,7 +292,7 @@ def test_falsify_ce_005__triton__float16(case):
 # FALSIFY-CE-006 → CE-INV-001 (gradient): Ignored rows have zero gradient (through the bound forward)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[1])
@@ -302,7 +302,7 @@ def test_falsify_ce_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[1])
@@ -312,7 +312,7 @@ def test_falsify_ce_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[1])
@@ -322,7 +322,7 @@ def test_falsify_ce_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[1])
@@ -332,7 +332,7 @@ def test_falsify_ce_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float32")[1])
@@ -342,7 +342,7 @@ def test_falsify_ce_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-006", "float16")[1])
@@ -354,7 +354,7 @@ def test_falsify_ce_006__triton__float16(case):
 # FALSIFY-CE-007 → CE-INV-001 (property): Ignored gradient rows are exactly zero
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[1])
@@ -364,7 +364,7 @@ def test_falsify_ce_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[1])
@@ -374,7 +374,7 @@ def test_falsify_ce_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[1])
@@ -384,7 +384,7 @@ def test_falsify_ce_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[1])
@@ -394,7 +394,7 @@ def test_falsify_ce_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float32")[1])
@@ -404,7 +404,7 @@ def test_falsify_ce_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-007", "float16")[1])
@@ -416,7 +416,7 @@ def test_falsify_ce_007__triton__float16(case):
 # FALSIFY-CE-008 → CE-INV-001 (metamorphic): Any ignore value
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[1])
@@ -427,7 +427,7 @@ def test_falsify_ce_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[1])
@@ -438,7 +438,7 @@ def test_falsify_ce_008__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-008", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[1])
@@ -449,7 +449,7 @@ def test_falsify_ce_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[1])
@@ -460,7 +460,7 @@ def test_falsify_ce_008__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-008", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float32")[1])
@@ -471,7 +471,7 @@ def test_falsify_ce_008__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-008", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-001", check="FALSIFY-CE-008", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-008", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-008", "float16")[1])
@@ -484,7 +484,7 @@ def test_falsify_ce_008__triton__float16(case):
 # FALSIFY-CE-009 → CE-INV-002 (parity): Mean over non-ignored tokens
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-002", check="FALSIFY-CE-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float32")[1])
@@ -492,7 +492,7 @@ def test_falsify_ce_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-002", check="FALSIFY-CE-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float16")[1])
@@ -500,7 +500,7 @@ def test_falsify_ce_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-002", check="FALSIFY-CE-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float32")[1])
@@ -508,7 +508,7 @@ def test_falsify_ce_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-002", check="FALSIFY-CE-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-009", "float16")[1])
@@ -518,7 +518,7 @@ def test_falsify_ce_009__triton__float16(case):
 # FALSIFY-CE-010 → CE-INV-003 (property): Gradient rows sum to zero and are bounded
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[1])
@@ -527,7 +527,7 @@ def test_falsify_ce_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[1])
@@ -536,7 +536,7 @@ def test_falsify_ce_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[1])
@@ -545,7 +545,7 @@ def test_falsify_ce_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[1])
@@ -554,7 +554,7 @@ def test_falsify_ce_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float32")[1])
@@ -563,7 +563,7 @@ def test_falsify_ce_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-003", check="FALSIFY-CE-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-010", "float16")[1])
@@ -574,7 +574,7 @@ def test_falsify_ce_010__triton__float16(case):
 # FALSIFY-CE-011 → CE-BND-001 (property): Loss is non-negative
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[1])
@@ -584,7 +584,7 @@ def test_falsify_ce_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[1])
@@ -594,7 +594,7 @@ def test_falsify_ce_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[1])
@@ -604,7 +604,7 @@ def test_falsify_ce_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[1])
@@ -614,7 +614,7 @@ def test_falsify_ce_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float32")[1])
@@ -624,7 +624,7 @@ def test_falsify_ce_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BND-001", check="FALSIFY-CE-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-011", "float16")[1])
@@ -636,7 +636,7 @@ def test_falsify_ce_011__triton__float16(case):
 # FALSIFY-CE-012 → CE-INV-004 (metamorphic): Shift invariance
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-004", check="FALSIFY-CE-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[1])
@@ -645,7 +645,7 @@ def test_falsify_ce_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-004", check="FALSIFY-CE-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[1])
@@ -654,7 +654,7 @@ def test_falsify_ce_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-INV-004", check="FALSIFY-CE-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-012", "float32")[1])
@@ -723,7 +723,7 @@ def test_falsify_ce_019__triton__sm_90():
 # FALSIFY-CE-020 → CE-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
@@ -733,7 +733,7 @@ def test_falsify_ce_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
@@ -743,7 +743,7 @@ def test_falsify_ce_020__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-020", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
@@ -753,7 +753,7 @@ def test_falsify_ce_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
@@ -763,7 +763,7 @@ def test_falsify_ce_020__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-020", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float32")[1])
@@ -773,7 +773,7 @@ def test_falsify_ce_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-020", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DET-001", check="FALSIFY-CE-020", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-020", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-020", "float16")[1])
@@ -785,7 +785,7 @@ def test_falsify_ce_020__triton__float16(case):
 # FALSIFY-CE-021 → CE-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
@@ -794,7 +794,7 @@ def test_falsify_ce_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
@@ -803,7 +803,7 @@ def test_falsify_ce_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
@@ -812,7 +812,7 @@ def test_falsify_ce_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
@@ -821,7 +821,7 @@ def test_falsify_ce_021__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float32")[1])
@@ -830,7 +830,7 @@ def test_falsify_ce_021__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-021", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-BIN-001", check="FALSIFY-CE-021", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-021", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-021", "float16")[1])
@@ -862,7 +862,7 @@ def test_falsify_ce_023__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DEV-001", check="FALSIFY-CE-024", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CE-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[1])
@@ -873,7 +873,7 @@ def test_falsify_ce_024__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DEV-001", check="FALSIFY-CE-024", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CE-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float16")[1])
@@ -884,7 +884,7 @@ def test_falsify_ce_024__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DEV-001", check="FALSIFY-CE-024", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CE-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float32")[1])
@@ -895,7 +895,7 @@ def test_falsify_ce_024__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-DEV-001", check="FALSIFY-CE-024", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CE-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-024", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-024", "float16")[1])
@@ -907,7 +907,7 @@ def test_falsify_ce_024__triton__float16(case):
 # FALSIFY-CE-025 → CE-EQV-006 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-025", "float32")[0])
 def test_falsify_ce_025__torch__float32(case):
@@ -916,7 +916,7 @@ def test_falsify_ce_025__torch__float32(case):
 # FALSIFY-CE-026 → CE-EQV-006 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-006", check="FALSIFY-CE-026", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-026", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-026", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-026", "float32")[0])
 def test_falsify_ce_026__triton__float32(case):
@@ -925,14 +925,14 @@ def test_falsify_ce_026__triton__float32(case):
 # FALSIFY-CE-027 → CE-EQV-007 (jvp): Forward mode is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-027", "float32")[0])
 def test_falsify_ce_027__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-027", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-EQV-007", check="FALSIFY-CE-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-027", "float32")[0])
 def test_falsify_ce_027__triton__float32(case):
@@ -941,19 +941,19 @@ def test_falsify_ce_027__triton__float32(case):
 # FALSIFY-CE-028 → CE-LAY-001 (layouts): Layouts and size 0 (cross_entropy)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
 def test_falsify_ce_028__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-028", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
 def test_falsify_ce_028__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-028", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-LAY-001", check="FALSIFY-CE-028", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-028", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-028", "float32"))
 def test_falsify_ce_028__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CE-028", "triton", "float32", case)
@@ -961,7 +961,7 @@ def test_falsify_ce_028__triton__float32(case):
 # FALSIFY-CE-029 → CE-CMP-001 (compile): Compiled agrees with eager (cross_entropy)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CE-CMP-001", check="FALSIFY-CE-029", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CE-029", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CE-029", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CE-029", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CE-029", "float32")[1])

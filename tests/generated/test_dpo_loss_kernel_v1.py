@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 # FALSIFY-DPO-001 → DPO-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-001", check="FALSIFY-DPO-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_dpo_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-001", check="FALSIFY-DPO-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_dpo_001__torch__float16(case):
 # FALSIFY-DPO-002 → DPO-EQV-002 (gradient): Policy gradients
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-002", check="FALSIFY-DPO-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float32")[1])
@@ -41,7 +41,7 @@ def test_falsify_dpo_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-002", check="FALSIFY-DPO-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float16")[1])
@@ -50,7 +50,7 @@ def test_falsify_dpo_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-002", check="FALSIFY-DPO-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float32")[1])
@@ -59,7 +59,7 @@ def test_falsify_dpo_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-002", check="FALSIFY-DPO-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_dpo_002__torch__float16(case):
 # FALSIFY-DPO-003 → DPO-INV-001 (metamorphic): Policy equal to reference gives log 2
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-INV-001", check="FALSIFY-DPO-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float32")[1])
@@ -79,7 +79,7 @@ def test_falsify_dpo_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-INV-001", check="FALSIFY-DPO-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_dpo_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-INV-001", check="FALSIFY-DPO-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float32")[1])
@@ -97,7 +97,7 @@ def test_falsify_dpo_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-INV-001", check="FALSIFY-DPO-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_dpo_003__torch__float16(case):
 # FALSIFY-DPO-004 → DPO-MON-001 (gradient): Gradient sign (through the bound loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float32")[1])
@@ -117,7 +117,7 @@ def test_falsify_dpo_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float16")[1])
@@ -126,7 +126,7 @@ def test_falsify_dpo_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float32")[1])
@@ -135,7 +135,7 @@ def test_falsify_dpo_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-004", "float16")[1])
@@ -146,7 +146,7 @@ def test_falsify_dpo_004__torch__float16(case):
 # FALSIFY-DPO-005 → DPO-MON-001 (property): Gradient sign and antisymmetry
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float32")[1])
@@ -155,7 +155,7 @@ def test_falsify_dpo_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float16")[1])
@@ -164,7 +164,7 @@ def test_falsify_dpo_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float32")[1])
@@ -173,7 +173,7 @@ def test_falsify_dpo_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-MON-001", check="FALSIFY-DPO-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-005", "float16")[1])
@@ -190,7 +190,7 @@ def test_falsify_dpo_006__torch__float32():
 # FALSIFY-DPO-007 → DPO-SYM-001 (metamorphic): Swap symmetry
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-SYM-001", check="FALSIFY-DPO-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-007", "float32")[1])
@@ -199,7 +199,7 @@ def test_falsify_dpo_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-SYM-001", check="FALSIFY-DPO-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-007", "float32")[1])
@@ -210,7 +210,7 @@ def test_falsify_dpo_007__torch__float32(case):
 # FALSIFY-DPO-008 → DPO-BND-001 (parity): Extreme margins stay finite and accurate
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-BND-001", check="FALSIFY-DPO-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-008", "float32")[1])
@@ -226,7 +226,7 @@ def test_falsify_dpo_009__z3__proof():
 # FALSIFY-DPO-010 → DPO-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[1])
@@ -235,7 +235,7 @@ def test_falsify_dpo_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[1])
@@ -244,7 +244,7 @@ def test_falsify_dpo_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float32")[1])
@@ -253,7 +253,7 @@ def test_falsify_dpo_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DET-001", check="FALSIFY-DPO-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-010", "float16")[1])
@@ -277,7 +277,7 @@ def test_falsify_dpo_012__torch__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DEV-001", check="FALSIFY-DPO-013", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-DPO-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float32")[1])
@@ -287,7 +287,7 @@ def test_falsify_dpo_013__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-DEV-001", check="FALSIFY-DPO-013", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-DPO-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-013", "float16")[1])
@@ -298,7 +298,7 @@ def test_falsify_dpo_013__torch__float16(case):
 # FALSIFY-DPO-014 → DPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-004", check="FALSIFY-DPO-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-014", "float32")[0])
 def test_falsify_dpo_014__torch__float32(case):
@@ -307,7 +307,7 @@ def test_falsify_dpo_014__torch__float32(case):
 # FALSIFY-DPO-015 → DPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-EQV-005", check="FALSIFY-DPO-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-015", "float32")[0])
 def test_falsify_dpo_015__torch__float32(case):
@@ -316,13 +316,13 @@ def test_falsify_dpo_015__torch__float32(case):
 # FALSIFY-DPO-016 → DPO-LAY-001 (layouts): Layouts and size 0 (dpo_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
 def test_falsify_dpo_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-LAY-001", check="FALSIFY-DPO-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-016", "float32"))
 def test_falsify_dpo_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-DPO-016", "torch", "float32", case)
@@ -330,7 +330,7 @@ def test_falsify_dpo_016__torch__float32(case):
 # FALSIFY-DPO-017 → DPO-CMP-001 (compile): Compiled agrees with eager (dpo_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="DPO-CMP-001", check="FALSIFY-DPO-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-DPO-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-DPO-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-DPO-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-DPO-017", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 # FALSIFY-EMB-001 → EMB-EQV-001 (parity): Exact gather
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_emb_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_emb_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_emb_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-001", "float16")[1])
@@ -50,28 +50,28 @@ def test_falsify_emb_001__triton__float16(case):
 # FALSIFY-EMB-002 → EMB-EQV-001 (parity): Exact gather over a large vocabulary
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-002", "float32")[0])
 def test_falsify_emb_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-002", "float16")[0])
 def test_falsify_emb_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-002", "float32")[0])
 def test_falsify_emb_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-001", check="FALSIFY-EMB-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-002", "float16")[0])
 def test_falsify_emb_002__triton__float16(case):
@@ -80,7 +80,7 @@ def test_falsify_emb_002__triton__float16(case):
 # FALSIFY-EMB-003 → EMB-EQV-002 (gradient): Scatter-add backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[1])
@@ -89,7 +89,7 @@ def test_falsify_emb_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[1])
@@ -98,7 +98,7 @@ def test_falsify_emb_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[1])
@@ -107,7 +107,7 @@ def test_falsify_emb_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[1])
@@ -116,7 +116,7 @@ def test_falsify_emb_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float32")[1])
@@ -125,7 +125,7 @@ def test_falsify_emb_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-002", check="FALSIFY-EMB-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-003", "float16")[1])
@@ -194,7 +194,7 @@ def test_falsify_emb_008__triton__sm_90():
 # FALSIFY-EMB-009 → EMB-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
@@ -203,7 +203,7 @@ def test_falsify_emb_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
@@ -212,7 +212,7 @@ def test_falsify_emb_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
@@ -221,7 +221,7 @@ def test_falsify_emb_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
@@ -230,7 +230,7 @@ def test_falsify_emb_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float32")[1])
@@ -239,7 +239,7 @@ def test_falsify_emb_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DET-001", check="FALSIFY-EMB-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-009", "float16")[1])
@@ -250,7 +250,7 @@ def test_falsify_emb_009__triton__float16(case):
 # FALSIFY-EMB-010 → EMB-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
@@ -259,7 +259,7 @@ def test_falsify_emb_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
@@ -268,7 +268,7 @@ def test_falsify_emb_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
@@ -277,7 +277,7 @@ def test_falsify_emb_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
@@ -286,7 +286,7 @@ def test_falsify_emb_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float32")[1])
@@ -295,7 +295,7 @@ def test_falsify_emb_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-BIN-001", check="FALSIFY-EMB-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-010", "float16")[1])
@@ -317,7 +317,7 @@ def test_falsify_emb_011__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[1])
@@ -327,7 +327,7 @@ def test_falsify_emb_012__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[1])
@@ -337,7 +337,7 @@ def test_falsify_emb_012__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float32")[1])
@@ -347,7 +347,7 @@ def test_falsify_emb_012__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-DEV-001", check="FALSIFY-EMB-012", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-EMB-012", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-012", "float16")[1])
@@ -358,7 +358,7 @@ def test_falsify_emb_012__triton__float16(case):
 # FALSIFY-EMB-013 → EMB-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-013", "float32")[0])
 def test_falsify_emb_013__torch__float32(case):
@@ -367,7 +367,7 @@ def test_falsify_emb_013__torch__float32(case):
 # FALSIFY-EMB-014 → EMB-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-003", check="FALSIFY-EMB-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-014", "float32")[0])
 def test_falsify_emb_014__triton__float32(case):
@@ -376,7 +376,7 @@ def test_falsify_emb_014__triton__float32(case):
 # FALSIFY-EMB-015 → EMB-EQV-004 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-015", "float32")[0])
 def test_falsify_emb_015__torch__float32(case):
@@ -385,7 +385,7 @@ def test_falsify_emb_015__torch__float32(case):
 # FALSIFY-EMB-016 → EMB-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-EQV-004", check="FALSIFY-EMB-016", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-016", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-016", "float32")[0])
 def test_falsify_emb_016__triton__float32(case):
@@ -394,19 +394,19 @@ def test_falsify_emb_016__triton__float32(case):
 # FALSIFY-EMB-017 → EMB-LAY-001 (layouts): Layouts and size 0 (embedding)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
 def test_falsify_emb_017__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-017", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
 def test_falsify_emb_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-017", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-LAY-001", check="FALSIFY-EMB-017", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-017", "float32"))
 def test_falsify_emb_017__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-EMB-017", "triton", "float32", case)
@@ -414,7 +414,7 @@ def test_falsify_emb_017__triton__float32(case):
 # FALSIFY-EMB-018 → EMB-CMP-001 (compile): Compiled agrees with eager (embedding)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="EMB-CMP-001", check="FALSIFY-EMB-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-EMB-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-EMB-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-EMB-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-EMB-018", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA2
 # FALSIFY-FLCE-001 → FLCE-EQV-001 (parity): Per-row loss parity (reduction none)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_flce_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_flce_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_flce_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-001", "float16")[1])
@@ -50,7 +50,7 @@ def test_falsify_flce_001__triton__float16(case):
 # FALSIFY-FLCE-002 → FLCE-EQV-001 (parity): Reduced loss parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float32")[1])
@@ -60,7 +60,7 @@ def test_falsify_flce_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_flce_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float32")[1])
@@ -80,7 +80,7 @@ def test_falsify_flce_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-001", check="FALSIFY-FLCE-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-002", "float16")[1])
@@ -92,7 +92,7 @@ def test_falsify_flce_002__triton__float16(case):
 # FALSIFY-FLCE-003 → FLCE-EQV-002 (gradient): Gradients under a per-row upstream gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[1])
@@ -101,7 +101,7 @@ def test_falsify_flce_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[1])
@@ -110,7 +110,7 @@ def test_falsify_flce_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-003", "float32")[1])
@@ -121,7 +121,7 @@ def test_falsify_flce_003__triton__float32(case):
 # FALSIFY-FLCE-004 → FLCE-EQV-002 (gradient): Gradients for every reduction
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[1])
@@ -131,7 +131,7 @@ def test_falsify_flce_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[1])
@@ -141,7 +141,7 @@ def test_falsify_flce_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-002", check="FALSIFY-FLCE-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-004", "float32")[1])
@@ -159,7 +159,7 @@ def test_falsify_flce_005__torch__float32():
 # FALSIFY-FLCE-006 → FLCE-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
@@ -169,7 +169,7 @@ def test_falsify_flce_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
@@ -179,7 +179,7 @@ def test_falsify_flce_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
@@ -189,7 +189,7 @@ def test_falsify_flce_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
@@ -199,7 +199,7 @@ def test_falsify_flce_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float32")[1])
@@ -209,7 +209,7 @@ def test_falsify_flce_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DET-001", check="FALSIFY-FLCE-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-006", "float16")[1])
@@ -221,7 +221,7 @@ def test_falsify_flce_006__triton__float16(case):
 # FALSIFY-FLCE-007 → FLCE-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
@@ -230,7 +230,7 @@ def test_falsify_flce_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
@@ -239,7 +239,7 @@ def test_falsify_flce_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
@@ -248,7 +248,7 @@ def test_falsify_flce_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
@@ -257,7 +257,7 @@ def test_falsify_flce_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float32")[1])
@@ -266,7 +266,7 @@ def test_falsify_flce_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-BIN-001", check="FALSIFY-FLCE-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-007", "float16")[1])
@@ -288,7 +288,7 @@ def test_falsify_flce_008__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DEV-001", check="FALSIFY-FLCE-009", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLCE-009", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[1])
@@ -298,7 +298,7 @@ def test_falsify_flce_009__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DEV-001", check="FALSIFY-FLCE-009", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLCE-009", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float16")[1])
@@ -308,7 +308,7 @@ def test_falsify_flce_009__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DEV-001", check="FALSIFY-FLCE-009", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLCE-009", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float32")[1])
@@ -318,7 +318,7 @@ def test_falsify_flce_009__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-DEV-001", check="FALSIFY-FLCE-009", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLCE-009", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-009", "float16")[1])
@@ -329,7 +329,7 @@ def test_falsify_flce_009__triton__float16(case):
 # FALSIFY-FLCE-010 → FLCE-EQV-003 (gradgrad): The torch backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-010", "float32")[0])
 def test_falsify_flce_010__torch__float32(case):
@@ -338,7 +338,7 @@ def test_falsify_flce_010__torch__float32(case):
 # FALSIFY-FLCE-011 → FLCE-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-003", check="FALSIFY-FLCE-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-011", "float32")[0])
 def test_falsify_flce_011__triton__float32(case):
@@ -347,7 +347,7 @@ def test_falsify_flce_011__triton__float32(case):
 # FALSIFY-FLCE-012 → FLCE-EQV-004 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-012", "float32")[0])
 def test_falsify_flce_012__torch__float32(case):
@@ -356,7 +356,7 @@ def test_falsify_flce_012__torch__float32(case):
 # FALSIFY-FLCE-013 → FLCE-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-EQV-004", check="FALSIFY-FLCE-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-013", "float32")[0])
 def test_falsify_flce_013__triton__float32(case):
@@ -365,19 +365,19 @@ def test_falsify_flce_013__triton__float32(case):
 # FALSIFY-FLCE-014 → FLCE-LAY-001 (layouts): Layouts and size 0 (fused_linear_cross_entropy)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
 def test_falsify_flce_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
 def test_falsify_flce_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-LAY-001", check="FALSIFY-FLCE-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-014", "float32"))
 def test_falsify_flce_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLCE-014", "triton", "float32", case)
@@ -385,7 +385,7 @@ def test_falsify_flce_014__triton__float32(case):
 # FALSIFY-FLCE-015 → FLCE-CMP-001 (compile): Compiled agrees with eager (fused_linear_cross_entropy)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLCE-CMP-001", check="FALSIFY-FLCE-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLCE-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLCE-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLCE-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLCE-015", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 # FALSIFY-FLKD-001 → FLKD-EQV-001 (parity): Parity with the kd-loss reference on the materialised logits
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-001", check="FALSIFY-FLKD-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[1])
@@ -23,7 +23,7 @@ def test_falsify_flkd_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-001", check="FALSIFY-FLKD-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[1])
@@ -34,7 +34,7 @@ def test_falsify_flkd_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-001", check="FALSIFY-FLKD-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float32")[1])
@@ -45,7 +45,7 @@ def test_falsify_flkd_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-001", check="FALSIFY-FLKD-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-001", "float16")[1])
@@ -58,7 +58,7 @@ def test_falsify_flkd_001__triton__float16(case):
 # FALSIFY-FLKD-002 → FLKD-EQV-002 (gradient): Gradients wrt x and W
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-002", check="FALSIFY-FLKD-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
@@ -69,7 +69,7 @@ def test_falsify_flkd_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-002", check="FALSIFY-FLKD-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
@@ -80,7 +80,7 @@ def test_falsify_flkd_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-002", check="FALSIFY-FLKD-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-002", "float32")[1])
@@ -93,7 +93,7 @@ def test_falsify_flkd_002__triton__float32(case):
 # FALSIFY-FLKD-003 → FLKD-INV-001 (property): α = 0 is pure cross-entropy
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[1])
@@ -101,7 +101,7 @@ def test_falsify_flkd_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[1])
@@ -109,7 +109,7 @@ def test_falsify_flkd_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[1])
@@ -117,7 +117,7 @@ def test_falsify_flkd_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[1])
@@ -125,7 +125,7 @@ def test_falsify_flkd_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float32")[1])
@@ -133,7 +133,7 @@ def test_falsify_flkd_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-INV-001", check="FALSIFY-FLKD-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-003", "float16")[1])
@@ -167,7 +167,7 @@ def test_falsify_flkd_005__torch__float32():
 # FALSIFY-FLKD-006 → FLKD-EQV-003 (parity): Top-k teacher parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-003", check="FALSIFY-FLKD-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float32")[1])
@@ -176,7 +176,7 @@ def test_falsify_flkd_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-003", check="FALSIFY-FLKD-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float16")[1])
@@ -185,7 +185,7 @@ def test_falsify_flkd_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-003", check="FALSIFY-FLKD-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float32")[1])
@@ -194,7 +194,7 @@ def test_falsify_flkd_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-003", check="FALSIFY-FLKD-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-006", "float16")[1])
@@ -205,7 +205,7 @@ def test_falsify_flkd_006__triton__float16(case):
 # FALSIFY-FLKD-007 → FLKD-EQV-004 (gradient): Top-k gradients
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-004", check="FALSIFY-FLKD-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[1])
@@ -214,7 +214,7 @@ def test_falsify_flkd_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-004", check="FALSIFY-FLKD-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[1])
@@ -223,7 +223,7 @@ def test_falsify_flkd_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-004", check="FALSIFY-FLKD-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-007", "float32")[1])
@@ -278,7 +278,7 @@ def test_falsify_flkd_011__triton__sm_90():
 # FALSIFY-FLKD-012 → FLKD-DET-001 (determinism): Deterministic (fused_linear_kd)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
@@ -289,7 +289,7 @@ def test_falsify_flkd_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
@@ -300,7 +300,7 @@ def test_falsify_flkd_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
@@ -311,7 +311,7 @@ def test_falsify_flkd_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
@@ -322,7 +322,7 @@ def test_falsify_flkd_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float32")[1])
@@ -333,7 +333,7 @@ def test_falsify_flkd_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-012", "float16")[1])
@@ -346,7 +346,7 @@ def test_falsify_flkd_012__triton__float16(case):
 # FALSIFY-FLKD-013 → FLKD-DET-001 (determinism): Deterministic (fused_linear_kd_topk)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[1])
@@ -355,7 +355,7 @@ def test_falsify_flkd_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[1])
@@ -364,7 +364,7 @@ def test_falsify_flkd_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[1])
@@ -373,7 +373,7 @@ def test_falsify_flkd_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[1])
@@ -382,7 +382,7 @@ def test_falsify_flkd_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-013", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float32")[1])
@@ -391,7 +391,7 @@ def test_falsify_flkd_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-013", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DET-001", check="FALSIFY-FLKD-013", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-013", "float16")[1])
@@ -423,7 +423,7 @@ def test_falsify_flkd_015__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-016", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-016", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[1])
@@ -435,7 +435,7 @@ def test_falsify_flkd_016__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-016", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-016", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[1])
@@ -447,7 +447,7 @@ def test_falsify_flkd_016__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-016", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-016", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float32")[1])
@@ -459,7 +459,7 @@ def test_falsify_flkd_016__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-016", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-016", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-016", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-016", "float16")[1])
@@ -473,7 +473,7 @@ def test_falsify_flkd_016__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-017", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float32")[1])
@@ -483,7 +483,7 @@ def test_falsify_flkd_017__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-017", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float16")[1])
@@ -493,7 +493,7 @@ def test_falsify_flkd_017__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-017", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float32")[1])
@@ -503,7 +503,7 @@ def test_falsify_flkd_017__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-DEV-001", check="FALSIFY-FLKD-017", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-FLKD-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-017", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-017", "float16")[1])
@@ -514,7 +514,7 @@ def test_falsify_flkd_017__triton__float16(case):
 # FALSIFY-FLKD-018 → FLKD-EQV-006 (gradgrad): The torch backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-006", check="FALSIFY-FLKD-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-018", "float32")[0])
 def test_falsify_flkd_018__torch__float32(case):
@@ -523,7 +523,7 @@ def test_falsify_flkd_018__torch__float32(case):
 # FALSIFY-FLKD-019 → FLKD-EQV-006 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-006", check="FALSIFY-FLKD-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-019", "float32")[0])
 def test_falsify_flkd_019__triton__float32(case):
@@ -532,7 +532,7 @@ def test_falsify_flkd_019__triton__float32(case):
 # FALSIFY-FLKD-020 → FLKD-EQV-007 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-007", check="FALSIFY-FLKD-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-020", "float32")[0])
 def test_falsify_flkd_020__torch__float32(case):
@@ -541,7 +541,7 @@ def test_falsify_flkd_020__torch__float32(case):
 # FALSIFY-FLKD-021 → FLKD-EQV-007 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-EQV-007", check="FALSIFY-FLKD-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-021", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-021", "float32")[0])
 def test_falsify_flkd_021__triton__float32(case):
@@ -550,19 +550,19 @@ def test_falsify_flkd_021__triton__float32(case):
 # FALSIFY-FLKD-022 → FLKD-LAY-001 (layouts): Layouts and size 0 (fused_linear_kd)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-022", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-022", "float32"))
 def test_falsify_flkd_022__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-022", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-022", "float32"))
 def test_falsify_flkd_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-022", "float32"))
 def test_falsify_flkd_022__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-022", "triton", "float32", case)
@@ -570,19 +570,19 @@ def test_falsify_flkd_022__triton__float32(case):
 # FALSIFY-FLKD-023 → FLKD-LAY-001 (layouts): Layouts and size 0 (fused_linear_kd_topk)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-023", "float32"))
 def test_falsify_flkd_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-023", "float32"))
 def test_falsify_flkd_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-LAY-001", check="FALSIFY-FLKD-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-023", "float32"))
 def test_falsify_flkd_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-FLKD-023", "triton", "float32", case)
@@ -590,7 +590,7 @@ def test_falsify_flkd_023__triton__float32(case):
 # FALSIFY-FLKD-024 → FLKD-CMP-001 (compile): Compiled agrees with eager (fused_linear_kd)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-CMP-001", check="FALSIFY-FLKD-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-024", "float32")[0])
 def test_falsify_flkd_024__torch__float32(case):
@@ -599,7 +599,7 @@ def test_falsify_flkd_024__torch__float32(case):
 # FALSIFY-FLKD-025 → FLKD-CMP-001 (compile): Compiled agrees with eager (fused_linear_kd_topk)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="FLKD-CMP-001", check="FALSIFY-FLKD-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-FLKD-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-FLKD-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-FLKD-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-FLKD-025", "float32")[0])
 def test_falsify_flkd_025__torch__float32(case):

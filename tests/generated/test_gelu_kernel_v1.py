@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("gelu-kernel-v1.yaml", SHA256)
 # FALSIFY-GELU-001 → GELU-EQV-001 (parity): Exact form parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_gelu_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_gelu_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_gelu_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-001", "float16")[1])
@@ -50,28 +50,28 @@ def test_falsify_gelu_001__triton__float16(case):
 # FALSIFY-GELU-002 → GELU-EQV-001 (parity): Exact form at large |x|
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-002", "float32")[0])
 def test_falsify_gelu_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-002", "float16")[0])
 def test_falsify_gelu_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-002", "float32")[0])
 def test_falsify_gelu_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-001", check="FALSIFY-GELU-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-002", "float16")[0])
 def test_falsify_gelu_002__triton__float16(case):
@@ -80,7 +80,7 @@ def test_falsify_gelu_002__triton__float16(case):
 # FALSIFY-GELU-003 → GELU-EQV-002 (parity): Tanh form parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float32")[1])
@@ -89,7 +89,7 @@ def test_falsify_gelu_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float16")[1])
@@ -98,7 +98,7 @@ def test_falsify_gelu_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float32")[1])
@@ -107,7 +107,7 @@ def test_falsify_gelu_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-003", "float16")[1])
@@ -118,28 +118,28 @@ def test_falsify_gelu_003__triton__float16(case):
 # FALSIFY-GELU-004 → GELU-EQV-002 (parity): Tanh form at large |x|
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-004", "float32")[0])
 def test_falsify_gelu_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-004", "float16")[0])
 def test_falsify_gelu_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-004", "float32")[0])
 def test_falsify_gelu_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-002", check="FALSIFY-GELU-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-004", "float16")[0])
 def test_falsify_gelu_004__triton__float16(case):
@@ -148,7 +148,7 @@ def test_falsify_gelu_004__triton__float16(case):
 # FALSIFY-GELU-005 → GELU-EQV-003 (gradient): Exact form backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[1])
@@ -157,7 +157,7 @@ def test_falsify_gelu_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[1])
@@ -166,7 +166,7 @@ def test_falsify_gelu_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[1])
@@ -175,7 +175,7 @@ def test_falsify_gelu_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[1])
@@ -184,7 +184,7 @@ def test_falsify_gelu_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float32")[1])
@@ -193,7 +193,7 @@ def test_falsify_gelu_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-005", "float16")[1])
@@ -204,7 +204,7 @@ def test_falsify_gelu_005__triton__float16(case):
 # FALSIFY-GELU-006 → GELU-EQV-003 (gradient): Tanh form backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[1])
@@ -213,7 +213,7 @@ def test_falsify_gelu_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[1])
@@ -222,7 +222,7 @@ def test_falsify_gelu_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[1])
@@ -231,7 +231,7 @@ def test_falsify_gelu_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[1])
@@ -240,7 +240,7 @@ def test_falsify_gelu_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float32")[1])
@@ -249,7 +249,7 @@ def test_falsify_gelu_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-003", check="FALSIFY-GELU-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-006", "float16")[1])
@@ -260,21 +260,21 @@ def test_falsify_gelu_006__triton__float16(case):
 # FALSIFY-GELU-007 → GELU-BND-001 (property): The tanh form is within 4.7324e-4 of the exact form
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BND-001", check="FALSIFY-GELU-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-007", "float32")[0])
 def test_falsify_gelu_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BND-001", check="FALSIFY-GELU-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-007", "float32")[0])
 def test_falsify_gelu_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BND-001", check="FALSIFY-GELU-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-007", "float32")[0])
 def test_falsify_gelu_007__triton__float32(case):
@@ -323,7 +323,7 @@ def test_falsify_gelu_011__triton__sm_90():
 # FALSIFY-GELU-012 → GELU-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
@@ -332,7 +332,7 @@ def test_falsify_gelu_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
@@ -341,7 +341,7 @@ def test_falsify_gelu_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
@@ -350,7 +350,7 @@ def test_falsify_gelu_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
@@ -359,7 +359,7 @@ def test_falsify_gelu_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-012", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float32")[1])
@@ -368,7 +368,7 @@ def test_falsify_gelu_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DET-001", check="FALSIFY-GELU-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-012", "float16")[1])
@@ -379,7 +379,7 @@ def test_falsify_gelu_012__triton__float16(case):
 # FALSIFY-GELU-013 → GELU-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[1])
@@ -388,7 +388,7 @@ def test_falsify_gelu_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[1])
@@ -397,7 +397,7 @@ def test_falsify_gelu_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float32")[1])
@@ -406,7 +406,7 @@ def test_falsify_gelu_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-013", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-013", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-013", "float16")[1])
@@ -417,7 +417,7 @@ def test_falsify_gelu_013__triton__float16(case):
 # FALSIFY-GELU-014 → GELU-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float32")[1])
@@ -426,7 +426,7 @@ def test_falsify_gelu_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-BIN-001", check="FALSIFY-GELU-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-014", "float16")[1])
@@ -458,7 +458,7 @@ def test_falsify_gelu_016__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[1])
@@ -468,7 +468,7 @@ def test_falsify_gelu_017__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
@@ -478,7 +478,7 @@ def test_falsify_gelu_017__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float32")[1])
@@ -488,7 +488,7 @@ def test_falsify_gelu_017__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-017", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-017", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-017", "float16")[1])
@@ -500,7 +500,7 @@ def test_falsify_gelu_017__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[1])
@@ -510,7 +510,7 @@ def test_falsify_gelu_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[1])
@@ -520,7 +520,7 @@ def test_falsify_gelu_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float32")[1])
@@ -530,7 +530,7 @@ def test_falsify_gelu_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-DEV-001", check="FALSIFY-GELU-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GELU-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-018", "float16")[1])
@@ -541,7 +541,7 @@ def test_falsify_gelu_018__triton__float16(case):
 # FALSIFY-GELU-019 → GELU-EQV-004 (gradgrad): Double backward of the none form (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-019", "float32")[0])
 def test_falsify_gelu_019__torch__float32(case):
@@ -550,7 +550,7 @@ def test_falsify_gelu_019__torch__float32(case):
 # FALSIFY-GELU-020 → GELU-EQV-004 (gradgrad): Double backward of the tanh form (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-020", "float32")[0])
 def test_falsify_gelu_020__torch__float32(case):
@@ -559,7 +559,7 @@ def test_falsify_gelu_020__torch__float32(case):
 # FALSIFY-GELU-021 → GELU-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-004", check="FALSIFY-GELU-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-021", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-021", "float32")[0])
 def test_falsify_gelu_021__triton__float32(case):
@@ -568,7 +568,7 @@ def test_falsify_gelu_021__triton__float32(case):
 # FALSIFY-GELU-022 → GELU-EQV-005 (jvp): Forward mode of the none form (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-022", "float32")[0])
 def test_falsify_gelu_022__torch__float32(case):
@@ -577,7 +577,7 @@ def test_falsify_gelu_022__torch__float32(case):
 # FALSIFY-GELU-023 → GELU-EQV-005 (jvp): Forward mode of the tanh form (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-023", "float32")[0])
 def test_falsify_gelu_023__torch__float32(case):
@@ -586,7 +586,7 @@ def test_falsify_gelu_023__torch__float32(case):
 # FALSIFY-GELU-024 → GELU-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-EQV-005", check="FALSIFY-GELU-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-024", "float32")[0])
 def test_falsify_gelu_024__triton__float32(case):
@@ -595,19 +595,19 @@ def test_falsify_gelu_024__triton__float32(case):
 # FALSIFY-GELU-025 → GELU-LAY-001 (layouts): Layouts and size 0 (gelu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
 def test_falsify_gelu_025__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-025", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
 def test_falsify_gelu_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-LAY-001", check="FALSIFY-GELU-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-025", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-025", "float32"))
 def test_falsify_gelu_025__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GELU-025", "triton", "float32", case)
@@ -615,7 +615,7 @@ def test_falsify_gelu_025__triton__float32(case):
 # FALSIFY-GELU-026 → GELU-CMP-001 (compile): Compiled agrees with eager (gelu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GELU-CMP-001", check="FALSIFY-GELU-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GELU-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GELU-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GELU-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GELU-026", "float32")[1])

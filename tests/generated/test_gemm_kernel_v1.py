@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 # FALSIFY-GEMM-001 → GEMM-EQV-001 (parity): Parity with the float64 reference, every transpose, α and β ≠ 0
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_gemm_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_gemm_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_gemm_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_gemm_001__triton__float16(case):
 # FALSIFY-GEMM-002 → GEMM-EQV-001 (parity): Parity without C (β = 0, c omitted)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float32")[1])
@@ -62,7 +62,7 @@ def test_falsify_gemm_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_gemm_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float32")[1])
@@ -78,7 +78,7 @@ def test_falsify_gemm_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-001", check="FALSIFY-GEMM-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-002", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_gemm_002__triton__float16(case):
 # FALSIFY-GEMM-003 → GEMM-BND-001 (property): fp32 accumulation error bound, data-dependent
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-001", check="FALSIFY-GEMM-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float32")[1])
@@ -98,7 +98,7 @@ def test_falsify_gemm_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-001", check="FALSIFY-GEMM-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_gemm_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-001", check="FALSIFY-GEMM-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float32")[1])
@@ -118,7 +118,7 @@ def test_falsify_gemm_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-001", check="FALSIFY-GEMM-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-003", "float16")[1])
@@ -130,7 +130,7 @@ def test_falsify_gemm_003__triton__float16(case):
 # FALSIFY-GEMM-004 → GEMM-BND-002 (property): Finite in ⇒ finite out at 1e5 (fp32)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-002", check="FALSIFY-GEMM-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-004", "float32")[1])
@@ -138,7 +138,7 @@ def test_falsify_gemm_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-002", check="FALSIFY-GEMM-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-004", "float32")[1])
@@ -148,7 +148,7 @@ def test_falsify_gemm_004__triton__float32(case):
 # FALSIFY-GEMM-005 → GEMM-BND-002 (property): Finite in ⇒ finite out near the fp16 maximum (fp32 accumulator, fp32 out)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-002", check="FALSIFY-GEMM-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-005", "float16")[1])
@@ -156,7 +156,7 @@ def test_falsify_gemm_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-002", check="FALSIFY-GEMM-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-005", "float16")[1])
@@ -166,7 +166,7 @@ def test_falsify_gemm_005__triton__float16(case):
 # FALSIFY-GEMM-006 → GEMM-INV-001 (metamorphic): β = 0 ignores C, bit for bit
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[1])
@@ -174,7 +174,7 @@ def test_falsify_gemm_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[1])
@@ -182,7 +182,7 @@ def test_falsify_gemm_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[1])
@@ -190,7 +190,7 @@ def test_falsify_gemm_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[1])
@@ -198,7 +198,7 @@ def test_falsify_gemm_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float32")[1])
@@ -206,7 +206,7 @@ def test_falsify_gemm_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-INV-001", check="FALSIFY-GEMM-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-006", "float16")[1])
@@ -246,7 +246,7 @@ def test_falsify_gemm_009__z3__proof():
 # FALSIFY-GEMM-010 → GEMM-EQV-002 (gradient): Backward matches the reference for every transpose
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[1])
@@ -256,7 +256,7 @@ def test_falsify_gemm_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[1])
@@ -266,7 +266,7 @@ def test_falsify_gemm_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[1])
@@ -276,7 +276,7 @@ def test_falsify_gemm_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[1])
@@ -286,7 +286,7 @@ def test_falsify_gemm_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float32")[1])
@@ -296,7 +296,7 @@ def test_falsify_gemm_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-002", check="FALSIFY-GEMM-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-010", "float16")[1])
@@ -308,7 +308,7 @@ def test_falsify_gemm_010__triton__float16(case):
 # FALSIFY-GEMM-011 → GEMM-BND-005 (gradient): Transposed backward GEMMs at ~1e5 (fp32)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-005", check="FALSIFY-GEMM-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-011", "float32")[1])
@@ -316,7 +316,7 @@ def test_falsify_gemm_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BND-005", check="FALSIFY-GEMM-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-011", "float32")[1])
@@ -346,7 +346,7 @@ def test_falsify_gemm_013__triton__sm_90():
 # FALSIFY-GEMM-014 → GEMM-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
@@ -356,7 +356,7 @@ def test_falsify_gemm_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
@@ -366,7 +366,7 @@ def test_falsify_gemm_014__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-014", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
@@ -376,7 +376,7 @@ def test_falsify_gemm_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
@@ -386,7 +386,7 @@ def test_falsify_gemm_014__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-014", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float32")[1])
@@ -396,7 +396,7 @@ def test_falsify_gemm_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-014", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DET-001", check="FALSIFY-GEMM-014", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-014", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-014", "float16")[1])
@@ -408,7 +408,7 @@ def test_falsify_gemm_014__triton__float16(case):
 # FALSIFY-GEMM-015 → GEMM-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-015", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float32")[1])
@@ -417,7 +417,7 @@ def test_falsify_gemm_015__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-015", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-015", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-015", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-015", "float16")[1])
@@ -428,7 +428,7 @@ def test_falsify_gemm_015__triton__float16(case):
 # FALSIFY-GEMM-016 → GEMM-BIN-001 (batch_invariance): Batch-bounded where the BLAS path depends on the row count
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[1])
@@ -437,7 +437,7 @@ def test_falsify_gemm_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[1])
@@ -446,7 +446,7 @@ def test_falsify_gemm_016__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-016", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float32")[1])
@@ -455,7 +455,7 @@ def test_falsify_gemm_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-016", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-BIN-001", check="FALSIFY-GEMM-016", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-016", "float16")[1])
@@ -477,7 +477,7 @@ def test_falsify_gemm_017__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[1])
@@ -488,7 +488,7 @@ def test_falsify_gemm_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[1])
@@ -499,7 +499,7 @@ def test_falsify_gemm_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float32")[1])
@@ -510,7 +510,7 @@ def test_falsify_gemm_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-DEV-001", check="FALSIFY-GEMM-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GEMM-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-018", "float16")[1])
@@ -522,7 +522,7 @@ def test_falsify_gemm_018__triton__float16(case):
 # FALSIFY-GEMM-019 → GEMM-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-003", check="FALSIFY-GEMM-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-019", "float32")[0])
 def test_falsify_gemm_019__torch__float32(case):
@@ -531,7 +531,7 @@ def test_falsify_gemm_019__torch__float32(case):
 # FALSIFY-GEMM-020 → GEMM-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-003", check="FALSIFY-GEMM-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-020", "float32")[0])
 def test_falsify_gemm_020__triton__float32(case):
@@ -540,7 +540,7 @@ def test_falsify_gemm_020__triton__float32(case):
 # FALSIFY-GEMM-021 → GEMM-EQV-004 (jvp): Forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-004", check="FALSIFY-GEMM-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-021", "float32")[0])
 def test_falsify_gemm_021__torch__float32(case):
@@ -549,7 +549,7 @@ def test_falsify_gemm_021__torch__float32(case):
 # FALSIFY-GEMM-022 → GEMM-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-EQV-004", check="FALSIFY-GEMM-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-022", "float32")[0])
 def test_falsify_gemm_022__triton__float32(case):
@@ -558,19 +558,19 @@ def test_falsify_gemm_022__triton__float32(case):
 # FALSIFY-GEMM-023 → GEMM-LAY-001 (layouts): Layouts and size 0 (gemm)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
 def test_falsify_gemm_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
 def test_falsify_gemm_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-LAY-001", check="FALSIFY-GEMM-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-023", "float32"))
 def test_falsify_gemm_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GEMM-023", "triton", "float32", case)
@@ -578,7 +578,7 @@ def test_falsify_gemm_023__triton__float32(case):
 # FALSIFY-GEMM-024 → GEMM-COMPILE-001 (compile): Compiled agrees with eager (gemm)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GEMM-COMPILE-001", check="FALSIFY-GEMM-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GEMM-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GEMM-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GEMM-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GEMM-024", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("gguf-quants-kernel-v1.yaml", SHA256)
 # FALSIFY-GQ-001 → GQ-EQV-001 (parity): q8_0 dequantize bit-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-001", check="FALSIFY-GQ-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_gq_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-001", check="FALSIFY-GQ-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-001", "float32")[1])
@@ -32,7 +32,7 @@ def test_falsify_gq_001__triton__float32(case):
 # FALSIFY-GQ-002 → GQ-EQV-002 (parity): q4_k dequantize bit-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-002", check="FALSIFY-GQ-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-002", "float32")[1])
@@ -41,7 +41,7 @@ def test_falsify_gq_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-002", check="FALSIFY-GQ-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-002", "float32")[1])
@@ -52,7 +52,7 @@ def test_falsify_gq_002__triton__float32(case):
 # FALSIFY-GQ-003 → GQ-EQV-003 (parity): q6_k dequantize bit-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-003", check="FALSIFY-GQ-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-003", "float32")[1])
@@ -61,7 +61,7 @@ def test_falsify_gq_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-003", check="FALSIFY-GQ-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-003", "float32")[1])
@@ -72,7 +72,7 @@ def test_falsify_gq_003__triton__float32(case):
 # FALSIFY-GQ-004 → GQ-EQV-004 (parity): q8_0 quantize byte-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-004", check="FALSIFY-GQ-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-004", "float32")[1])
@@ -81,7 +81,7 @@ def test_falsify_gq_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-EQV-004", check="FALSIFY-GQ-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-004", "float32")[1])
@@ -92,7 +92,7 @@ def test_falsify_gq_004__triton__float32(case):
 # FALSIFY-GQ-005 → GQ-BND-001 (roundtrip): q8_0 round-trip bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BND-001", check="FALSIFY-GQ-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[1])
@@ -101,7 +101,7 @@ def test_falsify_gq_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BND-001", check="FALSIFY-GQ-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[1])
@@ -110,7 +110,7 @@ def test_falsify_gq_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BND-001", check="FALSIFY-GQ-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-005", "float32")[1])
@@ -141,7 +141,7 @@ def test_falsify_gq_007__triton__sm_90():
 # FALSIFY-GQ-008 → GQ-DET-001 (determinism): Deterministic (q4_k dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[1])
@@ -150,7 +150,7 @@ def test_falsify_gq_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[1])
@@ -159,7 +159,7 @@ def test_falsify_gq_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-008", "float32")[1])
@@ -170,7 +170,7 @@ def test_falsify_gq_008__triton__float32(case):
 # FALSIFY-GQ-009 → GQ-DET-001 (determinism): Deterministic (q8_0 quantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[1])
@@ -179,7 +179,7 @@ def test_falsify_gq_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[1])
@@ -188,7 +188,7 @@ def test_falsify_gq_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DET-001", check="FALSIFY-GQ-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-009", "float32")[1])
@@ -199,7 +199,7 @@ def test_falsify_gq_009__triton__float32(case):
 # FALSIFY-GQ-010 → GQ-BIN-001 (batch_invariance): Batch-invariant (q4_k dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[1])
@@ -207,7 +207,7 @@ def test_falsify_gq_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[1])
@@ -215,7 +215,7 @@ def test_falsify_gq_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-010", "float32")[1])
@@ -225,7 +225,7 @@ def test_falsify_gq_010__triton__float32(case):
 # FALSIFY-GQ-011 → GQ-BIN-001 (batch_invariance): Batch-invariant (q8_0 quantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[1])
@@ -234,7 +234,7 @@ def test_falsify_gq_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[1])
@@ -243,7 +243,7 @@ def test_falsify_gq_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-BIN-001", check="FALSIFY-GQ-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-011", "float32")[1])
@@ -265,7 +265,7 @@ def test_falsify_gq_012__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-013", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-013", "float32")[1])
@@ -275,7 +275,7 @@ def test_falsify_gq_013__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-013", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-013", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-013", "float32")[1])
@@ -287,7 +287,7 @@ def test_falsify_gq_013__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-014", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-014", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-014", "float32")[1])
@@ -297,7 +297,7 @@ def test_falsify_gq_014__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-014", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-014", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-014", "float32")[1])
@@ -309,7 +309,7 @@ def test_falsify_gq_014__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-015", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-015", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-015", "float32")[1])
@@ -319,7 +319,7 @@ def test_falsify_gq_015__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-015", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-015", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-015", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-015", "float32")[1])
@@ -331,7 +331,7 @@ def test_falsify_gq_015__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-016", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-016", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-016", "float32")[1])
@@ -341,7 +341,7 @@ def test_falsify_gq_016__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-016", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-016", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-016", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-016", "float32")[1])
@@ -352,19 +352,19 @@ def test_falsify_gq_016__triton__float32(case):
 # FALSIFY-GQ-017 → GQ-LAY-001 (layouts): Layouts and size 0 (q8_0_dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-017", "float32"))
 def test_falsify_gq_017__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-017", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-017", "float32"))
 def test_falsify_gq_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-017", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-017", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-017", "float32"))
 def test_falsify_gq_017__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-017", "triton", "float32", case)
@@ -372,19 +372,19 @@ def test_falsify_gq_017__triton__float32(case):
 # FALSIFY-GQ-018 → GQ-LAY-001 (layouts): Layouts and size 0 (q4_k_dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-018", "float32"))
 def test_falsify_gq_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-018", "float32"))
 def test_falsify_gq_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-018", "float32"))
 def test_falsify_gq_018__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-018", "triton", "float32", case)
@@ -392,19 +392,19 @@ def test_falsify_gq_018__triton__float32(case):
 # FALSIFY-GQ-019 → GQ-LAY-001 (layouts): Layouts and size 0 (q6_k_dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-019", "float32"))
 def test_falsify_gq_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-019", "float32"))
 def test_falsify_gq_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-019", "float32"))
 def test_falsify_gq_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-019", "triton", "float32", case)
@@ -412,19 +412,19 @@ def test_falsify_gq_019__triton__float32(case):
 # FALSIFY-GQ-020 → GQ-LAY-001 (layouts): Layouts and size 0 (q8_0_quantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-020", "float32"))
 def test_falsify_gq_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-020", "float32"))
 def test_falsify_gq_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-LAY-001", check="FALSIFY-GQ-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-020", "float32"))
 def test_falsify_gq_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-020", "triton", "float32", case)
@@ -432,7 +432,7 @@ def test_falsify_gq_020__triton__float32(case):
 # FALSIFY-GQ-021 → GQ-RND-001 (metamorphic): Ties away from zero (q8_0 quantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
@@ -441,7 +441,7 @@ def test_falsify_gq_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
@@ -450,7 +450,7 @@ def test_falsify_gq_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-RND-001", check="FALSIFY-GQ-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-021", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-021", "float32")[1])
@@ -461,7 +461,7 @@ def test_falsify_gq_021__triton__float32(case):
 # FALSIFY-GQ-022 → GQ-MM-001 (parity): dequant_matmul forward (q8_0)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[1])
@@ -470,7 +470,7 @@ def test_falsify_gq_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[1])
@@ -479,7 +479,7 @@ def test_falsify_gq_022__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-022", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float32")[1])
@@ -488,7 +488,7 @@ def test_falsify_gq_022__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-022", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-022", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-022", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-022", "float16")[1])
@@ -499,7 +499,7 @@ def test_falsify_gq_022__triton__float16(case):
 # FALSIFY-GQ-023 → GQ-MM-001 (parity): dequant_matmul forward (q4_k)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[1])
@@ -508,7 +508,7 @@ def test_falsify_gq_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[1])
@@ -517,7 +517,7 @@ def test_falsify_gq_023__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-023", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float32")[1])
@@ -526,7 +526,7 @@ def test_falsify_gq_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-023", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-023", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-023", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-023", "float16")[1])
@@ -537,7 +537,7 @@ def test_falsify_gq_023__triton__float16(case):
 # FALSIFY-GQ-024 → GQ-MM-001 (parity): dequant_matmul forward (q6_k)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[1])
@@ -546,7 +546,7 @@ def test_falsify_gq_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[1])
@@ -555,7 +555,7 @@ def test_falsify_gq_024__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-024", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float32")[1])
@@ -564,7 +564,7 @@ def test_falsify_gq_024__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-024", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-001", check="FALSIFY-GQ-024", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-024", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-024", "float16")[1])
@@ -575,7 +575,7 @@ def test_falsify_gq_024__triton__float16(case):
 # FALSIFY-GQ-025 → GQ-MM-002 (gradient): dequant_matmul backward (q8_0)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
@@ -584,7 +584,7 @@ def test_falsify_gq_025__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-025", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
@@ -593,7 +593,7 @@ def test_falsify_gq_025__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-025", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
@@ -602,7 +602,7 @@ def test_falsify_gq_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
@@ -611,7 +611,7 @@ def test_falsify_gq_025__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-025", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float32")[1])
@@ -620,7 +620,7 @@ def test_falsify_gq_025__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-025", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-025", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-025", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-025", "float16")[1])
@@ -631,7 +631,7 @@ def test_falsify_gq_025__triton__float16(case):
 # FALSIFY-GQ-026 → GQ-MM-002 (gradient): dequant_matmul backward (q4_k)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
@@ -640,7 +640,7 @@ def test_falsify_gq_026__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-026", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
@@ -649,7 +649,7 @@ def test_falsify_gq_026__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-026", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
@@ -658,7 +658,7 @@ def test_falsify_gq_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-026", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
@@ -667,7 +667,7 @@ def test_falsify_gq_026__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-026", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float32")[1])
@@ -676,7 +676,7 @@ def test_falsify_gq_026__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-026", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-026", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-026", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-026", "float16")[1])
@@ -687,7 +687,7 @@ def test_falsify_gq_026__triton__float16(case):
 # FALSIFY-GQ-027 → GQ-MM-002 (gradient): dequant_matmul backward (q6_k)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
@@ -696,7 +696,7 @@ def test_falsify_gq_027__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-027", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
@@ -705,7 +705,7 @@ def test_falsify_gq_027__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-027", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
@@ -714,7 +714,7 @@ def test_falsify_gq_027__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-027", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
@@ -723,7 +723,7 @@ def test_falsify_gq_027__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-027", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float32")[1])
@@ -732,7 +732,7 @@ def test_falsify_gq_027__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-027", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-002", check="FALSIFY-GQ-027", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-027", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-027", "float16")[1])
@@ -773,19 +773,19 @@ def test_falsify_gq_030__triton__sm_90():
 # FALSIFY-GQ-031 → GQ-MM-004 (layouts): Layouts and size 0 (dequant_matmul)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
 def test_falsify_gq_031__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-031", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
 def test_falsify_gq_031__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-031", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-MM-004", check="FALSIFY-GQ-031", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-031", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-031", "float32"))
 def test_falsify_gq_031__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GQ-031", "triton", "float32", case)
@@ -804,7 +804,7 @@ def test_falsify_gq_032__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[1])
@@ -814,7 +814,7 @@ def test_falsify_gq_033__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[1])
@@ -824,7 +824,7 @@ def test_falsify_gq_033__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float32")[1])
@@ -834,7 +834,7 @@ def test_falsify_gq_033__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GQ-DEV-001", check="FALSIFY-GQ-033", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GQ-033", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GQ-033", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GQ-033", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GQ-033", "float16")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 # FALSIFY-GACC-001 → GACC-INV-001 (parity): Accumulated gradient equals the full-batch gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-001", check="FALSIFY-GACC-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-001", "float32")[1])
@@ -23,7 +23,7 @@ def test_falsify_gacc_001__torch__float32(case):
 # FALSIFY-GACC-002 → GACC-INV-001 (parity): Accumulated loss equals the full-batch token mean
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-001", check="FALSIFY-GACC-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-002", "float32")[1])
@@ -34,7 +34,7 @@ def test_falsify_gacc_002__torch__float32(case):
 # FALSIFY-GACC-003 → GACC-INV-006 (parity): Token count and pre-clip norm
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-006", check="FALSIFY-GACC-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-003", "float32")[1])
@@ -45,7 +45,7 @@ def test_falsify_gacc_003__torch__float32(case):
 # FALSIFY-GACC-004 → GACC-INV-002 (metamorphic): Independent of the split
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-002", check="FALSIFY-GACC-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-004", "float32")[1])
@@ -54,7 +54,7 @@ def test_falsify_gacc_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-002", check="FALSIFY-GACC-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-004", "float32")[1])
@@ -65,7 +65,7 @@ def test_falsify_gacc_004__torch__float32(case):
 # FALSIFY-GACC-005 → GACC-INV-006 (property): Token counting
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-006", check="FALSIFY-GACC-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-005", "float32")[1])
@@ -74,7 +74,7 @@ def test_falsify_gacc_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-006", check="FALSIFY-GACC-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-005", "float32")[1])
@@ -85,7 +85,7 @@ def test_falsify_gacc_005__torch__float32(case):
 # FALSIFY-GACC-006 → GACC-INV-003 (parity): Clip after accumulation (kernel level)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-003", check="FALSIFY-GACC-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-006", "float32")[1])
@@ -95,7 +95,7 @@ def test_falsify_gacc_006__torch__float32(case):
 # FALSIFY-GACC-007 → GACC-INV-003 (property): Clipped norm of the accumulated gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-003", check="FALSIFY-GACC-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-007", "float32")[1])
@@ -103,7 +103,7 @@ def test_falsify_gacc_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-INV-003", check="FALSIFY-GACC-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-007", "float32")[1])
@@ -137,7 +137,7 @@ def test_falsify_gacc_011__torch__float16():
 # FALSIFY-GACC-012 → GACC-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DET-001", check="FALSIFY-GACC-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[1])
@@ -146,7 +146,7 @@ def test_falsify_gacc_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DET-001", check="FALSIFY-GACC-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-012", "float32")[1])
@@ -164,7 +164,7 @@ def test_falsify_gacc_013__torch__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-DEV-001", check="FALSIFY-GACC-014", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GACC-014", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GACC-014", "float32")[1])
@@ -175,13 +175,13 @@ def test_falsify_gacc_014__torch__float32(case):
 # FALSIFY-GACC-015 → GACC-LAY-001 (layouts): Layouts and size 0 (accumulate_grad)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
 def test_falsify_gacc_015__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-015", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GACC-LAY-001", check="FALSIFY-GACC-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GACC-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GACC-015", "float32"))
 def test_falsify_gacc_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GACC-015", "torch", "float32", case)

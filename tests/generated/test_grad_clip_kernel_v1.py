@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("grad-clip-kernel-v1.yaml", SHA256)
 # FALSIFY-CLIP-001 → CLIP-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-EQV-001", check="FALSIFY-CLIP-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_clip_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-EQV-001", check="FALSIFY-CLIP-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_clip_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-EQV-001", check="FALSIFY-CLIP-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_clip_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-EQV-001", check="FALSIFY-CLIP-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-001", "float16")[1])
@@ -50,7 +50,7 @@ def test_falsify_clip_001__triton__float16(case):
 # FALSIFY-CLIP-002 → CLIP-BND-001 (property): Clipped norm lands on the ball
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[1])
@@ -59,7 +59,7 @@ def test_falsify_clip_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[1])
@@ -68,7 +68,7 @@ def test_falsify_clip_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[1])
@@ -77,7 +77,7 @@ def test_falsify_clip_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[1])
@@ -86,7 +86,7 @@ def test_falsify_clip_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float32")[1])
@@ -95,7 +95,7 @@ def test_falsify_clip_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-001", check="FALSIFY-CLIP-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-002", "float16")[1])
@@ -106,7 +106,7 @@ def test_falsify_clip_002__triton__float16(case):
 # FALSIFY-CLIP-003 → CLIP-INV-001 (property): No-op below the threshold
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[1])
@@ -114,7 +114,7 @@ def test_falsify_clip_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[1])
@@ -122,7 +122,7 @@ def test_falsify_clip_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[1])
@@ -130,7 +130,7 @@ def test_falsify_clip_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[1])
@@ -138,7 +138,7 @@ def test_falsify_clip_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float32")[1])
@@ -146,7 +146,7 @@ def test_falsify_clip_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-001", check="FALSIFY-CLIP-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-003", "float16")[1])
@@ -156,7 +156,7 @@ def test_falsify_clip_003__triton__float16(case):
 # FALSIFY-CLIP-004 → CLIP-BND-002 (parity): Parity for exploding gradients
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-002", check="FALSIFY-CLIP-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-004", "float32")[1])
@@ -164,7 +164,7 @@ def test_falsify_clip_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-002", check="FALSIFY-CLIP-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-004", "float32")[1])
@@ -174,7 +174,7 @@ def test_falsify_clip_004__triton__float32(case):
 # FALSIFY-CLIP-005 → CLIP-BND-002 (property): Exploding gradients are clipped onto the ball
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-002", check="FALSIFY-CLIP-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[1])
@@ -182,7 +182,7 @@ def test_falsify_clip_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-002", check="FALSIFY-CLIP-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[1])
@@ -190,7 +190,7 @@ def test_falsify_clip_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-BND-002", check="FALSIFY-CLIP-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-005", "float32")[1])
@@ -200,7 +200,7 @@ def test_falsify_clip_005__triton__float32(case):
 # FALSIFY-CLIP-006 → CLIP-INV-002 (metamorphic): An inf gradient is reported, not propagated
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[1])
@@ -209,7 +209,7 @@ def test_falsify_clip_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[1])
@@ -218,7 +218,7 @@ def test_falsify_clip_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[1])
@@ -227,7 +227,7 @@ def test_falsify_clip_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[1])
@@ -236,7 +236,7 @@ def test_falsify_clip_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float32")[1])
@@ -245,7 +245,7 @@ def test_falsify_clip_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-006", "float16")[1])
@@ -256,7 +256,7 @@ def test_falsify_clip_006__triton__float16(case):
 # FALSIFY-CLIP-007 → CLIP-INV-002 (metamorphic): A NaN gradient is reported, not propagated
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[1])
@@ -265,7 +265,7 @@ def test_falsify_clip_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[1])
@@ -274,7 +274,7 @@ def test_falsify_clip_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[1])
@@ -283,7 +283,7 @@ def test_falsify_clip_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[1])
@@ -292,7 +292,7 @@ def test_falsify_clip_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float32")[1])
@@ -301,7 +301,7 @@ def test_falsify_clip_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-INV-002", check="FALSIFY-CLIP-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-007", "float16")[1])
@@ -388,7 +388,7 @@ def test_falsify_clip_015__triton__sm_90():
 # FALSIFY-CLIP-016 → CLIP-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
@@ -397,7 +397,7 @@ def test_falsify_clip_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
@@ -406,7 +406,7 @@ def test_falsify_clip_016__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
@@ -415,7 +415,7 @@ def test_falsify_clip_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
@@ -424,7 +424,7 @@ def test_falsify_clip_016__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float32")[1])
@@ -433,7 +433,7 @@ def test_falsify_clip_016__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-016", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DET-001", check="FALSIFY-CLIP-016", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-016", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-016", "float16")[1])
@@ -455,7 +455,7 @@ def test_falsify_clip_017__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[1])
@@ -465,7 +465,7 @@ def test_falsify_clip_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[1])
@@ -475,7 +475,7 @@ def test_falsify_clip_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float32")[1])
@@ -485,7 +485,7 @@ def test_falsify_clip_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-DEV-001", check="FALSIFY-CLIP-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-CLIP-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-CLIP-018", "float16")[1])
@@ -496,19 +496,19 @@ def test_falsify_clip_018__triton__float16(case):
 # FALSIFY-CLIP-019 → CLIP-LAY-001 (layouts): Layouts and size 0 (clip_grad_norm)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
 def test_falsify_clip_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
 def test_falsify_clip_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="CLIP-LAY-001", check="FALSIFY-CLIP-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-CLIP-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-CLIP-019", "float32"))
 def test_falsify_clip_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-CLIP-019", "triton", "float32", case)

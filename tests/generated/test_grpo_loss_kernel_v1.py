@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("grpo-loss-kernel-v1.yaml", SHA256)
 # FALSIFY-GRPO-001 → GRPO-EQV-001 (parity): Advantage parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-001", check="FALSIFY-GRPO-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_grpo_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-001", check="FALSIFY-GRPO-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_grpo_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-001", check="FALSIFY-GRPO-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_grpo_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-001", check="FALSIFY-GRPO-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-001", "float16")[1])
@@ -50,7 +50,7 @@ def test_falsify_grpo_001__triton__float16(case):
 # FALSIFY-GRPO-002 → GRPO-INV-001 (property): Zero mean per group
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[1])
@@ -59,7 +59,7 @@ def test_falsify_grpo_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[1])
@@ -68,7 +68,7 @@ def test_falsify_grpo_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[1])
@@ -77,7 +77,7 @@ def test_falsify_grpo_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[1])
@@ -86,7 +86,7 @@ def test_falsify_grpo_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float32")[1])
@@ -95,7 +95,7 @@ def test_falsify_grpo_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-001", check="FALSIFY-GRPO-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-002", "float16")[1])
@@ -106,7 +106,7 @@ def test_falsify_grpo_002__triton__float16(case):
 # FALSIFY-GRPO-003 → GRPO-INV-002 (metamorphic): Equal rewards give exactly zero advantage
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[1])
@@ -115,7 +115,7 @@ def test_falsify_grpo_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[1])
@@ -124,7 +124,7 @@ def test_falsify_grpo_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[1])
@@ -133,7 +133,7 @@ def test_falsify_grpo_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[1])
@@ -142,7 +142,7 @@ def test_falsify_grpo_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float32")[1])
@@ -151,7 +151,7 @@ def test_falsify_grpo_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-003", "float16")[1])
@@ -162,7 +162,7 @@ def test_falsify_grpo_003__triton__float16(case):
 # FALSIFY-GRPO-004 → GRPO-INV-002 (gradient): Zero advantage gives zero policy gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[1])
@@ -170,7 +170,7 @@ def test_falsify_grpo_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[1])
@@ -178,7 +178,7 @@ def test_falsify_grpo_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[1])
@@ -186,7 +186,7 @@ def test_falsify_grpo_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[1])
@@ -194,7 +194,7 @@ def test_falsify_grpo_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float32")[1])
@@ -202,7 +202,7 @@ def test_falsify_grpo_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-INV-002", check="FALSIFY-GRPO-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-004", "float16")[1])
@@ -212,7 +212,7 @@ def test_falsify_grpo_004__triton__float16(case):
 # FALSIFY-GRPO-005 → GRPO-EQV-002 (parity): Loss parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-002", check="FALSIFY-GRPO-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float32")[1])
@@ -221,7 +221,7 @@ def test_falsify_grpo_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-002", check="FALSIFY-GRPO-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float16")[1])
@@ -230,7 +230,7 @@ def test_falsify_grpo_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-002", check="FALSIFY-GRPO-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float32")[1])
@@ -239,7 +239,7 @@ def test_falsify_grpo_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-002", check="FALSIFY-GRPO-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-005", "float16")[1])
@@ -250,7 +250,7 @@ def test_falsify_grpo_005__triton__float16(case):
 # FALSIFY-GRPO-006 → GRPO-EQV-003 (gradient): Gradient w.r.t. logp
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[1])
@@ -259,7 +259,7 @@ def test_falsify_grpo_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[1])
@@ -268,7 +268,7 @@ def test_falsify_grpo_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[1])
@@ -277,7 +277,7 @@ def test_falsify_grpo_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[1])
@@ -286,7 +286,7 @@ def test_falsify_grpo_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float32")[1])
@@ -295,7 +295,7 @@ def test_falsify_grpo_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-003", check="FALSIFY-GRPO-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-006", "float16")[1])
@@ -306,7 +306,7 @@ def test_falsify_grpo_006__triton__float16(case):
 # FALSIFY-GRPO-007 → GRPO-CLP-001 (gradient): Clip region of the policy gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[1])
@@ -315,7 +315,7 @@ def test_falsify_grpo_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[1])
@@ -324,7 +324,7 @@ def test_falsify_grpo_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[1])
@@ -333,7 +333,7 @@ def test_falsify_grpo_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[1])
@@ -342,7 +342,7 @@ def test_falsify_grpo_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float32")[1])
@@ -351,7 +351,7 @@ def test_falsify_grpo_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-007", "float16")[1])
@@ -362,7 +362,7 @@ def test_falsify_grpo_007__triton__float16(case):
 # FALSIFY-GRPO-008 → GRPO-CLP-001 (property): Clip region of the loss
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[1])
@@ -371,7 +371,7 @@ def test_falsify_grpo_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[1])
@@ -380,7 +380,7 @@ def test_falsify_grpo_008__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-008", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[1])
@@ -389,7 +389,7 @@ def test_falsify_grpo_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[1])
@@ -398,7 +398,7 @@ def test_falsify_grpo_008__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-008", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float32")[1])
@@ -407,7 +407,7 @@ def test_falsify_grpo_008__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-008", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CLP-001", check="FALSIFY-GRPO-008", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-008", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-008", "float16")[1])
@@ -418,7 +418,7 @@ def test_falsify_grpo_008__triton__float16(case):
 # FALSIFY-GRPO-009 → GRPO-KL-001 (metamorphic): KL term non-negative and equal to the k3 mean
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[1])
@@ -427,7 +427,7 @@ def test_falsify_grpo_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[1])
@@ -436,7 +436,7 @@ def test_falsify_grpo_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[1])
@@ -445,7 +445,7 @@ def test_falsify_grpo_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[1])
@@ -454,7 +454,7 @@ def test_falsify_grpo_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float32")[1])
@@ -463,7 +463,7 @@ def test_falsify_grpo_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-009", "float16")[1])
@@ -474,7 +474,7 @@ def test_falsify_grpo_009__triton__float16(case):
 # FALSIFY-GRPO-010 → GRPO-KL-001 (metamorphic): KL zero at equal policies
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[1])
@@ -483,7 +483,7 @@ def test_falsify_grpo_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[1])
@@ -492,7 +492,7 @@ def test_falsify_grpo_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[1])
@@ -501,7 +501,7 @@ def test_falsify_grpo_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[1])
@@ -510,7 +510,7 @@ def test_falsify_grpo_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float32")[1])
@@ -519,7 +519,7 @@ def test_falsify_grpo_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-KL-001", check="FALSIFY-GRPO-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-010", "float16")[1])
@@ -530,7 +530,7 @@ def test_falsify_grpo_010__triton__float16(case):
 # FALSIFY-GRPO-011 → GRPO-PAD-001 (metamorphic): Padding values do not reach the loss
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[1])
@@ -539,7 +539,7 @@ def test_falsify_grpo_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[1])
@@ -548,7 +548,7 @@ def test_falsify_grpo_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[1])
@@ -557,7 +557,7 @@ def test_falsify_grpo_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[1])
@@ -566,7 +566,7 @@ def test_falsify_grpo_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float32")[1])
@@ -575,7 +575,7 @@ def test_falsify_grpo_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-011", "float16")[1])
@@ -586,7 +586,7 @@ def test_falsify_grpo_011__triton__float16(case):
 # FALSIFY-GRPO-012 → GRPO-PAD-001 (parity): The token mean divides by the counted tokens
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float32")[1])
@@ -595,7 +595,7 @@ def test_falsify_grpo_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float16")[1])
@@ -604,7 +604,7 @@ def test_falsify_grpo_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-012", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float32")[1])
@@ -613,7 +613,7 @@ def test_falsify_grpo_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-PAD-001", check="FALSIFY-GRPO-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-012", "float16")[1])
@@ -624,7 +624,7 @@ def test_falsify_grpo_012__triton__float16(case):
 # FALSIFY-GRPO-013 → GRPO-DET-001 (determinism): Deterministic (grpo_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[1])
@@ -633,7 +633,7 @@ def test_falsify_grpo_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[1])
@@ -642,7 +642,7 @@ def test_falsify_grpo_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[1])
@@ -651,7 +651,7 @@ def test_falsify_grpo_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[1])
@@ -660,7 +660,7 @@ def test_falsify_grpo_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-013", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float32")[1])
@@ -669,7 +669,7 @@ def test_falsify_grpo_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-013", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-013", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-013", "float16")[1])
@@ -680,7 +680,7 @@ def test_falsify_grpo_013__triton__float16(case):
 # FALSIFY-GRPO-014 → GRPO-DET-001 (determinism): Deterministic (group_advantages)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[1])
@@ -689,7 +689,7 @@ def test_falsify_grpo_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[1])
@@ -698,7 +698,7 @@ def test_falsify_grpo_014__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-014", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[1])
@@ -707,7 +707,7 @@ def test_falsify_grpo_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[1])
@@ -716,7 +716,7 @@ def test_falsify_grpo_014__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-014", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float32")[1])
@@ -725,7 +725,7 @@ def test_falsify_grpo_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-014", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DET-001", check="FALSIFY-GRPO-014", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-014", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-014", "float16")[1])
@@ -757,7 +757,7 @@ def test_falsify_grpo_016__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-017", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float32")[1])
@@ -767,7 +767,7 @@ def test_falsify_grpo_017__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-017", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float16")[1])
@@ -777,7 +777,7 @@ def test_falsify_grpo_017__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-017", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float32")[1])
@@ -787,7 +787,7 @@ def test_falsify_grpo_017__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-017", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-017", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-017", "float16")[1])
@@ -799,7 +799,7 @@ def test_falsify_grpo_017__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float32")[1])
@@ -809,7 +809,7 @@ def test_falsify_grpo_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float16")[1])
@@ -819,7 +819,7 @@ def test_falsify_grpo_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float32")[1])
@@ -829,7 +829,7 @@ def test_falsify_grpo_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-DEV-001", check="FALSIFY-GRPO-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-GRPO-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-018", "float16")[1])
@@ -840,7 +840,7 @@ def test_falsify_grpo_018__triton__float16(case):
 # FALSIFY-GRPO-019 → GRPO-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-004", check="FALSIFY-GRPO-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-019", "float32")[0])
 def test_falsify_grpo_019__torch__float32(case):
@@ -849,7 +849,7 @@ def test_falsify_grpo_019__torch__float32(case):
 # FALSIFY-GRPO-020 → GRPO-EQV-004 (gradgrad): Double backward (Triton) is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-004", check="FALSIFY-GRPO-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-020", "float32")[0])
 def test_falsify_grpo_020__triton__float32(case):
@@ -858,7 +858,7 @@ def test_falsify_grpo_020__triton__float32(case):
 # FALSIFY-GRPO-021 → GRPO-EQV-005 (jvp): Forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-005", check="FALSIFY-GRPO-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-021", "float32")[0])
 def test_falsify_grpo_021__torch__float32(case):
@@ -867,7 +867,7 @@ def test_falsify_grpo_021__torch__float32(case):
 # FALSIFY-GRPO-022 → GRPO-EQV-005 (jvp): Forward mode (Triton) is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-EQV-005", check="FALSIFY-GRPO-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-022", "float32")[0])
 def test_falsify_grpo_022__triton__float32(case):
@@ -876,19 +876,19 @@ def test_falsify_grpo_022__triton__float32(case):
 # FALSIFY-GRPO-023 → GRPO-LAY-001 (layouts): Layouts and size 0 (grpo_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-023", "float32"))
 def test_falsify_grpo_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-023", "float32"))
 def test_falsify_grpo_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-023", "float32"))
 def test_falsify_grpo_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-023", "triton", "float32", case)
@@ -896,19 +896,19 @@ def test_falsify_grpo_023__triton__float32(case):
 # FALSIFY-GRPO-024 → GRPO-LAY-001 (layouts): Layouts and size 0 (group_advantages)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-024", "float32"))
 def test_falsify_grpo_024__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-024", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-024", "float32"))
 def test_falsify_grpo_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-LAY-001", check="FALSIFY-GRPO-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-024", "float32"))
 def test_falsify_grpo_024__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-GRPO-024", "triton", "float32", case)
@@ -916,7 +916,7 @@ def test_falsify_grpo_024__triton__float32(case):
 # FALSIFY-GRPO-025 → GRPO-CMP-001 (compile): Compiled agrees with eager (grpo_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CMP-001", check="FALSIFY-GRPO-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-025", "float32")[1])
@@ -927,7 +927,7 @@ def test_falsify_grpo_025__torch__float32(case):
 # FALSIFY-GRPO-026 → GRPO-CMP-001 (compile): Compiled agrees with eager (group_advantages)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="GRPO-CMP-001", check="FALSIFY-GRPO-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-GRPO-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-GRPO-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-GRPO-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-GRPO-026", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("kd-loss-kernel-v1.yaml", SHA256)
 # FALSIFY-KD-001 → KD-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-001", check="FALSIFY-KD-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_kd_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-001", check="FALSIFY-KD-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-001", "float16")[1])
@@ -34,7 +34,7 @@ def test_falsify_kd_001__torch__float16(case):
 # FALSIFY-KD-002 → KD-EQV-002 (gradient): Student gradient
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-002", check="FALSIFY-KD-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float32")[1])
@@ -44,7 +44,7 @@ def test_falsify_kd_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-002", check="FALSIFY-KD-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_kd_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-002", check="FALSIFY-KD-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float32")[1])
@@ -64,7 +64,7 @@ def test_falsify_kd_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-002", check="FALSIFY-KD-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-002", "float16")[1])
@@ -76,7 +76,7 @@ def test_falsify_kd_002__torch__float16(case):
 # FALSIFY-KD-003 → KD-BND-001 (property): KL and the loss are non-negative
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-BND-001", check="FALSIFY-KD-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float32")[1])
@@ -86,7 +86,7 @@ def test_falsify_kd_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-BND-001", check="FALSIFY-KD-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float16")[1])
@@ -96,7 +96,7 @@ def test_falsify_kd_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-BND-001", check="FALSIFY-KD-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float32")[1])
@@ -106,7 +106,7 @@ def test_falsify_kd_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-BND-001", check="FALSIFY-KD-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-003", "float16")[1])
@@ -118,7 +118,7 @@ def test_falsify_kd_003__torch__float16(case):
 # FALSIFY-KD-004 → KD-INV-001 (property): α = 0 is pure cross-entropy
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-001", check="FALSIFY-KD-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float32")[1])
@@ -126,7 +126,7 @@ def test_falsify_kd_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-001", check="FALSIFY-KD-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float16")[1])
@@ -134,7 +134,7 @@ def test_falsify_kd_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-001", check="FALSIFY-KD-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float32")[1])
@@ -142,7 +142,7 @@ def test_falsify_kd_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-001", check="FALSIFY-KD-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-004", "float16")[1])
@@ -152,7 +152,7 @@ def test_falsify_kd_004__torch__float16(case):
 # FALSIFY-KD-005 → KD-INV-002 (property): α = 1 is pure soft loss
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-002", check="FALSIFY-KD-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float32")[1])
@@ -160,7 +160,7 @@ def test_falsify_kd_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-002", check="FALSIFY-KD-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float16")[1])
@@ -168,7 +168,7 @@ def test_falsify_kd_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-002", check="FALSIFY-KD-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float32")[1])
@@ -176,7 +176,7 @@ def test_falsify_kd_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-002", check="FALSIFY-KD-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-005", "float16")[1])
@@ -186,7 +186,7 @@ def test_falsify_kd_005__torch__float16(case):
 # FALSIFY-KD-006 → KD-INV-003 (metamorphic): Self-distillation is free
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-003", check="FALSIFY-KD-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float32")[1])
@@ -196,7 +196,7 @@ def test_falsify_kd_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-003", check="FALSIFY-KD-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float16")[1])
@@ -206,7 +206,7 @@ def test_falsify_kd_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-003", check="FALSIFY-KD-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float32")[1])
@@ -216,7 +216,7 @@ def test_falsify_kd_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-INV-003", check="FALSIFY-KD-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-006", "float16")[1])
@@ -228,7 +228,7 @@ def test_falsify_kd_006__torch__float16(case):
 # FALSIFY-KD-007 → KD-EQV-003 (parity): Top-k teacher parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-003", check="FALSIFY-KD-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-007", "float32")[1])
@@ -257,7 +257,7 @@ def test_falsify_kd_010__z3__proof():
 # FALSIFY-KD-011 → KD-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[1])
@@ -267,7 +267,7 @@ def test_falsify_kd_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[1])
@@ -277,7 +277,7 @@ def test_falsify_kd_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-KD-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float32")[1])
@@ -287,7 +287,7 @@ def test_falsify_kd_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DET-001", check="FALSIFY-KD-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-011", "float16")[1])
@@ -312,7 +312,7 @@ def test_falsify_kd_013__torch__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DEV-001", check="FALSIFY-KD-014", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-KD-014", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float32")[1])
@@ -323,7 +323,7 @@ def test_falsify_kd_014__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DEV-001", check="FALSIFY-KD-014", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-KD-014", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-014", "float16")[1])
@@ -336,7 +336,7 @@ def test_falsify_kd_014__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-DEV-001", check="FALSIFY-KD-015", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-KD-015", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-015", "float32")[1])
@@ -347,7 +347,7 @@ def test_falsify_kd_015__torch__float32(case):
 # FALSIFY-KD-016 → KD-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-005", check="FALSIFY-KD-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-016", "float32")[0])
 def test_falsify_kd_016__torch__float32(case):
@@ -356,7 +356,7 @@ def test_falsify_kd_016__torch__float32(case):
 # FALSIFY-KD-017 → KD-EQV-006 (jvp): Forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-EQV-006", check="FALSIFY-KD-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-017", "float32")[0])
 def test_falsify_kd_017__torch__float32(case):
@@ -365,13 +365,13 @@ def test_falsify_kd_017__torch__float32(case):
 # FALSIFY-KD-018 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
 def test_falsify_kd_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-018", "float32"))
 def test_falsify_kd_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-018", "torch", "float32", case)
@@ -379,13 +379,13 @@ def test_falsify_kd_018__torch__float32(case):
 # FALSIFY-KD-019 → KD-LAY-001 (layouts): Layouts and size 0 (kd_loss_from_topk)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
 def test_falsify_kd_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-LAY-001", check="FALSIFY-KD-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-019", "float32"))
 def test_falsify_kd_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-KD-019", "torch", "float32", case)
@@ -393,7 +393,7 @@ def test_falsify_kd_019__torch__float32(case):
 # FALSIFY-KD-020 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-020", "float32")[1])
@@ -405,7 +405,7 @@ def test_falsify_kd_020__torch__float32(case):
 # FALSIFY-KD-021 → KD-CMP-001 (compile): Compiled agrees with eager (kd_loss_from_topk)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="KD-CMP-001", check="FALSIFY-KD-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-KD-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-KD-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-KD-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-KD-021", "float32")[1])

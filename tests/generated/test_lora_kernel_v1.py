@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("lora-kernel-v1.yaml", SHA256)
 # FALSIFY-LORA-001 → LORA-EQV-001 (parity): Forward parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_lora_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_lora_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_lora_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_lora_001__triton__float16(case):
 # FALSIFY-LORA-002 → LORA-EQV-001 (parity): Forward parity, batched input
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float32")[1])
@@ -62,7 +62,7 @@ def test_falsify_lora_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_lora_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float32")[1])
@@ -78,7 +78,7 @@ def test_falsify_lora_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-001", check="FALSIFY-LORA-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-002", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_lora_002__triton__float16(case):
 # FALSIFY-LORA-003 → LORA-EQV-002 (parity): rsLoRA scale
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-002", check="FALSIFY-LORA-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float32")[1])
@@ -98,7 +98,7 @@ def test_falsify_lora_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-002", check="FALSIFY-LORA-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_lora_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-002", check="FALSIFY-LORA-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float32")[1])
@@ -118,7 +118,7 @@ def test_falsify_lora_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-002", check="FALSIFY-LORA-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-003", "float16")[1])
@@ -130,7 +130,7 @@ def test_falsify_lora_003__triton__float16(case):
 # FALSIFY-LORA-004 → LORA-EQV-003 (parity): Merge parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float32")[1])
@@ -139,7 +139,7 @@ def test_falsify_lora_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float16")[1])
@@ -148,7 +148,7 @@ def test_falsify_lora_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float32")[1])
@@ -157,7 +157,7 @@ def test_falsify_lora_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-004", "float16")[1])
@@ -168,7 +168,7 @@ def test_falsify_lora_004__triton__float16(case):
 # FALSIFY-LORA-005 → LORA-EQV-003 (metamorphic): Merged weight gives the adapter's outputs
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[1])
@@ -178,7 +178,7 @@ def test_falsify_lora_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[1])
@@ -188,7 +188,7 @@ def test_falsify_lora_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-003", check="FALSIFY-LORA-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-005", "float32")[1])
@@ -200,7 +200,7 @@ def test_falsify_lora_005__triton__float32(case):
 # FALSIFY-LORA-006 → LORA-GRD-001 (gradient): Input gradient includes the base path
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[1])
@@ -210,7 +210,7 @@ def test_falsify_lora_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[1])
@@ -220,7 +220,7 @@ def test_falsify_lora_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[1])
@@ -230,7 +230,7 @@ def test_falsify_lora_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[1])
@@ -240,7 +240,7 @@ def test_falsify_lora_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float32")[1])
@@ -250,7 +250,7 @@ def test_falsify_lora_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-001", check="FALSIFY-LORA-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-006", "float16")[1])
@@ -262,7 +262,7 @@ def test_falsify_lora_006__triton__float16(case):
 # FALSIFY-LORA-007 → LORA-GRD-002 (gradient): Gradient of A
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[1])
@@ -272,7 +272,7 @@ def test_falsify_lora_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[1])
@@ -282,7 +282,7 @@ def test_falsify_lora_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[1])
@@ -292,7 +292,7 @@ def test_falsify_lora_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[1])
@@ -302,7 +302,7 @@ def test_falsify_lora_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float32")[1])
@@ -312,7 +312,7 @@ def test_falsify_lora_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-002", check="FALSIFY-LORA-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-007", "float16")[1])
@@ -324,7 +324,7 @@ def test_falsify_lora_007__triton__float16(case):
 # FALSIFY-LORA-008 → LORA-GRD-003 (gradient): Gradient of B
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[1])
@@ -334,7 +334,7 @@ def test_falsify_lora_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[1])
@@ -344,7 +344,7 @@ def test_falsify_lora_008__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-008", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[1])
@@ -354,7 +354,7 @@ def test_falsify_lora_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[1])
@@ -364,7 +364,7 @@ def test_falsify_lora_008__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-008", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float32")[1])
@@ -374,7 +374,7 @@ def test_falsify_lora_008__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-008", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-008", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-008", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-008", "float16")[1])
@@ -386,7 +386,7 @@ def test_falsify_lora_008__triton__float16(case):
 # FALSIFY-LORA-009 → LORA-GRD-003 (gradient): Gradients at B = 0
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[1])
@@ -394,7 +394,7 @@ def test_falsify_lora_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[1])
@@ -402,7 +402,7 @@ def test_falsify_lora_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[1])
@@ -410,7 +410,7 @@ def test_falsify_lora_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[1])
@@ -418,7 +418,7 @@ def test_falsify_lora_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float32")[1])
@@ -426,7 +426,7 @@ def test_falsify_lora_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-GRD-003", check="FALSIFY-LORA-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-009", "float16")[1])
@@ -472,7 +472,7 @@ def test_falsify_lora_011__triton__float16():
 # FALSIFY-LORA-012 → LORA-INIT-001 (property): Init bounds
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-INIT-001", check="FALSIFY-LORA-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-012", "float32")[1])
@@ -481,7 +481,7 @@ def test_falsify_lora_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-INIT-001", check="FALSIFY-LORA-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-012", "float32")[1])
@@ -540,7 +540,7 @@ def test_falsify_lora_018__triton__sm_90():
 # FALSIFY-LORA-019 → LORA-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
@@ -550,7 +550,7 @@ def test_falsify_lora_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
@@ -560,7 +560,7 @@ def test_falsify_lora_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
@@ -570,7 +570,7 @@ def test_falsify_lora_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
@@ -580,7 +580,7 @@ def test_falsify_lora_019__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-019", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float32")[1])
@@ -590,7 +590,7 @@ def test_falsify_lora_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-019", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DET-001", check="FALSIFY-LORA-019", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-019", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-019", "float16")[1])
@@ -602,7 +602,7 @@ def test_falsify_lora_019__triton__float16(case):
 # FALSIFY-LORA-020 → LORA-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float32")[1])
@@ -612,7 +612,7 @@ def test_falsify_lora_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-020", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-020", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-020", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-020", "float16")[1])
@@ -624,7 +624,7 @@ def test_falsify_lora_020__triton__float16(case):
 # FALSIFY-LORA-021 → LORA-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[1])
@@ -634,7 +634,7 @@ def test_falsify_lora_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[1])
@@ -644,7 +644,7 @@ def test_falsify_lora_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-021", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float32")[1])
@@ -654,7 +654,7 @@ def test_falsify_lora_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-BIN-001", check="FALSIFY-LORA-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-021", "float16")[1])
@@ -687,7 +687,7 @@ def test_falsify_lora_023__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-024", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[1])
@@ -698,7 +698,7 @@ def test_falsify_lora_024__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-024", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[1])
@@ -709,7 +709,7 @@ def test_falsify_lora_024__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-024", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float32")[1])
@@ -720,7 +720,7 @@ def test_falsify_lora_024__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-024", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-024", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-024", "float16")[1])
@@ -733,7 +733,7 @@ def test_falsify_lora_024__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-025", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-025", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[1])
@@ -743,7 +743,7 @@ def test_falsify_lora_025__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-025", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-025", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[1])
@@ -753,7 +753,7 @@ def test_falsify_lora_025__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-025", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-025", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float32")[1])
@@ -763,7 +763,7 @@ def test_falsify_lora_025__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-DEV-001", check="FALSIFY-LORA-025", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-LORA-025", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-025", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-025", "float16")[1])
@@ -774,7 +774,7 @@ def test_falsify_lora_025__triton__float16(case):
 # FALSIFY-LORA-026 → LORA-EQV-004 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-026", "float32")[0])
 def test_falsify_lora_026__torch__float32(case):
@@ -783,7 +783,7 @@ def test_falsify_lora_026__torch__float32(case):
 # FALSIFY-LORA-027 → LORA-EQV-004 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-004", check="FALSIFY-LORA-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-027", "float32")[0])
 def test_falsify_lora_027__triton__float32(case):
@@ -792,7 +792,7 @@ def test_falsify_lora_027__triton__float32(case):
 # FALSIFY-LORA-028 → LORA-EQV-005 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-028", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-028", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-028", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-028", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-028", "float32")[0])
 def test_falsify_lora_028__torch__float32(case):
@@ -801,7 +801,7 @@ def test_falsify_lora_028__torch__float32(case):
 # FALSIFY-LORA-029 → LORA-EQV-005 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-EQV-005", check="FALSIFY-LORA-029", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-029", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-029", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-029", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-029", "float32")[0])
 def test_falsify_lora_029__triton__float32(case):
@@ -810,19 +810,19 @@ def test_falsify_lora_029__triton__float32(case):
 # FALSIFY-LORA-030 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
 def test_falsify_lora_030__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-030", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
 def test_falsify_lora_030__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-030", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-030", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-030", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-030", "float32"))
 def test_falsify_lora_030__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-030", "triton", "float32", case)
@@ -830,19 +830,19 @@ def test_falsify_lora_030__triton__float32(case):
 # FALSIFY-LORA-031 → LORA-LAY-001 (layouts): Layouts and size 0 (lora_merge)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
 def test_falsify_lora_031__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-031", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
 def test_falsify_lora_031__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-031", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-LAY-001", check="FALSIFY-LORA-031", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-031", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-031", "float32"))
 def test_falsify_lora_031__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-LORA-031", "triton", "float32", case)
@@ -850,7 +850,7 @@ def test_falsify_lora_031__triton__float32(case):
 # FALSIFY-LORA-032 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-032", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-032", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-032", "float32")[1])
@@ -862,7 +862,7 @@ def test_falsify_lora_032__torch__float32(case):
 # FALSIFY-LORA-033 → LORA-CMP-001 (compile): Compiled agrees with eager (lora_merge)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LORA-CMP-001", check="FALSIFY-LORA-033", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-LORA-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LORA-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LORA-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LORA-033", "float32")[1])

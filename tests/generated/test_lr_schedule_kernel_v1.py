@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 # FALSIFY-LRS-001 → LRS-EQV-001 (parity): Parity at random steps
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-EQV-001", check="FALSIFY-LRS-001", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-001", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-001", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-001", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-001", "float64")[1])
@@ -24,7 +24,7 @@ def test_falsify_lrs_001__torch__float64(case):
 # FALSIFY-LRS-002 → LRS-EQV-001 (parity): Parity over whole schedules
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-EQV-001", check="FALSIFY-LRS-002", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-002", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-002", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-002", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-002", "float64")[1])
@@ -38,7 +38,7 @@ def test_falsify_lrs_002__torch__float64(case):
 # FALSIFY-LRS-003 → LRS-INV-001 (property): Warmup ends exactly at the peak
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-INV-001", check="FALSIFY-LRS-003", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-003", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-003", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-003", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-003", "float64")[1])
@@ -50,7 +50,7 @@ def test_falsify_lrs_003__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-003", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-INV-001", check="FALSIFY-LRS-003", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-003", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-003", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-003", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-003", "float64")[1])
@@ -64,14 +64,14 @@ def test_falsify_lrs_003__torch__float64(case):
 # FALSIFY-LRS-004 → LRS-INV-001 (property): Warmup longer than the run (lr(43) = 6.45e-6)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-INV-001", check="FALSIFY-LRS-004", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-004", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-004", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-004", "float64")[0])
 def test_falsify_lrs_004__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-004", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-INV-001", check="FALSIFY-LRS-004", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-004", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-004", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-004", "float64")[0])
 def test_falsify_lrs_004__torch__float64(case):
@@ -80,7 +80,7 @@ def test_falsify_lrs_004__torch__float64(case):
 # FALSIFY-LRS-005 → LRS-MON-001 (property): Monotone phases and the floor
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-MON-001", check="FALSIFY-LRS-005", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-005", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-005", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-005", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-005", "float64")[1])
@@ -92,7 +92,7 @@ def test_falsify_lrs_005__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-005", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-MON-001", check="FALSIFY-LRS-005", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-005", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-005", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-005", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-005", "float64")[1])
@@ -106,7 +106,7 @@ def test_falsify_lrs_005__torch__float64(case):
 # FALSIFY-LRS-006 → LRS-MON-001 (property): Monotone on long schedules
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-MON-001", check="FALSIFY-LRS-006", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-006", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-006", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-006", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-006", "float64")[1])
@@ -115,7 +115,7 @@ def test_falsify_lrs_006__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-006", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-MON-001", check="FALSIFY-LRS-006", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-006", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-006", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-006", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-006", "float64")[1])
@@ -126,7 +126,7 @@ def test_falsify_lrs_006__torch__float64(case):
 # FALSIFY-LRS-007 → LRS-BND-001 (property): Bounded by the configuration
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-BND-001", check="FALSIFY-LRS-007", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-007", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-007", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-007", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-007", "float64")[1])
@@ -138,7 +138,7 @@ def test_falsify_lrs_007__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-007", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-BND-001", check="FALSIFY-LRS-007", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-007", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-007", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-007", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-007", "float64")[1])
@@ -152,7 +152,7 @@ def test_falsify_lrs_007__torch__float64(case):
 # FALSIFY-LRS-008 → LRS-SYM-001 (property): Cosine point symmetry
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-SYM-001", check="FALSIFY-LRS-008", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-008", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-008", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-008", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-008", "float64")[1])
@@ -164,7 +164,7 @@ def test_falsify_lrs_008__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-008", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-SYM-001", check="FALSIFY-LRS-008", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-008", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-008", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-008", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-008", "float64")[1])
@@ -200,7 +200,7 @@ def test_falsify_lrs_011__torch__float64():
 # FALSIFY-LRS-012 → LRS-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-DET-001", check="FALSIFY-LRS-012", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-012", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[1])
@@ -210,7 +210,7 @@ def test_falsify_lrs_012__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-012", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-DET-001", check="FALSIFY-LRS-012", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-012", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-012", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-LRS-012", "float64")[1])
@@ -222,13 +222,13 @@ def test_falsify_lrs_012__torch__float64(case):
 # FALSIFY-LRS-013 → LRS-LAY-001 (layouts): Layouts and size 0 (lr_at)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-LAY-001", check="FALSIFY-LRS-013", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-013", "float64"))
 def test_falsify_lrs_013__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-013", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="LRS-LAY-001", check="FALSIFY-LRS-013", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-LRS-013", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-LRS-013", "float64"))
 def test_falsify_lrs_013__torch__float64(case):
     rt.execute(CONTRACT, "FALSIFY-LRS-013", "torch", "float64", case)

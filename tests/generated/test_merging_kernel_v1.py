@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("merging-kernel-v1.yaml", SHA256)
 # FALSIFY-MRG-001 → MRG-EQV-001 (parity): Linear parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-001", check="FALSIFY-MRG-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_mrg_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-001", check="FALSIFY-MRG-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_mrg_001__torch__float16(case):
 # FALSIFY-MRG-002 → MRG-INV-001 (metamorphic): Weight normalisation
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-001", check="FALSIFY-MRG-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-002", "float32")[1])
@@ -41,7 +41,7 @@ def test_falsify_mrg_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-001", check="FALSIFY-MRG-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-002", "float32")[1])
@@ -52,7 +52,7 @@ def test_falsify_mrg_002__torch__float32(case):
 # FALSIFY-MRG-003 → MRG-BIN-001 (batch_invariance): Linear batch invariance
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BIN-001", check="FALSIFY-MRG-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float32")[1])
@@ -61,7 +61,7 @@ def test_falsify_mrg_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BIN-001", check="FALSIFY-MRG-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_mrg_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BIN-001", check="FALSIFY-MRG-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float32")[1])
@@ -79,7 +79,7 @@ def test_falsify_mrg_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BIN-001", check="FALSIFY-MRG-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-003", "float16")[1])
@@ -90,7 +90,7 @@ def test_falsify_mrg_003__torch__float16(case):
 # FALSIFY-MRG-004 → MRG-EQV-002 (parity): SLERP parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-002", check="FALSIFY-MRG-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-004", "float32")[1])
@@ -100,7 +100,7 @@ def test_falsify_mrg_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-002", check="FALSIFY-MRG-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-004", "float16")[1])
@@ -112,7 +112,7 @@ def test_falsify_mrg_004__torch__float16(case):
 # FALSIFY-MRG-005 → MRG-BND-001 (property): SLERP at t = 0 is a
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float32")[1])
@@ -122,7 +122,7 @@ def test_falsify_mrg_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float16")[1])
@@ -132,7 +132,7 @@ def test_falsify_mrg_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float32")[1])
@@ -142,7 +142,7 @@ def test_falsify_mrg_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-005", "float16")[1])
@@ -154,7 +154,7 @@ def test_falsify_mrg_005__torch__float16(case):
 # FALSIFY-MRG-006 → MRG-BND-001 (property): SLERP at t = 1 is b
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float32")[1])
@@ -164,7 +164,7 @@ def test_falsify_mrg_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float16")[1])
@@ -174,7 +174,7 @@ def test_falsify_mrg_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float32")[1])
@@ -184,7 +184,7 @@ def test_falsify_mrg_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-001", check="FALSIFY-MRG-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-006", "float16")[1])
@@ -196,7 +196,7 @@ def test_falsify_mrg_006__torch__float16(case):
 # FALSIFY-MRG-007 → MRG-INV-002 (metamorphic): Near-(anti)parallel inputs take the linear fallback
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-002", check="FALSIFY-MRG-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float32")[1])
@@ -206,7 +206,7 @@ def test_falsify_mrg_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-002", check="FALSIFY-MRG-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float16")[1])
@@ -216,7 +216,7 @@ def test_falsify_mrg_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-002", check="FALSIFY-MRG-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float32")[1])
@@ -226,7 +226,7 @@ def test_falsify_mrg_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-002", check="FALSIFY-MRG-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-007", "float16")[1])
@@ -238,7 +238,7 @@ def test_falsify_mrg_007__torch__float16(case):
 # FALSIFY-MRG-008 → MRG-BND-002 (metamorphic): SLERP stays on the unit sphere
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-002", check="FALSIFY-MRG-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-008", "float32")[1])
@@ -248,7 +248,7 @@ def test_falsify_mrg_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-BND-002", check="FALSIFY-MRG-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-008", "float32")[1])
@@ -260,7 +260,7 @@ def test_falsify_mrg_008__torch__float32(case):
 # FALSIFY-MRG-009 → MRG-EQV-003 (parity): Trim parity (bitwise)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-003", check="FALSIFY-MRG-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-009", "float32")[1])
@@ -269,7 +269,7 @@ def test_falsify_mrg_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-003", check="FALSIFY-MRG-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-009", "float16")[1])
@@ -280,7 +280,7 @@ def test_falsify_mrg_009__torch__float16(case):
 # FALSIFY-MRG-010 → MRG-INV-003 (property): Trim sparsity is exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-003", check="FALSIFY-MRG-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float32")[1])
@@ -289,7 +289,7 @@ def test_falsify_mrg_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-003", check="FALSIFY-MRG-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float16")[1])
@@ -298,7 +298,7 @@ def test_falsify_mrg_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-003", check="FALSIFY-MRG-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float32")[1])
@@ -307,7 +307,7 @@ def test_falsify_mrg_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-003", check="FALSIFY-MRG-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-010", "float16")[1])
@@ -318,7 +318,7 @@ def test_falsify_mrg_010__torch__float16(case):
 # FALSIFY-MRG-011 → MRG-EQV-004 (parity): TIES parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-004", check="FALSIFY-MRG-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-011", "float32")[1])
@@ -327,7 +327,7 @@ def test_falsify_mrg_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-004", check="FALSIFY-MRG-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-011", "float16")[1])
@@ -338,7 +338,7 @@ def test_falsify_mrg_011__torch__float16(case):
 # FALSIFY-MRG-012 → MRG-INV-004 (property): TIES updates carry the elected sign (by mass)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-004", check="FALSIFY-MRG-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float32")[1])
@@ -347,7 +347,7 @@ def test_falsify_mrg_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-004", check="FALSIFY-MRG-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float16")[1])
@@ -356,7 +356,7 @@ def test_falsify_mrg_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-004", check="FALSIFY-MRG-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float32")[1])
@@ -365,7 +365,7 @@ def test_falsify_mrg_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-004", check="FALSIFY-MRG-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-012", "float16")[1])
@@ -376,7 +376,7 @@ def test_falsify_mrg_012__torch__float16(case):
 # FALSIFY-MRG-013 → MRG-INV-005 (metamorphic): A zero task vector does not dilute the disjoint mean
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-005", check="FALSIFY-MRG-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float32")[1])
@@ -385,7 +385,7 @@ def test_falsify_mrg_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-005", check="FALSIFY-MRG-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float16")[1])
@@ -394,7 +394,7 @@ def test_falsify_mrg_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-005", check="FALSIFY-MRG-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float32")[1])
@@ -403,7 +403,7 @@ def test_falsify_mrg_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-INV-005", check="FALSIFY-MRG-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-013", "float16")[1])
@@ -414,7 +414,7 @@ def test_falsify_mrg_013__torch__float16(case):
 # FALSIFY-MRG-014 → MRG-EQV-005 (parity): DARE-linear parity (shared seeded mask)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-005", check="FALSIFY-MRG-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-014", "float32")[1])
@@ -423,7 +423,7 @@ def test_falsify_mrg_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-005", check="FALSIFY-MRG-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-014", "float16")[1])
@@ -444,7 +444,7 @@ def test_falsify_mrg_015__torch__float32():
 # FALSIFY-MRG-016 → MRG-EQV-006 (metamorphic): DARE at p = 0 is the linear merge
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-006", check="FALSIFY-MRG-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float32")[1])
@@ -453,7 +453,7 @@ def test_falsify_mrg_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-006", check="FALSIFY-MRG-016", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float16")[1])
@@ -462,7 +462,7 @@ def test_falsify_mrg_016__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-016", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-006", check="FALSIFY-MRG-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float32")[1])
@@ -471,7 +471,7 @@ def test_falsify_mrg_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-016", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-006", check="FALSIFY-MRG-016", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-016", "float16")[1])
@@ -482,7 +482,7 @@ def test_falsify_mrg_016__torch__float16(case):
 # FALSIFY-MRG-017 → MRG-DET-001 (determinism): Deterministic (linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float32")[1])
@@ -491,7 +491,7 @@ def test_falsify_mrg_017__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-017", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-017", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float16")[1])
@@ -500,7 +500,7 @@ def test_falsify_mrg_017__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-017", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float32")[1])
@@ -509,7 +509,7 @@ def test_falsify_mrg_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-017", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-017", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-017", "float16")[1])
@@ -520,7 +520,7 @@ def test_falsify_mrg_017__torch__float16(case):
 # FALSIFY-MRG-018 → MRG-DET-001 (determinism): Deterministic (slerp)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float32")[1])
@@ -530,7 +530,7 @@ def test_falsify_mrg_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-018", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float16")[1])
@@ -540,7 +540,7 @@ def test_falsify_mrg_018__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-018", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float32")[1])
@@ -550,7 +550,7 @@ def test_falsify_mrg_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-018", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-018", "float16")[1])
@@ -562,7 +562,7 @@ def test_falsify_mrg_018__torch__float16(case):
 # FALSIFY-MRG-019 → MRG-DET-001 (determinism): Deterministic (trim)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float32")[1])
@@ -571,7 +571,7 @@ def test_falsify_mrg_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float16")[1])
@@ -580,7 +580,7 @@ def test_falsify_mrg_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float32")[1])
@@ -589,7 +589,7 @@ def test_falsify_mrg_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-019", "float16")[1])
@@ -600,7 +600,7 @@ def test_falsify_mrg_019__torch__float16(case):
 # FALSIFY-MRG-020 → MRG-DET-001 (determinism): Deterministic (ties)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float32")[1])
@@ -609,7 +609,7 @@ def test_falsify_mrg_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-020", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float16")[1])
@@ -618,7 +618,7 @@ def test_falsify_mrg_020__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-020", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float32")[1])
@@ -627,7 +627,7 @@ def test_falsify_mrg_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-020", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-020", "float16")[1])
@@ -638,7 +638,7 @@ def test_falsify_mrg_020__torch__float16(case):
 # FALSIFY-MRG-021 → MRG-DET-001 (determinism): Deterministic (dare_linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float32")[1])
@@ -647,7 +647,7 @@ def test_falsify_mrg_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float16")[1])
@@ -656,7 +656,7 @@ def test_falsify_mrg_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-021", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float32")[1])
@@ -665,7 +665,7 @@ def test_falsify_mrg_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DET-001", check="FALSIFY-MRG-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-021", "float16")[1])
@@ -706,13 +706,13 @@ def test_falsify_mrg_026__torch__undeclared():
 # FALSIFY-MRG-027 → MRG-LAY-001 (layouts): Layouts and size 0 (linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-027", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-027", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-027", "float32"))
 def test_falsify_mrg_027__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-027", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-027", "float32"))
 def test_falsify_mrg_027__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-027", "torch", "float32", case)
@@ -720,13 +720,13 @@ def test_falsify_mrg_027__torch__float32(case):
 # FALSIFY-MRG-028 → MRG-LAY-001 (layouts): Layouts and size 0 (slerp)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-028", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-028", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-028", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-028", "float32"))
 def test_falsify_mrg_028__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-028", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-028", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-028", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-028", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-028", "float32"))
 def test_falsify_mrg_028__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-028", "torch", "float32", case)
@@ -734,13 +734,13 @@ def test_falsify_mrg_028__torch__float32(case):
 # FALSIFY-MRG-029 → MRG-LAY-001 (layouts): Layouts and size 0 (trim)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-029", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-029", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-029", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-029", "float32"))
 def test_falsify_mrg_029__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-029", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-029", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-029", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-029", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-029", "float32"))
 def test_falsify_mrg_029__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-029", "torch", "float32", case)
@@ -748,13 +748,13 @@ def test_falsify_mrg_029__torch__float32(case):
 # FALSIFY-MRG-030 → MRG-LAY-001 (layouts): Layouts and size 0 (ties)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-030", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-030", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-030", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-030", "float32"))
 def test_falsify_mrg_030__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-030", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-030", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-030", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-030", "float32"))
 def test_falsify_mrg_030__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-030", "torch", "float32", case)
@@ -762,13 +762,13 @@ def test_falsify_mrg_030__torch__float32(case):
 # FALSIFY-MRG-031 → MRG-LAY-001 (layouts): Layouts and size 0 (dare_linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-031", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-031", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-031", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-031", "float32"))
 def test_falsify_mrg_031__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-031", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-LAY-001", check="FALSIFY-MRG-031", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-031", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-031", "float32"))
 def test_falsify_mrg_031__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-031", "torch", "float32", case)
@@ -777,7 +777,7 @@ def test_falsify_mrg_031__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-032", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-032", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-032", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-032", "float32")[1])
@@ -787,7 +787,7 @@ def test_falsify_mrg_032__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-032", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-032", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-032", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-032", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-032", "float16")[1])
@@ -799,7 +799,7 @@ def test_falsify_mrg_032__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-033", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-033", "float32")[1])
@@ -810,7 +810,7 @@ def test_falsify_mrg_033__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-033", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-033", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-033", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-033", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-033", "float16")[1])
@@ -823,7 +823,7 @@ def test_falsify_mrg_033__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-034", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-034", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-034", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-034", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-034", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-034", "float32")[1])
@@ -833,7 +833,7 @@ def test_falsify_mrg_034__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-034", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-034", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-034", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-034", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-034", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-034", "float16")[1])
@@ -845,7 +845,7 @@ def test_falsify_mrg_034__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-035", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-035", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-035", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-035", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-035", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-035", "float32")[1])
@@ -855,7 +855,7 @@ def test_falsify_mrg_035__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-035", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-035", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-035", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-035", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-035", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-035", "float16")[1])
@@ -867,7 +867,7 @@ def test_falsify_mrg_035__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-036", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-036", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-036", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-036", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-036", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-036", "float32")[1])
@@ -877,7 +877,7 @@ def test_falsify_mrg_036__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-DEV-001", check="FALSIFY-MRG-036", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-MRG-036", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-036", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-036", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-036", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-036", "float16")[1])
@@ -888,7 +888,7 @@ def test_falsify_mrg_036__torch__float16(case):
 # FALSIFY-MRG-037 → MRG-CMP-001 (compile): Compiled agrees with eager (linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-CMP-001", check="FALSIFY-MRG-037", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-037", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-037", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-037", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-037", "float32")[1])
@@ -897,7 +897,7 @@ def test_falsify_mrg_037__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-037", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-CMP-001", check="FALSIFY-MRG-037", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-MRG-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-MRG-037", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-MRG-037", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-037", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-MRG-037", "float16")[1])

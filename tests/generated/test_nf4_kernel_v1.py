@@ -12,21 +12,21 @@ CONTRACT = rt.library_contract("nf4-kernel-v1.yaml", SHA256)
 # FALSIFY-NF4-001 → NF4-TBL-001 (property): Code table by value
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-TBL-001", check="FALSIFY-NF4-001", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-001", "float32")[0])
 def test_falsify_nf4_001__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-001", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-TBL-001", check="FALSIFY-NF4-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-001", "float32")[0])
 def test_falsify_nf4_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-TBL-001", check="FALSIFY-NF4-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-001", "float32")[0])
 def test_falsify_nf4_001__triton__float32(case):
@@ -35,7 +35,7 @@ def test_falsify_nf4_001__triton__float32(case):
 # FALSIFY-NF4-002 → NF4-EQV-001 (parity): Packed bytes bit-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float32")[1])
@@ -45,7 +45,7 @@ def test_falsify_nf4_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float16")[1])
@@ -55,7 +55,7 @@ def test_falsify_nf4_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float32")[1])
@@ -65,7 +65,7 @@ def test_falsify_nf4_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-002", "float16")[1])
@@ -77,7 +77,7 @@ def test_falsify_nf4_002__triton__float16(case):
 # FALSIFY-NF4-003 → NF4-EQV-001 (parity): absmax bit-exact
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float32")[1])
@@ -87,7 +87,7 @@ def test_falsify_nf4_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float16")[1])
@@ -97,7 +97,7 @@ def test_falsify_nf4_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float32")[1])
@@ -107,7 +107,7 @@ def test_falsify_nf4_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-001", check="FALSIFY-NF4-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-003", "float16")[1])
@@ -119,7 +119,7 @@ def test_falsify_nf4_003__triton__float16(case):
 # FALSIFY-NF4-004 → NF4-EQV-002 (parity): Dequantize parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-002", check="FALSIFY-NF4-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float32")[1])
@@ -129,7 +129,7 @@ def test_falsify_nf4_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-002", check="FALSIFY-NF4-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float16")[1])
@@ -139,7 +139,7 @@ def test_falsify_nf4_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-002", check="FALSIFY-NF4-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float32")[1])
@@ -149,7 +149,7 @@ def test_falsify_nf4_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-002", check="FALSIFY-NF4-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-004", "float16")[1])
@@ -161,7 +161,7 @@ def test_falsify_nf4_004__triton__float16(case):
 # FALSIFY-NF4-005 → NF4-IDM-001 (roundtrip): All 16 codes round-trip
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[1])
@@ -170,7 +170,7 @@ def test_falsify_nf4_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[1])
@@ -179,7 +179,7 @@ def test_falsify_nf4_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[1])
@@ -188,7 +188,7 @@ def test_falsify_nf4_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[1])
@@ -197,7 +197,7 @@ def test_falsify_nf4_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float32")[1])
@@ -206,7 +206,7 @@ def test_falsify_nf4_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-IDM-001", check="FALSIFY-NF4-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-005", "float16")[1])
@@ -217,7 +217,7 @@ def test_falsify_nf4_005__triton__float16(case):
 # FALSIFY-NF4-006 → NF4-BND-001 (property): Per-element error bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[1])
@@ -227,7 +227,7 @@ def test_falsify_nf4_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[1])
@@ -237,7 +237,7 @@ def test_falsify_nf4_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[1])
@@ -247,7 +247,7 @@ def test_falsify_nf4_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[1])
@@ -257,7 +257,7 @@ def test_falsify_nf4_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float32")[1])
@@ -267,7 +267,7 @@ def test_falsify_nf4_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-001", check="FALSIFY-NF4-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-006", "float16")[1])
@@ -305,7 +305,7 @@ def test_falsify_nf4_007__triton__float16():
 # FALSIFY-NF4-008 → NF4-EQV-003 (parity): Double quantization bit-exact (codes)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float32")[1])
@@ -314,7 +314,7 @@ def test_falsify_nf4_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float16")[1])
@@ -323,7 +323,7 @@ def test_falsify_nf4_008__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-008", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-008", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float32")[1])
@@ -332,7 +332,7 @@ def test_falsify_nf4_008__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-008", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-008", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-008", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-008", "float16")[1])
@@ -343,7 +343,7 @@ def test_falsify_nf4_008__triton__float16(case):
 # FALSIFY-NF4-009 → NF4-EQV-003 (parity): Double quantization bit-exact (scales)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float32")[1])
@@ -352,7 +352,7 @@ def test_falsify_nf4_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float16")[1])
@@ -361,7 +361,7 @@ def test_falsify_nf4_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float32")[1])
@@ -370,7 +370,7 @@ def test_falsify_nf4_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-003", check="FALSIFY-NF4-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-009", "float16")[1])
@@ -381,7 +381,7 @@ def test_falsify_nf4_009__triton__float16(case):
 # FALSIFY-NF4-010 → NF4-EQV-004 (parity): Double-quantized dequantize parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-004", check="FALSIFY-NF4-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float32")[1])
@@ -389,7 +389,7 @@ def test_falsify_nf4_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-004", check="FALSIFY-NF4-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float16")[1])
@@ -397,7 +397,7 @@ def test_falsify_nf4_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-004", check="FALSIFY-NF4-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float32")[1])
@@ -405,7 +405,7 @@ def test_falsify_nf4_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-EQV-004", check="FALSIFY-NF4-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-010", "float16")[1])
@@ -415,7 +415,7 @@ def test_falsify_nf4_010__triton__float16(case):
 # FALSIFY-NF4-011 → NF4-BND-003 (property): Double-quantized round-trip bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[1])
@@ -424,7 +424,7 @@ def test_falsify_nf4_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[1])
@@ -433,7 +433,7 @@ def test_falsify_nf4_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[1])
@@ -442,7 +442,7 @@ def test_falsify_nf4_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[1])
@@ -451,7 +451,7 @@ def test_falsify_nf4_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float32")[1])
@@ -460,7 +460,7 @@ def test_falsify_nf4_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-BND-003", check="FALSIFY-NF4-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-011", "float16")[1])
@@ -529,7 +529,7 @@ def test_falsify_nf4_018__triton__sm_90():
 # FALSIFY-NF4-019 → NF4-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
@@ -539,7 +539,7 @@ def test_falsify_nf4_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
@@ -549,7 +549,7 @@ def test_falsify_nf4_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
@@ -559,7 +559,7 @@ def test_falsify_nf4_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
@@ -569,7 +569,7 @@ def test_falsify_nf4_019__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float32")[1])
@@ -579,7 +579,7 @@ def test_falsify_nf4_019__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-019", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DET-001", check="FALSIFY-NF4-019", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-019", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-019", "float16")[1])
@@ -622,7 +622,7 @@ def test_falsify_nf4_022__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-023", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-023", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float32")[1])
@@ -633,7 +633,7 @@ def test_falsify_nf4_023__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-023", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-023", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float16")[1])
@@ -644,7 +644,7 @@ def test_falsify_nf4_023__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-023", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-023", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float32")[1])
@@ -655,7 +655,7 @@ def test_falsify_nf4_023__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-023", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-023", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-023", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-023", "float16")[1])
@@ -668,7 +668,7 @@ def test_falsify_nf4_023__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-024", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float32")[1])
@@ -679,7 +679,7 @@ def test_falsify_nf4_024__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-024", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-024", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float16")[1])
@@ -690,7 +690,7 @@ def test_falsify_nf4_024__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-024", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float32")[1])
@@ -701,7 +701,7 @@ def test_falsify_nf4_024__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-DEV-001", check="FALSIFY-NF4-024", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-NF4-024", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-024", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-NF4-024", "float16")[1])
@@ -713,19 +713,19 @@ def test_falsify_nf4_024__triton__float16(case):
 # FALSIFY-NF4-025 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_quantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
 def test_falsify_nf4_025__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-025", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
 def test_falsify_nf4_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-025", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-025", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-025", "float32"))
 def test_falsify_nf4_025__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-025", "triton", "float32", case)
@@ -733,19 +733,19 @@ def test_falsify_nf4_025__triton__float32(case):
 # FALSIFY-NF4-026 → NF4-LAY-001 (layouts): Layouts and size 0 (nf4_dequantize)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
 def test_falsify_nf4_026__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-026", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
 def test_falsify_nf4_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-026", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="NF4-LAY-001", check="FALSIFY-NF4-026", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-NF4-026", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-NF4-026", "float32"))
 def test_falsify_nf4_026__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-NF4-026", "triton", "float32", case)

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("pass-at-k-kernel-v1.yaml", SHA256)
 # FALSIFY-PAK-001 → PAK-EQV-001 (parity): Exact combinatorial value
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-EQV-001", check="FALSIFY-PAK-001", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-001", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-001", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-001", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-001", "float64")[1])
@@ -26,7 +26,7 @@ def test_falsify_pak_001__torch__float64(case):
 # FALSIFY-PAK-002 → PAK-INV-001 (property): pass@1 = c/n
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-001", check="FALSIFY-PAK-002", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-002", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-002", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-002", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-002", "float64")[1])
@@ -35,7 +35,7 @@ def test_falsify_pak_002__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-PAK-002", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-001", check="FALSIFY-PAK-002", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-002", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-002", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-002", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-002", "float64")[1])
@@ -46,7 +46,7 @@ def test_falsify_pak_002__torch__float64(case):
 # FALSIFY-PAK-003 → PAK-INV-002 (property): No passing sample gives exactly 0
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-002", check="FALSIFY-PAK-003", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-003", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-003", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-003", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-003", "float64")[1])
@@ -55,7 +55,7 @@ def test_falsify_pak_003__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-PAK-003", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-002", check="FALSIFY-PAK-003", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-003", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-003", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-003", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-003", "float64")[1])
@@ -66,7 +66,7 @@ def test_falsify_pak_003__torch__float64(case):
 # FALSIFY-PAK-004 → PAK-INV-002 (property): Fewer than k failures gives exactly 1
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-002", check="FALSIFY-PAK-004", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-004", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-004", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-004", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-004", "float64")[1])
@@ -76,7 +76,7 @@ def test_falsify_pak_004__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-PAK-004", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-INV-002", check="FALSIFY-PAK-004", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-004", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-004", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-004", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-004", "float64")[1])
@@ -130,7 +130,7 @@ def test_falsify_pak_008__torch__float64():
 # FALSIFY-PAK-010 → PAK-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-DET-001", check="FALSIFY-PAK-010", backend="reference", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-010", "reference", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-010", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-010", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-010", "float64")[1])
@@ -142,7 +142,7 @@ def test_falsify_pak_010__reference__float64(case):
     rt.execute(CONTRACT, "FALSIFY-PAK-010", "reference", "float64", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PAK-DET-001", check="FALSIFY-PAK-010", backend="torch", variant="float64")
-@rt.check_settings(CONTRACT, "FALSIFY-PAK-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PAK-010", "torch", "float64")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PAK-010", "float64"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-010", "float64")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PAK-010", "float64")[1])

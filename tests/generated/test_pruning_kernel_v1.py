@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("pruning-kernel-v1.yaml", SHA256)
 # FALSIFY-PRN-001 → PRN-EQV-001 (parity): WANDA parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_prn_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_prn_001__torch__float16(case):
 # FALSIFY-PRN-002 → PRN-EQV-001 (parity): Magnitude parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-002", "float32")[1])
@@ -41,7 +41,7 @@ def test_falsify_prn_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-002", "float16")[1])
@@ -52,7 +52,7 @@ def test_falsify_prn_002__torch__float16(case):
 # FALSIFY-PRN-003 → PRN-EQV-001 (parity): N:M (2:4) parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-003", "float32")[1])
@@ -61,7 +61,7 @@ def test_falsify_prn_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-001", check="FALSIFY-PRN-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-003", "float16")[1])
@@ -72,7 +72,7 @@ def test_falsify_prn_003__torch__float16(case):
 # FALSIFY-PRN-004 → PRN-INV-001 (property): Exact per-row sparsity (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float32")[1])
@@ -81,7 +81,7 @@ def test_falsify_prn_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float16")[1])
@@ -90,7 +90,7 @@ def test_falsify_prn_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float32")[1])
@@ -99,7 +99,7 @@ def test_falsify_prn_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-004", "float16")[1])
@@ -110,7 +110,7 @@ def test_falsify_prn_004__torch__float16(case):
 # FALSIFY-PRN-005 → PRN-INV-001 (property): Exact per-row sparsity (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float32")[1])
@@ -119,7 +119,7 @@ def test_falsify_prn_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float16")[1])
@@ -128,7 +128,7 @@ def test_falsify_prn_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float32")[1])
@@ -137,7 +137,7 @@ def test_falsify_prn_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-005", "float16")[1])
@@ -148,7 +148,7 @@ def test_falsify_prn_005__torch__float16(case):
 # FALSIFY-PRN-006 → PRN-INV-001 (property): Exactly n pruned in every group of m consecutive columns (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float32")[1])
@@ -157,7 +157,7 @@ def test_falsify_prn_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float16")[1])
@@ -166,7 +166,7 @@ def test_falsify_prn_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float32")[1])
@@ -175,7 +175,7 @@ def test_falsify_prn_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-001", check="FALSIFY-PRN-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-006", "float16")[1])
@@ -186,7 +186,7 @@ def test_falsify_prn_006__torch__float16(case):
 # FALSIFY-PRN-007 → PRN-ORD-001 (property): Pruned entries score no higher than kept ones; ties pruned lower column first (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float32")[1])
@@ -195,7 +195,7 @@ def test_falsify_prn_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float16")[1])
@@ -204,7 +204,7 @@ def test_falsify_prn_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float32")[1])
@@ -213,7 +213,7 @@ def test_falsify_prn_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-007", "float16")[1])
@@ -224,28 +224,28 @@ def test_falsify_prn_007__torch__float16(case):
 # FALSIFY-PRN-008 → PRN-ORD-001 (property): Pruned entries score no higher than kept ones, every column its own norm (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-008", "float32")[0])
 def test_falsify_prn_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-008", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-008", "float16")[0])
 def test_falsify_prn_008__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-008", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-008", "float32")[0])
 def test_falsify_prn_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-008", "float16")[0])
 def test_falsify_prn_008__torch__float16(case):
@@ -254,14 +254,14 @@ def test_falsify_prn_008__torch__float16(case):
 # FALSIFY-PRN-009 → PRN-ORD-001 (property): Order of scores that tie only once rounded to fp16 (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-009", "float16")[0])
 def test_falsify_prn_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-009", "float16")[0])
 def test_falsify_prn_009__torch__float16(case):
@@ -270,14 +270,14 @@ def test_falsify_prn_009__torch__float16(case):
 # FALSIFY-PRN-010 → PRN-ORD-001 (property): Order of scores that tie only once rounded to fp32 (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-010", "float32")[0])
 def test_falsify_prn_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-010", "float32")[0])
 def test_falsify_prn_010__torch__float32(case):
@@ -286,7 +286,7 @@ def test_falsify_prn_010__torch__float32(case):
 # FALSIFY-PRN-011 → PRN-ORD-001 (property): Pruned entries are no larger than kept ones; ties pruned lower column first (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float32")[1])
@@ -295,7 +295,7 @@ def test_falsify_prn_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float16")[1])
@@ -304,7 +304,7 @@ def test_falsify_prn_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float32")[1])
@@ -313,7 +313,7 @@ def test_falsify_prn_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-011", "float16")[1])
@@ -324,7 +324,7 @@ def test_falsify_prn_011__torch__float16(case):
 # FALSIFY-PRN-012 → PRN-ORD-001 (property): Within a group pruned entries score no higher than kept ones; ties pruned lower column first (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float32")[1])
@@ -333,7 +333,7 @@ def test_falsify_prn_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float16")[1])
@@ -342,7 +342,7 @@ def test_falsify_prn_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float32")[1])
@@ -351,7 +351,7 @@ def test_falsify_prn_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-ORD-001", check="FALSIFY-PRN-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-012", "float16")[1])
@@ -362,7 +362,7 @@ def test_falsify_prn_012__torch__float16(case):
 # FALSIFY-PRN-013 → PRN-INV-002 (property): Pruned are +0.0, kept are w bit for bit (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float32")[1])
@@ -371,7 +371,7 @@ def test_falsify_prn_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float16")[1])
@@ -380,7 +380,7 @@ def test_falsify_prn_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float32")[1])
@@ -389,7 +389,7 @@ def test_falsify_prn_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-013", "float16")[1])
@@ -400,7 +400,7 @@ def test_falsify_prn_013__torch__float16(case):
 # FALSIFY-PRN-014 → PRN-INV-002 (property): Pruned are +0.0, kept are w bit for bit (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float32")[1])
@@ -409,7 +409,7 @@ def test_falsify_prn_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-014", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float16")[1])
@@ -418,7 +418,7 @@ def test_falsify_prn_014__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-014", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float32")[1])
@@ -427,7 +427,7 @@ def test_falsify_prn_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-014", "float16")[1])
@@ -438,7 +438,7 @@ def test_falsify_prn_014__torch__float16(case):
 # FALSIFY-PRN-015 → PRN-INV-002 (property): Pruned are +0.0, kept are w bit for bit (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-015", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float32")[1])
@@ -447,7 +447,7 @@ def test_falsify_prn_015__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-015", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-015", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float16")[1])
@@ -456,7 +456,7 @@ def test_falsify_prn_015__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-015", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float32")[1])
@@ -465,7 +465,7 @@ def test_falsify_prn_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-015", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-002", check="FALSIFY-PRN-015", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-015", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-015", "float16")[1])
@@ -476,7 +476,7 @@ def test_falsify_prn_015__torch__float16(case):
 # FALSIFY-PRN-016 → PRN-INV-003 (metamorphic): Sign and power-of-two scaling of w leaves the mask unchanged (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float32")[1])
@@ -485,7 +485,7 @@ def test_falsify_prn_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-016", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float16")[1])
@@ -494,7 +494,7 @@ def test_falsify_prn_016__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-016", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float32")[1])
@@ -503,7 +503,7 @@ def test_falsify_prn_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-016", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-016", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-016", "float16")[1])
@@ -514,7 +514,7 @@ def test_falsify_prn_016__torch__float16(case):
 # FALSIFY-PRN-017 → PRN-INV-003 (metamorphic): Power-of-two scaling of xnorm leaves the mask unchanged (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float32")[1])
@@ -523,7 +523,7 @@ def test_falsify_prn_017__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-017", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-017", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float16")[1])
@@ -532,7 +532,7 @@ def test_falsify_prn_017__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-017", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float32")[1])
@@ -541,7 +541,7 @@ def test_falsify_prn_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-017", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-017", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-017", "float16")[1])
@@ -552,7 +552,7 @@ def test_falsify_prn_017__torch__float16(case):
 # FALSIFY-PRN-018 → PRN-INV-003 (metamorphic): Sign and power-of-two scaling of w leaves the mask unchanged (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float32")[1])
@@ -561,7 +561,7 @@ def test_falsify_prn_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-018", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float16")[1])
@@ -570,7 +570,7 @@ def test_falsify_prn_018__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-018", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float32")[1])
@@ -579,7 +579,7 @@ def test_falsify_prn_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-018", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-018", "float16")[1])
@@ -590,7 +590,7 @@ def test_falsify_prn_018__torch__float16(case):
 # FALSIFY-PRN-019 → PRN-INV-003 (metamorphic): Scaling w and xnorm leaves the N:M mask unchanged
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float32")[1])
@@ -599,7 +599,7 @@ def test_falsify_prn_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float16")[1])
@@ -608,7 +608,7 @@ def test_falsify_prn_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float32")[1])
@@ -617,7 +617,7 @@ def test_falsify_prn_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-INV-003", check="FALSIFY-PRN-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-019", "float16")[1])
@@ -628,7 +628,7 @@ def test_falsify_prn_019__torch__float16(case):
 # FALSIFY-PRN-020 → PRN-EQV-002 (property): Magnitude is WANDA with xnorm = 1 (independent oracle)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-002", check="FALSIFY-PRN-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float32")[1])
@@ -637,7 +637,7 @@ def test_falsify_prn_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-002", check="FALSIFY-PRN-020", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float16")[1])
@@ -646,7 +646,7 @@ def test_falsify_prn_020__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-020", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-002", check="FALSIFY-PRN-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float32")[1])
@@ -655,7 +655,7 @@ def test_falsify_prn_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-EQV-002", check="FALSIFY-PRN-020", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-020", "float16")[1])
@@ -666,7 +666,7 @@ def test_falsify_prn_020__torch__float16(case):
 # FALSIFY-PRN-021 → PRN-DET-001 (determinism): Deterministic (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float32")[1])
@@ -675,7 +675,7 @@ def test_falsify_prn_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float16")[1])
@@ -684,7 +684,7 @@ def test_falsify_prn_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-021", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float32")[1])
@@ -693,7 +693,7 @@ def test_falsify_prn_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-021", "float16")[1])
@@ -704,7 +704,7 @@ def test_falsify_prn_021__torch__float16(case):
 # FALSIFY-PRN-022 → PRN-DET-001 (determinism): Deterministic (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-022", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float32")[1])
@@ -713,7 +713,7 @@ def test_falsify_prn_022__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-022", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-022", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float16")[1])
@@ -722,7 +722,7 @@ def test_falsify_prn_022__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-022", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float32")[1])
@@ -731,7 +731,7 @@ def test_falsify_prn_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-022", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-022", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-022", "float16")[1])
@@ -742,7 +742,7 @@ def test_falsify_prn_022__torch__float16(case):
 # FALSIFY-PRN-023 → PRN-DET-001 (determinism): Deterministic (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float32")[1])
@@ -751,7 +751,7 @@ def test_falsify_prn_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-023", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float16")[1])
@@ -760,7 +760,7 @@ def test_falsify_prn_023__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-023", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float32")[1])
@@ -769,7 +769,7 @@ def test_falsify_prn_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DET-001", check="FALSIFY-PRN-023", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-023", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-023", "float16")[1])
@@ -780,7 +780,7 @@ def test_falsify_prn_023__torch__float16(case):
 # FALSIFY-PRN-024 → PRN-BIN-001 (batch_invariance): Batch-invariant (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float32")[1])
@@ -789,7 +789,7 @@ def test_falsify_prn_024__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-024", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-024", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float16")[1])
@@ -798,7 +798,7 @@ def test_falsify_prn_024__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-024", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float32")[1])
@@ -807,7 +807,7 @@ def test_falsify_prn_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-024", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-024", "float16")[1])
@@ -818,7 +818,7 @@ def test_falsify_prn_024__torch__float16(case):
 # FALSIFY-PRN-025 → PRN-BIN-001 (batch_invariance): Batch-invariant (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float32")[1])
@@ -827,7 +827,7 @@ def test_falsify_prn_025__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-025", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-025", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float16")[1])
@@ -836,7 +836,7 @@ def test_falsify_prn_025__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-025", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float32")[1])
@@ -845,7 +845,7 @@ def test_falsify_prn_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-025", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-025", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-025", "float16")[1])
@@ -856,7 +856,7 @@ def test_falsify_prn_025__torch__float16(case):
 # FALSIFY-PRN-026 → PRN-BIN-001 (batch_invariance): Batch-invariant (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-026", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float32")[1])
@@ -865,7 +865,7 @@ def test_falsify_prn_026__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-026", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-026", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float16")[1])
@@ -874,7 +874,7 @@ def test_falsify_prn_026__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-026", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float32")[1])
@@ -883,7 +883,7 @@ def test_falsify_prn_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-026", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-BIN-001", check="FALSIFY-PRN-026", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-026", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-026", "float16")[1])
@@ -913,7 +913,7 @@ def test_falsify_prn_029__torch__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-030", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-030", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-030", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-030", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-030", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-030", "float32")[1])
@@ -923,7 +923,7 @@ def test_falsify_prn_030__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-030", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-030", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-030", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-030", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-030", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-030", "float16")[1])
@@ -935,7 +935,7 @@ def test_falsify_prn_030__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-031", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-031", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-031", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-031", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-031", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-031", "float32")[1])
@@ -945,7 +945,7 @@ def test_falsify_prn_031__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-031", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-031", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-031", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-031", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-031", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-031", "float16")[1])
@@ -957,7 +957,7 @@ def test_falsify_prn_031__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-032", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-032", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-032", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-032", "float32")[1])
@@ -967,7 +967,7 @@ def test_falsify_prn_032__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-DEV-001", check="FALSIFY-PRN-032", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-PRN-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-032", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-032", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-032", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-032", "float16")[1])
@@ -978,13 +978,13 @@ def test_falsify_prn_032__torch__float16(case):
 # FALSIFY-PRN-033 → PRN-LAY-001 (layouts): Layouts and size 0 (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-033", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-033", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-033", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-033", "float32"))
 def test_falsify_prn_033__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-033", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-033", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-033", "float32"))
 def test_falsify_prn_033__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-033", "torch", "float32", case)
@@ -992,13 +992,13 @@ def test_falsify_prn_033__torch__float32(case):
 # FALSIFY-PRN-034 → PRN-LAY-001 (layouts): Layouts and size 0 (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-034", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-034", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-034", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-034", "float32"))
 def test_falsify_prn_034__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-034", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-034", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-034", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-034", "float32"))
 def test_falsify_prn_034__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-034", "torch", "float32", case)
@@ -1006,13 +1006,13 @@ def test_falsify_prn_034__torch__float32(case):
 # FALSIFY-PRN-035 → PRN-LAY-001 (layouts): Layouts and size 0 (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-035", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-035", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-035", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-035", "float32"))
 def test_falsify_prn_035__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-035", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-LAY-001", check="FALSIFY-PRN-035", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-035", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-035", "float32"))
 def test_falsify_prn_035__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-035", "torch", "float32", case)
@@ -1020,7 +1020,7 @@ def test_falsify_prn_035__torch__float32(case):
 # FALSIFY-PRN-036 → PRN-CMP-001 (compile): Compiled agrees with eager (wanda)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-036", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-036", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-036", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-036", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-036", "float32")[1])
@@ -1029,7 +1029,7 @@ def test_falsify_prn_036__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-036", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-036", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-036", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-036", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-036", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-036", "float16")[1])
@@ -1040,7 +1040,7 @@ def test_falsify_prn_036__torch__float16(case):
 # FALSIFY-PRN-037 → PRN-CMP-001 (compile): Compiled agrees with eager (magnitude)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-037", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-037", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-037", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-037", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-037", "float32")[1])
@@ -1049,7 +1049,7 @@ def test_falsify_prn_037__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-037", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-037", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-037", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-037", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-037", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-037", "float16")[1])
@@ -1060,7 +1060,7 @@ def test_falsify_prn_037__torch__float16(case):
 # FALSIFY-PRN-038 → PRN-CMP-001 (compile): Compiled agrees with eager (n_m)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-038", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-038", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-038", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-038", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-038", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-038", "float32")[1])
@@ -1069,7 +1069,7 @@ def test_falsify_prn_038__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-PRN-038", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="PRN-CMP-001", check="FALSIFY-PRN-038", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-PRN-038", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-PRN-038", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-PRN-038", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-038", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-PRN-038", "float16")[1])

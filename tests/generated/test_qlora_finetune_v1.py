@@ -42,7 +42,7 @@ def test_falsify_qft_005__torch__float32():
 # FALSIFY-QFT-006 → QFT-RSP-001 (parity): SFT loss parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-RSP-001", check="FALSIFY-QFT-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QFT-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QFT-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QFT-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-006", "float32")[1])
@@ -53,7 +53,7 @@ def test_falsify_qft_006__torch__float32(case):
 # FALSIFY-QFT-007 → QFT-NNG-001 (property): Loss non-negative
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-NNG-001", check="FALSIFY-QFT-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QFT-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QFT-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QFT-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-007", "float32")[1])
@@ -62,7 +62,7 @@ def test_falsify_qft_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QFT-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-NNG-001", check="FALSIFY-QFT-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QFT-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QFT-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QFT-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-007", "float32")[1])
@@ -103,7 +103,7 @@ def test_falsify_qft_012__torch__float32():
 # FALSIFY-QFT-013 → QFT-RWD-001 (parity): SFT loss weights parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-RWD-001", check="FALSIFY-QFT-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QFT-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QFT-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QFT-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-013", "float32")[1])
@@ -138,7 +138,7 @@ def test_falsify_qft_017__torch__float32():
 # FALSIFY-QFT-018 → QFT-DPO-003 (parity): DPO parity over random log-probabilities
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QFT-DPO-003", check="FALSIFY-QFT-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QFT-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QFT-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QFT-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QFT-018", "float32")[1])

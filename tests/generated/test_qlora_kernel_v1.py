@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("qlora-kernel-v1.yaml", SHA256)
 # FALSIFY-QLORA-001 → QLORA-EQV-001 (parity): Forward = LoRA on the dequantized base
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-001", check="FALSIFY-QLORA-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_qlora_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-001", check="FALSIFY-QLORA-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_qlora_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-001", check="FALSIFY-QLORA-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_qlora_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-001", check="FALSIFY-QLORA-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-001", "float16")[1])
@@ -72,7 +72,7 @@ def test_falsify_qlora_002__triton__float16():
 # FALSIFY-QLORA-003 → QLORA-EQV-002 (parity): Double-quantized base
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-002", check="FALSIFY-QLORA-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float32")[1])
@@ -80,7 +80,7 @@ def test_falsify_qlora_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-002", check="FALSIFY-QLORA-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_qlora_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-002", check="FALSIFY-QLORA-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float32")[1])
@@ -96,7 +96,7 @@ def test_falsify_qlora_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-002", check="FALSIFY-QLORA-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-003", "float16")[1])
@@ -106,7 +106,7 @@ def test_falsify_qlora_003__triton__float16(case):
 # FALSIFY-QLORA-004 → QLORA-GRD-001 (gradient): dx through the dequantized base
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[1])
@@ -116,7 +116,7 @@ def test_falsify_qlora_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[1])
@@ -126,7 +126,7 @@ def test_falsify_qlora_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[1])
@@ -136,7 +136,7 @@ def test_falsify_qlora_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[1])
@@ -146,7 +146,7 @@ def test_falsify_qlora_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float32")[1])
@@ -156,7 +156,7 @@ def test_falsify_qlora_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-001", check="FALSIFY-QLORA-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-004", "float16")[1])
@@ -168,7 +168,7 @@ def test_falsify_qlora_004__triton__float16(case):
 # FALSIFY-QLORA-005 → QLORA-GRD-002 (gradient): Adapter gradients
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[1])
@@ -178,7 +178,7 @@ def test_falsify_qlora_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[1])
@@ -188,7 +188,7 @@ def test_falsify_qlora_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[1])
@@ -198,7 +198,7 @@ def test_falsify_qlora_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[1])
@@ -208,7 +208,7 @@ def test_falsify_qlora_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float32")[1])
@@ -218,7 +218,7 @@ def test_falsify_qlora_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-GRD-002", check="FALSIFY-QLORA-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-005", "float16")[1])
@@ -292,7 +292,7 @@ def test_falsify_qlora_010__triton__sm_90():
 # FALSIFY-QLORA-011 → QLORA-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
@@ -302,7 +302,7 @@ def test_falsify_qlora_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
@@ -312,7 +312,7 @@ def test_falsify_qlora_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
@@ -322,7 +322,7 @@ def test_falsify_qlora_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
@@ -332,7 +332,7 @@ def test_falsify_qlora_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float32")[1])
@@ -342,7 +342,7 @@ def test_falsify_qlora_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DET-001", check="FALSIFY-QLORA-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-011", "float16")[1])
@@ -354,7 +354,7 @@ def test_falsify_qlora_011__triton__float16(case):
 # FALSIFY-QLORA-012 → QLORA-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float32")[1])
@@ -364,7 +364,7 @@ def test_falsify_qlora_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-012", "float16")[1])
@@ -376,7 +376,7 @@ def test_falsify_qlora_012__triton__float16(case):
 # FALSIFY-QLORA-013 → QLORA-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[1])
@@ -386,7 +386,7 @@ def test_falsify_qlora_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[1])
@@ -396,7 +396,7 @@ def test_falsify_qlora_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float32")[1])
@@ -406,7 +406,7 @@ def test_falsify_qlora_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-BIN-001", check="FALSIFY-QLORA-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-013", "float16")[1])
@@ -429,7 +429,7 @@ def test_falsify_qlora_014__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DEV-001", check="FALSIFY-QLORA-015", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QLORA-015", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float32")[1])
@@ -440,7 +440,7 @@ def test_falsify_qlora_015__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DEV-001", check="FALSIFY-QLORA-015", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QLORA-015", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float16")[1])
@@ -451,7 +451,7 @@ def test_falsify_qlora_015__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DEV-001", check="FALSIFY-QLORA-015", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QLORA-015", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float32")[1])
@@ -462,7 +462,7 @@ def test_falsify_qlora_015__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-DEV-001", check="FALSIFY-QLORA-015", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QLORA-015", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-015", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-015", "float16")[1])
@@ -474,7 +474,7 @@ def test_falsify_qlora_015__triton__float16(case):
 # FALSIFY-QLORA-016 → QLORA-EQV-003 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-016", "float32")[0])
 def test_falsify_qlora_016__torch__float32(case):
@@ -483,7 +483,7 @@ def test_falsify_qlora_016__torch__float32(case):
 # FALSIFY-QLORA-017 → QLORA-EQV-003 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-003", check="FALSIFY-QLORA-017", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-017", "float32")[0])
 def test_falsify_qlora_017__triton__float32(case):
@@ -492,7 +492,7 @@ def test_falsify_qlora_017__triton__float32(case):
 # FALSIFY-QLORA-018 → QLORA-EQV-004 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-018", "float32")[0])
 def test_falsify_qlora_018__torch__float32(case):
@@ -501,7 +501,7 @@ def test_falsify_qlora_018__torch__float32(case):
 # FALSIFY-QLORA-019 → QLORA-EQV-004 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-EQV-004", check="FALSIFY-QLORA-019", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QLORA-019", "float32")[0])
 def test_falsify_qlora_019__triton__float32(case):
@@ -510,19 +510,19 @@ def test_falsify_qlora_019__triton__float32(case):
 # FALSIFY-QLORA-020 → QLORA-LAY-001 (layouts): Layouts and size 0 (qlora_linear)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
 def test_falsify_qlora_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
 def test_falsify_qlora_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QLORA-LAY-001", check="FALSIFY-QLORA-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-QLORA-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QLORA-020", "float32"))
 def test_falsify_qlora_020__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QLORA-020", "triton", "float32", case)

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("quantize-kernel-v1.yaml", SHA256)
 # FALSIFY-QNT-001 → QNT-EQV-001 (parity): int8 per-channel parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-001", check="FALSIFY-QNT-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_qnt_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-001", check="FALSIFY-QNT-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_qnt_001__torch__float16(case):
 # FALSIFY-QNT-002 → QNT-EQV-001 (parity): int4 groupwise parity with the float64 reference (symmetric and asymmetric)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-001", check="FALSIFY-QNT-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-002", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_qnt_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-001", check="FALSIFY-QNT-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-002", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_qnt_002__torch__float16(case):
 # FALSIFY-QNT-003 → QNT-EQV-002 (parity): int8 dequantization parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-002", check="FALSIFY-QNT-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-003", "float32")[1])
@@ -63,7 +63,7 @@ def test_falsify_qnt_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-002", check="FALSIFY-QNT-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-003", "float16")[1])
@@ -74,7 +74,7 @@ def test_falsify_qnt_003__torch__float16(case):
 # FALSIFY-QNT-004 → QNT-EQV-002 (parity): int4 dequantization parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-002", check="FALSIFY-QNT-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-004", "float32")[1])
@@ -84,7 +84,7 @@ def test_falsify_qnt_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-EQV-002", check="FALSIFY-QNT-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-004", "float16")[1])
@@ -96,7 +96,7 @@ def test_falsify_qnt_004__torch__float16(case):
 # FALSIFY-QNT-005 → QNT-RND-001 (property): int8 codes are the nearest integers to w/s
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float32")[1])
@@ -105,7 +105,7 @@ def test_falsify_qnt_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float16")[1])
@@ -114,7 +114,7 @@ def test_falsify_qnt_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float32")[1])
@@ -123,7 +123,7 @@ def test_falsify_qnt_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-005", "float16")[1])
@@ -134,7 +134,7 @@ def test_falsify_qnt_005__torch__float16(case):
 # FALSIFY-QNT-006 → QNT-RND-001 (property): int4 codes are the nearest integers to w/s (+ z)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float32")[1])
@@ -144,7 +144,7 @@ def test_falsify_qnt_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float16")[1])
@@ -154,7 +154,7 @@ def test_falsify_qnt_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float32")[1])
@@ -164,7 +164,7 @@ def test_falsify_qnt_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-006", "float16")[1])
@@ -176,7 +176,7 @@ def test_falsify_qnt_006__torch__float16(case):
 # FALSIFY-QNT-007 → QNT-RND-001 (metamorphic): Ties go to even (int8)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float32")[1])
@@ -185,7 +185,7 @@ def test_falsify_qnt_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float16")[1])
@@ -194,7 +194,7 @@ def test_falsify_qnt_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float32")[1])
@@ -203,7 +203,7 @@ def test_falsify_qnt_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-007", "float16")[1])
@@ -214,7 +214,7 @@ def test_falsify_qnt_007__torch__float16(case):
 # FALSIFY-QNT-008 → QNT-RND-001 (metamorphic): Ties go to even (int4, both modes; the asymmetric tie that clamps)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-008", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float32")[1])
@@ -224,7 +224,7 @@ def test_falsify_qnt_008__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-008", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-008", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float16")[1])
@@ -234,7 +234,7 @@ def test_falsify_qnt_008__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-008", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-008", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-008", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float32")[1])
@@ -244,7 +244,7 @@ def test_falsify_qnt_008__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-008", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RND-001", check="FALSIFY-QNT-008", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-008", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-008", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-008", "float16")[1])
@@ -256,7 +256,7 @@ def test_falsify_qnt_008__torch__float16(case):
 # FALSIFY-QNT-009 → QNT-RNG-001 (property): int8 codes are integers in [−127, 127]; scales are non-negative float32 numbers
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float32")[1])
@@ -265,7 +265,7 @@ def test_falsify_qnt_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float16")[1])
@@ -274,7 +274,7 @@ def test_falsify_qnt_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float32")[1])
@@ -283,7 +283,7 @@ def test_falsify_qnt_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-009", "float16")[1])
@@ -294,7 +294,7 @@ def test_falsify_qnt_009__torch__float16(case):
 # FALSIFY-QNT-010 → QNT-RNG-001 (property): int4 codes and zero points are integers in range; scales are non-negative float32 numbers
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float32")[1])
@@ -304,7 +304,7 @@ def test_falsify_qnt_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float16")[1])
@@ -314,7 +314,7 @@ def test_falsify_qnt_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float32")[1])
@@ -324,7 +324,7 @@ def test_falsify_qnt_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-RNG-001", check="FALSIFY-QNT-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-010", "float16")[1])
@@ -336,7 +336,7 @@ def test_falsify_qnt_010__torch__float16(case):
 # FALSIFY-QNT-011 → QNT-BND-001 (property): int8 error bound, every element
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float32")[1])
@@ -345,7 +345,7 @@ def test_falsify_qnt_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float16")[1])
@@ -354,7 +354,7 @@ def test_falsify_qnt_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float32")[1])
@@ -363,7 +363,7 @@ def test_falsify_qnt_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-011", "float16")[1])
@@ -374,7 +374,7 @@ def test_falsify_qnt_011__torch__float16(case):
 # FALSIFY-QNT-012 → QNT-BND-001 (property): int4 error bound, every element
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float32")[1])
@@ -384,7 +384,7 @@ def test_falsify_qnt_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float16")[1])
@@ -394,7 +394,7 @@ def test_falsify_qnt_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float32")[1])
@@ -404,7 +404,7 @@ def test_falsify_qnt_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-012", "float16")[1])
@@ -416,7 +416,7 @@ def test_falsify_qnt_012__torch__float16(case):
 # FALSIFY-QNT-013 → QNT-BND-001 (property): int8 dequantization error bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float32")[1])
@@ -425,7 +425,7 @@ def test_falsify_qnt_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float16")[1])
@@ -434,7 +434,7 @@ def test_falsify_qnt_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float32")[1])
@@ -443,7 +443,7 @@ def test_falsify_qnt_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-013", "float16")[1])
@@ -454,7 +454,7 @@ def test_falsify_qnt_013__torch__float16(case):
 # FALSIFY-QNT-014 → QNT-BND-001 (property): int4 dequantization error bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float32")[1])
@@ -464,7 +464,7 @@ def test_falsify_qnt_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-014", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float16")[1])
@@ -474,7 +474,7 @@ def test_falsify_qnt_014__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-014", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float32")[1])
@@ -484,7 +484,7 @@ def test_falsify_qnt_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BND-001", check="FALSIFY-QNT-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-014", "float16")[1])
@@ -496,7 +496,7 @@ def test_falsify_qnt_014__torch__float16(case):
 # FALSIFY-QNT-015 → QNT-CLP-001 (property): Symmetric int8 never clamps
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-015", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float32")[1])
@@ -505,7 +505,7 @@ def test_falsify_qnt_015__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-015", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-015", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float16")[1])
@@ -514,7 +514,7 @@ def test_falsify_qnt_015__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-015", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float32")[1])
@@ -523,7 +523,7 @@ def test_falsify_qnt_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-015", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-015", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-015", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-015", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-015", "float16")[1])
@@ -534,7 +534,7 @@ def test_falsify_qnt_015__torch__float16(case):
 # FALSIFY-QNT-016 → QNT-CLP-001 (property): Symmetric int4 never clamps; asymmetric int4 clamps only at the top code, by ≤ 2⁻²⁰ of a step
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-016", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float32")[1])
@@ -544,7 +544,7 @@ def test_falsify_qnt_016__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-016", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-016", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float16")[1])
@@ -554,7 +554,7 @@ def test_falsify_qnt_016__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-016", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float32")[1])
@@ -564,7 +564,7 @@ def test_falsify_qnt_016__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-016", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CLP-001", check="FALSIFY-QNT-016", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-016", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-016", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-016", "float16")[1])
@@ -576,7 +576,7 @@ def test_falsify_qnt_016__torch__float16(case):
 # FALSIFY-QNT-017 → QNT-ZER-001 (property): A zero weight gets the zero point as its code
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-017", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float32")[1])
@@ -586,7 +586,7 @@ def test_falsify_qnt_017__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-017", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-017", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float16")[1])
@@ -596,7 +596,7 @@ def test_falsify_qnt_017__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-017", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-017", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float32")[1])
@@ -606,7 +606,7 @@ def test_falsify_qnt_017__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-017", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-017", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-017", "float16")[1])
@@ -618,7 +618,7 @@ def test_falsify_qnt_017__torch__float16(case):
 # FALSIFY-QNT-018 → QNT-ZER-001 (property): A zero weight dequantizes to exactly 0.0 (int4)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float32")[1])
@@ -628,7 +628,7 @@ def test_falsify_qnt_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-018", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float16")[1])
@@ -638,7 +638,7 @@ def test_falsify_qnt_018__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-018", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float32")[1])
@@ -648,7 +648,7 @@ def test_falsify_qnt_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-018", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-018", "float16")[1])
@@ -660,7 +660,7 @@ def test_falsify_qnt_018__torch__float16(case):
 # FALSIFY-QNT-019 → QNT-ZER-001 (property): A zero weight dequantizes to exactly 0.0 (int8)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-019", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float32")[1])
@@ -669,7 +669,7 @@ def test_falsify_qnt_019__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-019", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-019", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float16")[1])
@@ -678,7 +678,7 @@ def test_falsify_qnt_019__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-019", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float32")[1])
@@ -687,7 +687,7 @@ def test_falsify_qnt_019__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-019", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-019", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-019", "float16")[1])
@@ -698,7 +698,7 @@ def test_falsify_qnt_019__torch__float16(case):
 # FALSIFY-QNT-044 → QNT-ZER-001 (property): The zero point is an integer code
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[1])
@@ -708,7 +708,7 @@ def test_falsify_qnt_044__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-044", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[1])
@@ -718,7 +718,7 @@ def test_falsify_qnt_044__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-044", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float32")[1])
@@ -728,7 +728,7 @@ def test_falsify_qnt_044__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-044", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-ZER-001", check="FALSIFY-QNT-044", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-044", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-044", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-044", "float16")[1])
@@ -740,7 +740,7 @@ def test_falsify_qnt_044__torch__float16(case):
 # FALSIFY-QNT-020 → QNT-DET-001 (determinism): Deterministic (int8_per_channel)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-020", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float32")[1])
@@ -749,7 +749,7 @@ def test_falsify_qnt_020__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-020", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-020", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float16")[1])
@@ -758,7 +758,7 @@ def test_falsify_qnt_020__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-020", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-020", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float32")[1])
@@ -767,7 +767,7 @@ def test_falsify_qnt_020__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-020", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-020", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-020", "float16")[1])
@@ -778,7 +778,7 @@ def test_falsify_qnt_020__torch__float16(case):
 # FALSIFY-QNT-021 → QNT-DET-001 (determinism): Deterministic (int4_groupwise)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-021", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float32")[1])
@@ -788,7 +788,7 @@ def test_falsify_qnt_021__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-021", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-021", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float16")[1])
@@ -798,7 +798,7 @@ def test_falsify_qnt_021__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-021", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float32")[1])
@@ -808,7 +808,7 @@ def test_falsify_qnt_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-021", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-021", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-021", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-021", "float16")[1])
@@ -820,7 +820,7 @@ def test_falsify_qnt_021__torch__float16(case):
 # FALSIFY-QNT-022 → QNT-DET-001 (determinism): Deterministic (int8_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-022", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float32")[1])
@@ -829,7 +829,7 @@ def test_falsify_qnt_022__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-022", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-022", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float16")[1])
@@ -838,7 +838,7 @@ def test_falsify_qnt_022__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-022", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float32")[1])
@@ -847,7 +847,7 @@ def test_falsify_qnt_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-022", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-022", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-022", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-022", "float16")[1])
@@ -858,7 +858,7 @@ def test_falsify_qnt_022__torch__float16(case):
 # FALSIFY-QNT-023 → QNT-DET-001 (determinism): Deterministic (int4_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float32")[1])
@@ -868,7 +868,7 @@ def test_falsify_qnt_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-023", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float16")[1])
@@ -878,7 +878,7 @@ def test_falsify_qnt_023__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-023", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float32")[1])
@@ -888,7 +888,7 @@ def test_falsify_qnt_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DET-001", check="FALSIFY-QNT-023", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-023", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-023", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-023", "float16")[1])
@@ -900,7 +900,7 @@ def test_falsify_qnt_023__torch__float16(case):
 # FALSIFY-QNT-024 → QNT-BIN-001 (batch_invariance): Batch-invariant (int8_per_channel)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-024", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float32")[1])
@@ -909,7 +909,7 @@ def test_falsify_qnt_024__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-024", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-024", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float16")[1])
@@ -918,7 +918,7 @@ def test_falsify_qnt_024__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-024", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float32")[1])
@@ -927,7 +927,7 @@ def test_falsify_qnt_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-024", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-024", "float16")[1])
@@ -938,7 +938,7 @@ def test_falsify_qnt_024__torch__float16(case):
 # FALSIFY-QNT-025 → QNT-BIN-001 (batch_invariance): Batch-invariant (int4_groupwise)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-025", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float32")[1])
@@ -948,7 +948,7 @@ def test_falsify_qnt_025__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-025", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-025", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float16")[1])
@@ -958,7 +958,7 @@ def test_falsify_qnt_025__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-025", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float32")[1])
@@ -968,7 +968,7 @@ def test_falsify_qnt_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-025", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-025", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-025", "float16")[1])
@@ -980,7 +980,7 @@ def test_falsify_qnt_025__torch__float16(case):
 # FALSIFY-QNT-026 → QNT-BIN-001 (batch_invariance): Batch-invariant (int8_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-026", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float32")[1])
@@ -989,7 +989,7 @@ def test_falsify_qnt_026__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-026", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-026", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float16")[1])
@@ -998,7 +998,7 @@ def test_falsify_qnt_026__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-026", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float32")[1])
@@ -1007,7 +1007,7 @@ def test_falsify_qnt_026__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-026", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-026", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-026", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-026", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-026", "float16")[1])
@@ -1018,7 +1018,7 @@ def test_falsify_qnt_026__torch__float16(case):
 # FALSIFY-QNT-027 → QNT-BIN-001 (batch_invariance): Batch-invariant (int4_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-027", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float32")[1])
@@ -1028,7 +1028,7 @@ def test_falsify_qnt_027__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-027", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-027", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float16")[1])
@@ -1038,7 +1038,7 @@ def test_falsify_qnt_027__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-027", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-027", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float32")[1])
@@ -1048,7 +1048,7 @@ def test_falsify_qnt_027__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-027", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-BIN-001", check="FALSIFY-QNT-027", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-027", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-027", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-027", "float16")[1])
@@ -1085,7 +1085,7 @@ def test_falsify_qnt_031__torch__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-032", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-032", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-032", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-032", "float32")[1])
@@ -1095,7 +1095,7 @@ def test_falsify_qnt_032__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-032", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-032", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-032", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-032", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-032", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-032", "float16")[1])
@@ -1107,7 +1107,7 @@ def test_falsify_qnt_032__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-033", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-033", "float32")[1])
@@ -1118,7 +1118,7 @@ def test_falsify_qnt_033__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-033", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-033", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-033", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-033", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-033", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-033", "float16")[1])
@@ -1131,7 +1131,7 @@ def test_falsify_qnt_033__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-034", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-034", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-034", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-034", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-034", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-034", "float32")[1])
@@ -1141,7 +1141,7 @@ def test_falsify_qnt_034__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-034", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-034", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-034", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-034", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-034", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-034", "float16")[1])
@@ -1153,7 +1153,7 @@ def test_falsify_qnt_034__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-035", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-035", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-035", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-035", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-035", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-035", "float32")[1])
@@ -1164,7 +1164,7 @@ def test_falsify_qnt_035__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-DEV-001", check="FALSIFY-QNT-035", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-QNT-035", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-035", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-035", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-035", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-035", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-035", "float16")[1])
@@ -1176,13 +1176,13 @@ def test_falsify_qnt_035__torch__float16(case):
 # FALSIFY-QNT-036 → QNT-LAY-001 (layouts): Layouts and size 0 (int8_per_channel)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-036", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-036", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-036", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-036", "float32"))
 def test_falsify_qnt_036__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-036", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-036", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-036", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-036", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-036", "float32"))
 def test_falsify_qnt_036__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-036", "torch", "float32", case)
@@ -1190,13 +1190,13 @@ def test_falsify_qnt_036__torch__float32(case):
 # FALSIFY-QNT-037 → QNT-LAY-001 (layouts): Layouts and size 0 (int4_groupwise)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-037", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-037", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-037", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-037", "float32"))
 def test_falsify_qnt_037__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-037", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-037", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-037", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-037", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-037", "float32"))
 def test_falsify_qnt_037__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-037", "torch", "float32", case)
@@ -1204,13 +1204,13 @@ def test_falsify_qnt_037__torch__float32(case):
 # FALSIFY-QNT-038 → QNT-LAY-001 (layouts): Layouts and size 0 (int8_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-038", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-038", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-038", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-038", "float32"))
 def test_falsify_qnt_038__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-038", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-038", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-038", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-038", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-038", "float32"))
 def test_falsify_qnt_038__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-038", "torch", "float32", case)
@@ -1218,13 +1218,13 @@ def test_falsify_qnt_038__torch__float32(case):
 # FALSIFY-QNT-039 → QNT-LAY-001 (layouts): Layouts and size 0 (int4_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-039", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-039", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-039", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-039", "float32"))
 def test_falsify_qnt_039__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-039", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-LAY-001", check="FALSIFY-QNT-039", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-039", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-039", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-039", "float32"))
 def test_falsify_qnt_039__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-039", "torch", "float32", case)
@@ -1232,7 +1232,7 @@ def test_falsify_qnt_039__torch__float32(case):
 # FALSIFY-QNT-040 → QNT-CMP-001 (compile): Compiled agrees with eager (int8_per_channel)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-040", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-040", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-040", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-040", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-040", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-040", "float32")[1])
@@ -1241,7 +1241,7 @@ def test_falsify_qnt_040__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-040", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-040", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-040", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-040", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-040", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-040", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-040", "float16")[1])
@@ -1252,7 +1252,7 @@ def test_falsify_qnt_040__torch__float16(case):
 # FALSIFY-QNT-041 → QNT-CMP-001 (compile): Compiled agrees with eager (int4_groupwise)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-041", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-041", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-041", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-041", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-041", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-041", "float32")[1])
@@ -1262,7 +1262,7 @@ def test_falsify_qnt_041__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-041", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-041", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-041", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-041", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-041", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-041", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-041", "float16")[1])
@@ -1274,7 +1274,7 @@ def test_falsify_qnt_041__torch__float16(case):
 # FALSIFY-QNT-042 → QNT-CMP-001 (compile): Compiled agrees with eager (int8_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-042", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-042", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-042", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-042", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-042", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-042", "float32")[1])
@@ -1283,7 +1283,7 @@ def test_falsify_qnt_042__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-042", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-042", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-042", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-042", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-042", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-042", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-042", "float16")[1])
@@ -1294,7 +1294,7 @@ def test_falsify_qnt_042__torch__float16(case):
 # FALSIFY-QNT-043 → QNT-CMP-001 (compile): Compiled agrees with eager (int4_roundtrip)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-043", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-043", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-043", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-043", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-043", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-043", "float32")[1])
@@ -1304,7 +1304,7 @@ def test_falsify_qnt_043__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-QNT-043", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="QNT-CMP-001", check="FALSIFY-QNT-043", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-QNT-043", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-QNT-043", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-QNT-043", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-043", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-QNT-043", "float16")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 # FALSIFY-RN-001 → RN-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float32")[1])
@@ -22,7 +22,7 @@ def test_falsify_rn_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float16")[1])
@@ -32,7 +32,7 @@ def test_falsify_rn_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float32")[1])
@@ -42,7 +42,7 @@ def test_falsify_rn_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-001", "float16")[1])
@@ -54,7 +54,7 @@ def test_falsify_rn_001__triton__float16(case):
 # FALSIFY-RN-002 → RN-EQV-001 (parity): Parity where eps matters
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float32")[1])
@@ -62,7 +62,7 @@ def test_falsify_rn_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float16")[1])
@@ -70,7 +70,7 @@ def test_falsify_rn_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float32")[1])
@@ -78,7 +78,7 @@ def test_falsify_rn_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-001", check="FALSIFY-RN-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-002", "float16")[1])
@@ -88,7 +88,7 @@ def test_falsify_rn_002__triton__float16(case):
 # FALSIFY-RN-003 → RN-EQV-002 (parity): Saved inv_rms is the exact per-row normalizer
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-002", check="FALSIFY-RN-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float32")[1])
@@ -98,7 +98,7 @@ def test_falsify_rn_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-002", check="FALSIFY-RN-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float16")[1])
@@ -108,7 +108,7 @@ def test_falsify_rn_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-002", check="FALSIFY-RN-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float32")[1])
@@ -118,7 +118,7 @@ def test_falsify_rn_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-002", check="FALSIFY-RN-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-003", "float16")[1])
@@ -130,7 +130,7 @@ def test_falsify_rn_003__triton__float16(case):
 # FALSIFY-RN-004 → RN-INV-001 (metamorphic): Scale invariance
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[1])
@@ -138,7 +138,7 @@ def test_falsify_rn_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[1])
@@ -146,7 +146,7 @@ def test_falsify_rn_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[1])
@@ -154,7 +154,7 @@ def test_falsify_rn_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[1])
@@ -162,7 +162,7 @@ def test_falsify_rn_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float32")[1])
@@ -170,7 +170,7 @@ def test_falsify_rn_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-INV-001", check="FALSIFY-RN-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-004", "float16")[1])
@@ -186,7 +186,7 @@ def test_falsify_rn_005__z3__proof():
 # FALSIFY-RN-006 → RN-EQV-004 (gradient): Backward matches the reference; the reference matches finite differences
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[1])
@@ -194,7 +194,7 @@ def test_falsify_rn_006__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-006", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[1])
@@ -202,7 +202,7 @@ def test_falsify_rn_006__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-006", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[1])
@@ -210,7 +210,7 @@ def test_falsify_rn_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[1])
@@ -218,7 +218,7 @@ def test_falsify_rn_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float32")[1])
@@ -226,7 +226,7 @@ def test_falsify_rn_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-004", check="FALSIFY-RN-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-006", "float16")[1])
@@ -286,7 +286,7 @@ def test_falsify_rn_011__triton__sm_90():
 # FALSIFY-RN-012 → RN-EQV-006 (gradient): rmsnorm_forward's backward matches the reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[1])
@@ -294,7 +294,7 @@ def test_falsify_rn_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[1])
@@ -302,7 +302,7 @@ def test_falsify_rn_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[1])
@@ -310,7 +310,7 @@ def test_falsify_rn_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[1])
@@ -318,7 +318,7 @@ def test_falsify_rn_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float32")[1])
@@ -326,7 +326,7 @@ def test_falsify_rn_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-006", check="FALSIFY-RN-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-012", "float16")[1])
@@ -336,7 +336,7 @@ def test_falsify_rn_012__triton__float16(case):
 # FALSIFY-RN-013 → RN-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
@@ -346,7 +346,7 @@ def test_falsify_rn_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
@@ -356,7 +356,7 @@ def test_falsify_rn_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
@@ -366,7 +366,7 @@ def test_falsify_rn_013__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-013", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
@@ -376,7 +376,7 @@ def test_falsify_rn_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-013", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float32")[1])
@@ -386,7 +386,7 @@ def test_falsify_rn_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-013", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DET-001", check="FALSIFY-RN-013", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-013", "float16")[1])
@@ -398,7 +398,7 @@ def test_falsify_rn_013__triton__float16(case):
 # FALSIFY-RN-014 → RN-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
@@ -408,7 +408,7 @@ def test_falsify_rn_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
@@ -418,7 +418,7 @@ def test_falsify_rn_014__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
@@ -428,7 +428,7 @@ def test_falsify_rn_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
@@ -438,7 +438,7 @@ def test_falsify_rn_014__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float32")[1])
@@ -448,7 +448,7 @@ def test_falsify_rn_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-014", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-BIN-001", check="FALSIFY-RN-014", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-014", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-014", "float16")[1])
@@ -481,7 +481,7 @@ def test_falsify_rn_016__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-017", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[1])
@@ -492,7 +492,7 @@ def test_falsify_rn_017__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-017", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-017", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[1])
@@ -503,7 +503,7 @@ def test_falsify_rn_017__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-017", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float32")[1])
@@ -514,7 +514,7 @@ def test_falsify_rn_017__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-017", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-017", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-017", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-017", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-017", "float16")[1])
@@ -527,7 +527,7 @@ def test_falsify_rn_017__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[1])
@@ -538,7 +538,7 @@ def test_falsify_rn_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[1])
@@ -549,7 +549,7 @@ def test_falsify_rn_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float32")[1])
@@ -560,7 +560,7 @@ def test_falsify_rn_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-DEV-001", check="FALSIFY-RN-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-RN-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-018", "float16")[1])
@@ -572,7 +572,7 @@ def test_falsify_rn_018__triton__float16(case):
 # FALSIFY-RN-019 → RN-EQV-007 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-019", "float32")[0])
 def test_falsify_rn_019__torch__float32(case):
@@ -581,7 +581,7 @@ def test_falsify_rn_019__torch__float32(case):
 # FALSIFY-RN-020 → RN-EQV-007 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-007", check="FALSIFY-RN-020", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-020", "float32")[0])
 def test_falsify_rn_020__triton__float32(case):
@@ -590,14 +590,14 @@ def test_falsify_rn_020__triton__float32(case):
 # FALSIFY-RN-021 → RN-EQV-008 (jvp): Forward mode is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-021", "float32")[0])
 def test_falsify_rn_021__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-021", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-EQV-008", check="FALSIFY-RN-021", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-021", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-021", "float32")[0])
 def test_falsify_rn_021__triton__float32(case):
@@ -606,19 +606,19 @@ def test_falsify_rn_021__triton__float32(case):
 # FALSIFY-RN-022 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
 def test_falsify_rn_022__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-022", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
 def test_falsify_rn_022__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-022", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-022", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-022", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-022", "float32"))
 def test_falsify_rn_022__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-022", "triton", "float32", case)
@@ -626,19 +626,19 @@ def test_falsify_rn_022__triton__float32(case):
 # FALSIFY-RN-023 → RN-LAY-001 (layouts): Layouts and size 0 (rmsnorm_forward)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
 def test_falsify_rn_023__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-023", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
 def test_falsify_rn_023__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-023", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-LAY-001", check="FALSIFY-RN-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-023", "float32"))
 def test_falsify_rn_023__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-023", "triton", "float32", case)
@@ -646,7 +646,7 @@ def test_falsify_rn_023__triton__float32(case):
 # FALSIFY-RN-024 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float32")[1])
@@ -654,7 +654,7 @@ def test_falsify_rn_024__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-024", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-024", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-024", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-024", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-024", "float16")[1])
@@ -664,7 +664,7 @@ def test_falsify_rn_024__torch__float16(case):
 # FALSIFY-RN-025 → RN-CMP-001 (compile): Compiled agrees with eager (rmsnorm_forward)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float32")[1])
@@ -672,7 +672,7 @@ def test_falsify_rn_025__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-RN-025", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="RN-CMP-001", check="FALSIFY-RN-025", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-RN-025", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-RN-025", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-RN-025", "float16")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("rope-kernel-v1.yaml", SHA256)
 # FALSIFY-ROPE-001 → ROPE-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-001", check="FALSIFY-ROPE-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_rope_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-001", check="FALSIFY-ROPE-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_rope_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-001", check="FALSIFY-ROPE-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_rope_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-001", check="FALSIFY-ROPE-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-001", "float16")[1])
@@ -50,7 +50,7 @@ def test_falsify_rope_001__triton__float16(case):
 # FALSIFY-ROPE-002 → ROPE-INV-001 (property): Pair norms are preserved
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[1])
@@ -59,7 +59,7 @@ def test_falsify_rope_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[1])
@@ -68,7 +68,7 @@ def test_falsify_rope_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[1])
@@ -77,7 +77,7 @@ def test_falsify_rope_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[1])
@@ -86,7 +86,7 @@ def test_falsify_rope_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float32")[1])
@@ -95,7 +95,7 @@ def test_falsify_rope_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-001", check="FALSIFY-ROPE-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-002", "float16")[1])
@@ -106,7 +106,7 @@ def test_falsify_rope_002__triton__float16(case):
 # FALSIFY-ROPE-003 → ROPE-INV-002 (metamorphic): Relative position
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[1])
@@ -115,7 +115,7 @@ def test_falsify_rope_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[1])
@@ -124,7 +124,7 @@ def test_falsify_rope_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[1])
@@ -133,7 +133,7 @@ def test_falsify_rope_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[1])
@@ -142,7 +142,7 @@ def test_falsify_rope_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float32")[1])
@@ -151,7 +151,7 @@ def test_falsify_rope_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-INV-002", check="FALSIFY-ROPE-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-003", "float16")[1])
@@ -168,7 +168,7 @@ def test_falsify_rope_004__z3__proof():
 # FALSIFY-ROPE-005 → ROPE-EQV-003 (gradient): Backward is the inverse rotation
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[1])
@@ -177,7 +177,7 @@ def test_falsify_rope_005__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-005", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[1])
@@ -186,7 +186,7 @@ def test_falsify_rope_005__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-005", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[1])
@@ -195,7 +195,7 @@ def test_falsify_rope_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[1])
@@ -204,7 +204,7 @@ def test_falsify_rope_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float32")[1])
@@ -213,7 +213,7 @@ def test_falsify_rope_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-003", check="FALSIFY-ROPE-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-005", "float16")[1])
@@ -224,7 +224,7 @@ def test_falsify_rope_005__triton__float16(case):
 # FALSIFY-ROPE-006 → ROPE-EQV-004 (property): Grouped heads are bit-exact with per-head
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-004", check="FALSIFY-ROPE-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float32")[1])
@@ -232,7 +232,7 @@ def test_falsify_rope_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-004", check="FALSIFY-ROPE-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float16")[1])
@@ -240,7 +240,7 @@ def test_falsify_rope_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-004", check="FALSIFY-ROPE-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float32")[1])
@@ -248,7 +248,7 @@ def test_falsify_rope_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-004", check="FALSIFY-ROPE-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-006", "float16")[1])
@@ -274,7 +274,7 @@ def test_falsify_rope_008__triton__sm_90():
 # FALSIFY-ROPE-009 → ROPE-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
@@ -283,7 +283,7 @@ def test_falsify_rope_009__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-009", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
@@ -292,7 +292,7 @@ def test_falsify_rope_009__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-009", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
@@ -301,7 +301,7 @@ def test_falsify_rope_009__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-009", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
@@ -310,7 +310,7 @@ def test_falsify_rope_009__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-009", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float32")[1])
@@ -319,7 +319,7 @@ def test_falsify_rope_009__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-009", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DET-001", check="FALSIFY-ROPE-009", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-009", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-009", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-009", "float16")[1])
@@ -330,7 +330,7 @@ def test_falsify_rope_009__triton__float16(case):
 # FALSIFY-ROPE-010 → ROPE-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
@@ -339,7 +339,7 @@ def test_falsify_rope_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
@@ -348,7 +348,7 @@ def test_falsify_rope_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
@@ -357,7 +357,7 @@ def test_falsify_rope_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
@@ -366,7 +366,7 @@ def test_falsify_rope_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float32")[1])
@@ -375,7 +375,7 @@ def test_falsify_rope_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-BIN-001", check="FALSIFY-ROPE-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-010", "float16")[1])
@@ -407,7 +407,7 @@ def test_falsify_rope_012__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
@@ -417,7 +417,7 @@ def test_falsify_rope_013__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[1])
@@ -427,7 +427,7 @@ def test_falsify_rope_013__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float32")[1])
@@ -437,7 +437,7 @@ def test_falsify_rope_013__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-DEV-001", check="FALSIFY-ROPE-013", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-ROPE-013", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-013", "float16")[1])
@@ -448,7 +448,7 @@ def test_falsify_rope_013__triton__float16(case):
 # FALSIFY-ROPE-014 → ROPE-EQV-005 (gradgrad): Double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-014", "float32")[0])
 def test_falsify_rope_014__torch__float32(case):
@@ -457,7 +457,7 @@ def test_falsify_rope_014__torch__float32(case):
 # FALSIFY-ROPE-015 → ROPE-EQV-005 (gradgrad): The Triton backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-005", check="FALSIFY-ROPE-015", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-015", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-015", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-015", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-015", "float32")[0])
 def test_falsify_rope_015__triton__float32(case):
@@ -466,7 +466,7 @@ def test_falsify_rope_015__triton__float32(case):
 # FALSIFY-ROPE-016 → ROPE-EQV-006 (jvp): Forward mode on torch is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-016", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-016", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-016", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-016", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-016", "float32")[0])
 def test_falsify_rope_016__torch__float32(case):
@@ -475,7 +475,7 @@ def test_falsify_rope_016__torch__float32(case):
 # FALSIFY-ROPE-017 → ROPE-EQV-006 (jvp): Forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-EQV-006", check="FALSIFY-ROPE-017", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-017", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-017", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-017", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-017", "float32")[0])
 def test_falsify_rope_017__triton__float32(case):
@@ -484,19 +484,19 @@ def test_falsify_rope_017__triton__float32(case):
 # FALSIFY-ROPE-018 → ROPE-LAY-001 (layouts): Layouts and size 0 (rope)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
 def test_falsify_rope_018__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-018", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
 def test_falsify_rope_018__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-018", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-LAY-001", check="FALSIFY-ROPE-018", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-018", "float32"))
 def test_falsify_rope_018__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-ROPE-018", "triton", "float32", case)
@@ -504,7 +504,7 @@ def test_falsify_rope_018__triton__float32(case):
 # FALSIFY-ROPE-019 → ROPE-CMP-001 (compile): Compiled agrees with eager (rope)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="ROPE-CMP-001", check="FALSIFY-ROPE-019", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-ROPE-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-ROPE-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-ROPE-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-ROPE-019", "float32")[1])

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 # FALSIFY-SM-001 → SM-INV-001 (property): Partition of unity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_sm_001__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-001", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_sm_001__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-001", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_sm_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[1])
@@ -48,7 +48,7 @@ def test_falsify_sm_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float32")[1])
@@ -57,7 +57,7 @@ def test_falsify_sm_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-001", check="FALSIFY-SM-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-001", "float16")[1])
@@ -68,7 +68,7 @@ def test_falsify_sm_001__triton__float16(case):
 # FALSIFY-SM-002 → SM-BND-001 (property): Probabilities are bounded
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[1])
@@ -77,7 +77,7 @@ def test_falsify_sm_002__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-002", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[1])
@@ -86,7 +86,7 @@ def test_falsify_sm_002__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-002", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[1])
@@ -95,7 +95,7 @@ def test_falsify_sm_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[1])
@@ -104,7 +104,7 @@ def test_falsify_sm_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float32")[1])
@@ -113,7 +113,7 @@ def test_falsify_sm_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-001", check="FALSIFY-SM-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-002", "float16")[1])
@@ -124,7 +124,7 @@ def test_falsify_sm_002__triton__float16(case):
 # FALSIFY-SM-003 → SM-INV-002 (metamorphic): Shift invariance
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-002", check="FALSIFY-SM-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[1])
@@ -133,7 +133,7 @@ def test_falsify_sm_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-002", check="FALSIFY-SM-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[1])
@@ -142,7 +142,7 @@ def test_falsify_sm_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-INV-002", check="FALSIFY-SM-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-003", "float32")[1])
@@ -153,37 +153,37 @@ def test_falsify_sm_003__triton__float32(case):
 # FALSIFY-SM-004 → SM-BND-002 (property): Large inputs stay finite
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float32"))
 def test_falsify_sm_004__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float16"))
 def test_falsify_sm_004__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float32"))
 def test_falsify_sm_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float16"))
 def test_falsify_sm_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float32"))
 def test_falsify_sm_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BND-002", check="FALSIFY-SM-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-004", "float16"))
 def test_falsify_sm_004__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-004", "triton", "float16", case)
@@ -191,7 +191,7 @@ def test_falsify_sm_004__triton__float16(case):
 # FALSIFY-SM-005 → SM-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-005", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float32")[1])
@@ -200,7 +200,7 @@ def test_falsify_sm_005__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-005", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-005", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float16")[1])
@@ -209,7 +209,7 @@ def test_falsify_sm_005__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-005", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-005", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-005", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float32")[1])
@@ -218,7 +218,7 @@ def test_falsify_sm_005__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-005", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-005", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-005", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-005", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-005", "float16")[1])
@@ -229,25 +229,25 @@ def test_falsify_sm_005__triton__float16(case):
 # FALSIFY-SM-006 → SM-EQV-001 (parity): Parity at large magnitude
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-006", "float32"))
 def test_falsify_sm_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-006", "float16"))
 def test_falsify_sm_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-006", "float32"))
 def test_falsify_sm_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-EQV-001", check="FALSIFY-SM-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-006", "float16"))
 def test_falsify_sm_006__triton__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-006", "triton", "float16", case)
@@ -277,7 +277,7 @@ def test_falsify_sm_009__triton__sm_90():
 # FALSIFY-SM-010 → SM-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
@@ -286,7 +286,7 @@ def test_falsify_sm_010__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-010", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
@@ -295,7 +295,7 @@ def test_falsify_sm_010__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-010", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
@@ -304,7 +304,7 @@ def test_falsify_sm_010__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-010", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
@@ -313,7 +313,7 @@ def test_falsify_sm_010__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-010", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float32")[1])
@@ -322,7 +322,7 @@ def test_falsify_sm_010__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-010", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DET-001", check="FALSIFY-SM-010", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-010", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-010", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-010", "float16")[1])
@@ -333,7 +333,7 @@ def test_falsify_sm_010__triton__float16(case):
 # FALSIFY-SM-011 → SM-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
@@ -342,7 +342,7 @@ def test_falsify_sm_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
@@ -351,7 +351,7 @@ def test_falsify_sm_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
@@ -360,7 +360,7 @@ def test_falsify_sm_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
@@ -369,7 +369,7 @@ def test_falsify_sm_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float32")[1])
@@ -378,7 +378,7 @@ def test_falsify_sm_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-BIN-001", check="FALSIFY-SM-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-011", "float16")[1])
@@ -400,7 +400,7 @@ def test_falsify_sm_012__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[1])
@@ -410,7 +410,7 @@ def test_falsify_sm_013__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[1])
@@ -420,7 +420,7 @@ def test_falsify_sm_013__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float32")[1])
@@ -430,7 +430,7 @@ def test_falsify_sm_013__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-DEV-001", check="FALSIFY-SM-013", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SM-013", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SM-013", "float16")[1])
@@ -441,19 +441,19 @@ def test_falsify_sm_013__triton__float16(case):
 # FALSIFY-SM-014 → SM-LAY-001 (layouts): Layouts and size 0 (softmax)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
 def test_falsify_sm_014__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-014", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
 def test_falsify_sm_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-LAY-001", check="FALSIFY-SM-014", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-014", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-014", "float32"))
 def test_falsify_sm_014__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-014", "triton", "float32", case)
@@ -461,13 +461,13 @@ def test_falsify_sm_014__triton__float32(case):
 # FALSIFY-SM-015 → SM-CMP-001 (compile): Compiled agrees with eager
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-015", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-015", "float32"))
 def test_falsify_sm_015__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SM-015", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SM-CMP-001", check="FALSIFY-SM-015", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SM-015", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SM-015", "float16"))
 def test_falsify_sm_015__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SM-015", "torch", "float16", case)

@@ -12,7 +12,7 @@ CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 # FALSIFY-SWG-001 → SWG-EQV-001 (parity): Parity with the float64 reference
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-001", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float32")[1])
@@ -21,7 +21,7 @@ def test_falsify_swg_001__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-001", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-001", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float16")[1])
@@ -30,7 +30,7 @@ def test_falsify_swg_001__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-001", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-001", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-001", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float32")[1])
@@ -39,7 +39,7 @@ def test_falsify_swg_001__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-001", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-001", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-001", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-001", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-001", "float16")[1])
@@ -50,28 +50,28 @@ def test_falsify_swg_001__triton__float16(case):
 # FALSIFY-SWG-002 → SWG-EQV-001 (parity): Parity and finiteness at large |gate|
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-002", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-002", "float32")[0])
 def test_falsify_swg_002__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-002", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-002", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-002", "float16")[0])
 def test_falsify_swg_002__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-002", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-002", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-002", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-002", "float32")[0])
 def test_falsify_swg_002__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-002", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-001", check="FALSIFY-SWG-002", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-002", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-002", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-002", "float16")[0])
 def test_falsify_swg_002__triton__float16(case):
@@ -80,7 +80,7 @@ def test_falsify_swg_002__triton__float16(case):
 # FALSIFY-SWG-003 → SWG-EQV-002 (gradient): Backward matches the reference; the reference matches finite differences
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[1])
@@ -88,7 +88,7 @@ def test_falsify_swg_003__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-003", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[1])
@@ -96,7 +96,7 @@ def test_falsify_swg_003__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-003", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[1])
@@ -104,7 +104,7 @@ def test_falsify_swg_003__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-003", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[1])
@@ -112,7 +112,7 @@ def test_falsify_swg_003__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-003", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float32")[1])
@@ -120,7 +120,7 @@ def test_falsify_swg_003__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-003", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-002", check="FALSIFY-SWG-003", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-003", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-003", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-003", "float16")[1])
@@ -130,7 +130,7 @@ def test_falsify_swg_003__triton__float16(case):
 # FALSIFY-SWG-004 → SWG-EQV-003 (parity): In-place backward is correct and stays inside its buffers
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-003", check="FALSIFY-SWG-004", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float32")[1])
@@ -138,7 +138,7 @@ def test_falsify_swg_004__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-004", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-003", check="FALSIFY-SWG-004", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float16")[1])
@@ -146,7 +146,7 @@ def test_falsify_swg_004__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-004", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-003", check="FALSIFY-SWG-004", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-004", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float32")[1])
@@ -154,7 +154,7 @@ def test_falsify_swg_004__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-004", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-003", check="FALSIFY-SWG-004", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-004", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-004", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-004", "float16")[1])
@@ -182,7 +182,7 @@ def test_falsify_swg_005__triton__float16():
 # FALSIFY-SWG-006 → SWG-EQV-004 (parity): SiLU parity
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-004", check="FALSIFY-SWG-006", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float32")[1])
@@ -190,7 +190,7 @@ def test_falsify_swg_006__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-006", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-004", check="FALSIFY-SWG-006", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float16")[1])
@@ -198,7 +198,7 @@ def test_falsify_swg_006__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-006", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-004", check="FALSIFY-SWG-006", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-006", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float32")[1])
@@ -206,7 +206,7 @@ def test_falsify_swg_006__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-006", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-004", check="FALSIFY-SWG-006", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-006", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-006", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-006", "float16")[1])
@@ -216,7 +216,7 @@ def test_falsify_swg_006__triton__float16(case):
 # FALSIFY-SWG-007 → SWG-BND-001 (property): SiLU lower bound
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[1])
@@ -224,7 +224,7 @@ def test_falsify_swg_007__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-007", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[1])
@@ -232,7 +232,7 @@ def test_falsify_swg_007__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-007", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[1])
@@ -240,7 +240,7 @@ def test_falsify_swg_007__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-007", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[1])
@@ -248,7 +248,7 @@ def test_falsify_swg_007__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-007", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float32")[1])
@@ -256,7 +256,7 @@ def test_falsify_swg_007__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-007", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BND-001", check="FALSIFY-SWG-007", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-007", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-007", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-007", "float16")[1])
@@ -292,7 +292,7 @@ def test_falsify_swg_010__triton__sm_90():
 # FALSIFY-SWG-011 → SWG-EQV-005 (gradient): SiLU backward matches the reference; the reference matches finite differences
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[1])
@@ -300,7 +300,7 @@ def test_falsify_swg_011__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[1])
@@ -308,7 +308,7 @@ def test_falsify_swg_011__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[1])
@@ -316,7 +316,7 @@ def test_falsify_swg_011__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[1])
@@ -324,7 +324,7 @@ def test_falsify_swg_011__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float32")[1])
@@ -332,7 +332,7 @@ def test_falsify_swg_011__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-011", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-005", check="FALSIFY-SWG-011", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-011", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-011", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-011", "float16")[1])
@@ -342,7 +342,7 @@ def test_falsify_swg_011__triton__float16(case):
 # FALSIFY-SWG-012 → SWG-DET-001 (determinism): Deterministic
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
@@ -351,7 +351,7 @@ def test_falsify_swg_012__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-012", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
@@ -360,7 +360,7 @@ def test_falsify_swg_012__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-012", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
@@ -369,7 +369,7 @@ def test_falsify_swg_012__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-012", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
@@ -378,7 +378,7 @@ def test_falsify_swg_012__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-012", "torch", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float32")[1])
@@ -387,7 +387,7 @@ def test_falsify_swg_012__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-012", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DET-001", check="FALSIFY-SWG-012", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-012", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-012", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-012", "float16")[1])
@@ -398,7 +398,7 @@ def test_falsify_swg_012__triton__float16(case):
 # FALSIFY-SWG-013 → SWG-BIN-001 (batch_invariance): Batch-invariant
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[1])
@@ -407,7 +407,7 @@ def test_falsify_swg_013__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-013", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="reference", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "reference", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[1])
@@ -416,7 +416,7 @@ def test_falsify_swg_013__reference__float16(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-013", "reference", "float16", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float32")[1])
@@ -425,7 +425,7 @@ def test_falsify_swg_013__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-013", "triton", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-013", backend="triton", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-013", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-013", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-013", "float16")[1])
@@ -436,7 +436,7 @@ def test_falsify_swg_013__triton__float16(case):
 # FALSIFY-SWG-014 → SWG-BIN-001 (batch_invariance): Batch-bounded where the CPU path depends on the batch
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-014", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-014", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float32")[1])
@@ -445,7 +445,7 @@ def test_falsify_swg_014__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-014", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-BIN-001", check="FALSIFY-SWG-014", backend="torch", variant="float16")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-014", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-014", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-014", "float16")[1])
@@ -487,7 +487,7 @@ def test_falsify_swg_017__triton__undeclared():
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
@@ -497,7 +497,7 @@ def test_falsify_swg_018__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[1])
@@ -507,7 +507,7 @@ def test_falsify_swg_018__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float32")[1])
@@ -517,7 +517,7 @@ def test_falsify_swg_018__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-018", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-018", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-018", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-018", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-018", "float16")[1])
@@ -529,7 +529,7 @@ def test_falsify_swg_018__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
@@ -538,7 +538,7 @@ def test_falsify_swg_019__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[1])
@@ -547,7 +547,7 @@ def test_falsify_swg_019__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float32")[1])
@@ -556,7 +556,7 @@ def test_falsify_swg_019__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-019", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-019", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-019", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-019", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-019", "float16")[1])
@@ -567,7 +567,7 @@ def test_falsify_swg_019__triton__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="torch", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
@@ -576,7 +576,7 @@ def test_falsify_swg_020__torch__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="torch", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "torch")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "torch", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
@@ -585,7 +585,7 @@ def test_falsify_swg_020__torch__float16(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="triton", variant="float32")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float32")[1])
@@ -594,7 +594,7 @@ def test_falsify_swg_020__triton__float32(case):
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-DEV-001", check="FALSIFY-SWG-020", backend="triton", variant="float16")
 @rt.unless_unavailable(CONTRACT, "FALSIFY-SWG-020", "triton")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-020", "triton", "float16")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-020", "float16"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-020", "float16")[1])
@@ -604,7 +604,7 @@ def test_falsify_swg_020__triton__float16(case):
 # FALSIFY-SWG-021 → SWG-EQV-006 (gradgrad): SwiGLU double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-021", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-021", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-021", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-021", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-021", "float32")[0])
 def test_falsify_swg_021__torch__float32(case):
@@ -613,7 +613,7 @@ def test_falsify_swg_021__torch__float32(case):
 # FALSIFY-SWG-022 → SWG-EQV-006 (gradgrad): SiLU double backward (torch) matches finite differences of the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-022", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-022", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-022", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-022", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-022", "float32")[0])
 def test_falsify_swg_022__torch__float32(case):
@@ -622,7 +622,7 @@ def test_falsify_swg_022__torch__float32(case):
 # FALSIFY-SWG-023 → SWG-EQV-006 (gradgrad): The Triton SwiGLU backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-023", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-023", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-023", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-023", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-023", "float32")[0])
 def test_falsify_swg_023__triton__float32(case):
@@ -631,7 +631,7 @@ def test_falsify_swg_023__triton__float32(case):
 # FALSIFY-SWG-024 → SWG-EQV-006 (gradgrad): The Triton SiLU backward refuses to be differentiated again
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-006", check="FALSIFY-SWG-024", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-024", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-024", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-024", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-024", "float32")[0])
 def test_falsify_swg_024__triton__float32(case):
@@ -640,7 +640,7 @@ def test_falsify_swg_024__triton__float32(case):
 # FALSIFY-SWG-025 → SWG-EQV-007 (jvp): SwiGLU forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-025", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-025", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-025", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-025", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-025", "float32")[0])
 def test_falsify_swg_025__torch__float32(case):
@@ -649,7 +649,7 @@ def test_falsify_swg_025__torch__float32(case):
 # FALSIFY-SWG-026 → SWG-EQV-007 (jvp): SiLU forward mode (torch) agrees with the reference backward
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-026", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-026", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-026", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-026", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-026", "float32")[0])
 def test_falsify_swg_026__torch__float32(case):
@@ -658,7 +658,7 @@ def test_falsify_swg_026__torch__float32(case):
 # FALSIFY-SWG-027 → SWG-EQV-007 (jvp): SwiGLU forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-027", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-027", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-027", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-027", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-027", "float32")[0])
 def test_falsify_swg_027__triton__float32(case):
@@ -667,7 +667,7 @@ def test_falsify_swg_027__triton__float32(case):
 # FALSIFY-SWG-028 → SWG-EQV-007 (jvp): SiLU forward mode on Triton is refused with a clear error
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-EQV-007", check="FALSIFY-SWG-028", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-028", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-028", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-028", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-028", "float32")[0])
 def test_falsify_swg_028__triton__float32(case):
@@ -676,19 +676,19 @@ def test_falsify_swg_028__triton__float32(case):
 # FALSIFY-SWG-029 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
 def test_falsify_swg_029__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-029", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
 def test_falsify_swg_029__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-029", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-029", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-029", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-029", "float32"))
 def test_falsify_swg_029__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-029", "triton", "float32", case)
@@ -696,19 +696,19 @@ def test_falsify_swg_029__triton__float32(case):
 # FALSIFY-SWG-030 → SWG-LAY-001 (layouts): Layouts and size 0 (silu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
 def test_falsify_swg_030__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-030", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
 def test_falsify_swg_030__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-030", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-030", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-030", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-030", "float32"))
 def test_falsify_swg_030__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-030", "triton", "float32", case)
@@ -716,19 +716,19 @@ def test_falsify_swg_030__triton__float32(case):
 # FALSIFY-SWG-031 → SWG-LAY-001 (layouts): Layouts and size 0 (swiglu_backward_inplace)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="reference", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "reference")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "reference", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
 def test_falsify_swg_031__reference__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-031", "reference", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
 def test_falsify_swg_031__torch__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-031", "torch", "float32", case)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-LAY-001", check="FALSIFY-SWG-031", backend="triton", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "triton")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-031", "triton", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-031", "float32"))
 def test_falsify_swg_031__triton__float32(case):
     rt.execute(CONTRACT, "FALSIFY-SWG-031", "triton", "float32", case)
@@ -736,7 +736,7 @@ def test_falsify_swg_031__triton__float32(case):
 # FALSIFY-SWG-032 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-032", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-032", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-032", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-032", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-032", "float32")[1])
@@ -746,7 +746,7 @@ def test_falsify_swg_032__torch__float32(case):
 # FALSIFY-SWG-033 → SWG-CMP-001 (compile): Compiled agrees with eager (swiglu_backward_inplace)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-033", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-033", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-033", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-033", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-033", "float32")[1])
@@ -756,7 +756,7 @@ def test_falsify_swg_033__torch__float32(case):
 # FALSIFY-SWG-034 → SWG-CMP-001 (compile): Compiled agrees with eager (silu)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="SWG-CMP-001", check="FALSIFY-SWG-034", backend="torch", variant="float32")
-@rt.check_settings(CONTRACT, "FALSIFY-SWG-034", "torch")
+@rt.check_settings(CONTRACT, "FALSIFY-SWG-034", "torch", "float32")
 @given(case=rt.strategy(CONTRACT, "FALSIFY-SWG-034", "float32"))
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[0])
 @example(case=rt.examples(CONTRACT, "FALSIFY-SWG-034", "float32")[1])
