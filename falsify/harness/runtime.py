@@ -371,12 +371,11 @@ def run_seed() -> int | None:
 
 
 def example_database():
-    """Failing examples are kept under the project (.falsify/hypothesis, beside the ledger) and
-    replayed first on the next run; the derandomized `ci` profile keeps none (every run is the
-    same examples), a seeded run keeps one so a red CI run's minimal example survives it.
-    A manifest may name another (`falsify soak` gives each round its own, so that the round's
-    seed alone explains its failures). Outside a project (plain pytest on loose files)
-    hypothesis' own default applies."""
+    """Failing examples of an unseeded `fast` or `thorough` run are kept under the project
+    (.falsify/hypothesis, beside the ledger) and replayed first on the next one. A seeded run,
+    and so the `ci` profile, keeps and replays none: hypothesis' `@seed` sets `database=None`,
+    and the seed alone reproduces the run. A manifest may name another database. Outside a
+    project (plain pytest on loose files) hypothesis' own default applies."""
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     m = handover.active()
