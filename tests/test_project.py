@@ -72,6 +72,22 @@ def test_walks_up_to_the_nearest_declaration_and_resolves_paths_from_it(tmp_path
     assert p.generated_dir == (tmp_path / "a" / "gen").resolve()
 
 
+def test_an_edited_project_file_is_read_again_in_the_same_process(tmp_path):
+    """find_project is asked for the project once per check fingerprint, so a process keeps
+    what it read; an edit (or a fix of a bad key) must still be seen, as the text decides."""
+    (tmp_path / "falsify.toml").write_text('profile = "fast"\n')
+    assert find_project(tmp_path).profile == "fast"
+    (tmp_path / "falsify.toml").write_text('profile = "thorough"\n')
+    assert find_project(tmp_path).profile == "thorough"
+    (tmp_path / "falsify.toml").write_text('profle = "fast"\n')
+    with pytest.raises(ProjectError, match="profle"):
+        find_project(tmp_path)
+    with pytest.raises(ProjectError, match="profle"):  # an error is not kept as a project
+        find_project(tmp_path)
+    (tmp_path / "falsify.toml").write_text('profile = "fast"\n')
+    assert find_project(tmp_path).profile == "fast"
+
+
 def test_a_pyproject_without_the_table_is_not_a_project(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert load(tmp_path / "pyproject.toml") is None

@@ -25,7 +25,7 @@ from falsify.cli.pv import build_parser as pv_parser
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "falsify" / "templates"
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-ACTIONS = {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
+ACTIONS = {"actions/checkout", "actions/cache", "actions/setup-python", "actions/upload-artifact",
            "actions/download-artifact", "actions/configure-pages", "actions/upload-pages-artifact",
            "actions/deploy-pages"}
 EXPR = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")

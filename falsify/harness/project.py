@@ -97,12 +97,18 @@ class Project:
         return self.state_dir / "generated"
 
 
-def _table(path: Path) -> dict | None:
-    """The falsify table of `path`, or None when a pyproject.toml declares none."""
+def _read(path: Path) -> str:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ProjectError(f"{path}: cannot read: {e}") from None
+
+
+def _table(path: Path, text: str) -> dict | None:
+    """The falsify table of `path` (whose text is `text`), or None when a pyproject.toml
+    declares none."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProjectError(f"{path}: not valid TOML: {e}") from None
     if path.name == "falsify.toml":
@@ -116,8 +122,7 @@ def _table(path: Path) -> dict | None:
 
 def _schema_error(path: Path, table: dict) -> str | None:
     prefix = "" if path.name == "falsify.toml" else "tool.falsify."
-    err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMA)
-                                           .iter_errors(table))
+    err = jsonschema.exceptions.best_match(_validator().iter_errors(table))
     if err is None:
         return None
     if err.validator == "additionalProperties":
@@ -128,10 +133,28 @@ def _schema_error(path: Path, table: dict) -> str | None:
     return f"{path}: {prefix}{key}: {err.message}"
 
 
+@cache
+def _validator():
+    return jsonschema.Draft202012Validator(SCHEMA)
+
+
+# (file, its text) -> the project it declares. A command asks for its project many times (the
+# fingerprint of every check does), and a validated file that still reads the same declares
+# the same project; an edited one is read afresh.
+_LOADED: dict[tuple[Path, str], Project | None] = {}
+
+
 def load(path: Path) -> Project | None:
     """The project declared by one file; None for a pyproject.toml without [tool.falsify]."""
     path = Path(path).resolve()
-    table = _table(path)
+    text = _read(path)
+    if (path, text) not in _LOADED:
+        _LOADED[(path, text)] = _load(path, text)
+    return _LOADED[(path, text)]
+
+
+def _load(path: Path, text: str) -> Project | None:
+    table = _table(path, text)
     if table is None:
         return None
     err = _schema_error(path, table)

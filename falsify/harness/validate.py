@@ -68,6 +68,7 @@ W105 is also reported in native mode (a prose-only test counts for nothing, but 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -187,6 +188,7 @@ _TOL_NP = {"sqrt", "log", "log2", "log10", "log1p", "exp", "ceil", "floor", "max
            "minimum", "abs", "cbrt"}
 
 
+@functools.cache  # a pure function of the text; a contract evaluates each tolerance many times
 def tolerance_expr_error(src: str) -> str | None:
     """Why `src` is not an acceptable tolerance expression, or None."""
     import ast
