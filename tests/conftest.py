@@ -4,6 +4,7 @@ collected first.
 pytest-xdist hands tests to its workers in collection order, so a long test collected last
 runs alone while the other worker idles; started first, the short tests fill in around them
 and the workers finish together (longest-first scheduling). Nothing else depends on order.
+Threads: each xdist worker runs torch with its share of the cores (falsify/harness/threads.py).
 Shrinking: see the end of this file."""
 
 import atexit
@@ -19,6 +20,15 @@ from hypothesis import Phase, settings
 if "FALSIFY_CACHE_DIR" not in os.environ:
     os.environ["FALSIFY_CACHE_DIR"] = tempfile.mkdtemp(prefix="falsify-test-cache-")
     atexit.register(shutil.rmtree, os.environ["FALSIFY_CACHE_DIR"], True)
+
+
+def pytest_configure(config):
+    # each xdist worker its share of the cores for torch's threads (falsify/harness/threads.py);
+    # set in the controller, before the workers start, so they inherit it
+    from falsify.harness import threads
+
+    if not hasattr(config, "workerinput"):
+        threads.set_for_workers(getattr(config.option, "numprocesses", None) or 1)
 
 
 def pytest_collection_modifyitems(config, items):

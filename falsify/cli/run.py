@@ -183,7 +183,10 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
             triton_env.announce()
         names = {module_name(c): c for c in manifest["contracts"]}
         progress = _Progress(console, names, _expected_seconds(manifest["ledger"]), workers)
-        rc = int(pytest.main(args + extra, plugins=[progress]))
+        from falsify.harness import threads
+
+        with threads.for_workers(workers):
+            rc = int(pytest.main(args + extra, plugins=[progress]))
         return rc, handover.read_results(tmp / "results.json")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
