@@ -59,3 +59,19 @@ def test_ci_needs_the_projects_gate(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "falsify.cli", "bench", "self", "--ci"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "has no .ci/run" in proc.stderr
+
+
+def test_a_third_party_kernel_that_fails_checks_was_judged_but_a_broken_job_is_not(tmp_path):
+    """The guide's kernels fail some checks on purpose (exit 1): that run is a verdict and its
+    time the figure. Exit 1 from any other job, or exit 2 from the third-party one, is not."""
+    from falsify.bench.self import Job, Timing
+
+    bind = Job("third-party binding", ("x",), 60.0, verdict_exits=(0, 1))
+    main = Job("main job", ("x",), 300.0)
+    log = tmp_path / "log"
+    assert not Timing(bind, 42.0, 1, log).broken
+    assert Timing(bind, 42.0, 1, log).verdict == "within goal (checks failed: the kernel's findings)"
+    assert Timing(bind, 90.0, 0, log).verdict == "over goal x1.5"
+    assert Timing(bind, 42.0, 2, log).broken
+    assert Timing(main, 42.0, 1, log).broken
+    assert Timing(main, 42.0, 1, log).verdict == "failed (exit 1)"
