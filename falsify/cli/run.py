@@ -158,6 +158,29 @@ def _expected_seconds(ledger_path) -> dict[str, float]:
             for e in data[s].values() if e.get("nodeid") and e.get("duration_s") is not None}
 
 
+def _durations(manifest: dict) -> dict[str, float]:
+    """Node id -> the seconds its test took last time: from the run's ledger, else (a first
+    run, as in a fresh clone) from the project's committed evidence ledgers, whose profile
+    differs but whose long tests are the same long tests. For the ETA and for the order."""
+    from falsify.harness import evidence, project
+
+    seen = _expected_seconds(manifest["ledger"])
+    if seen:
+        return seen
+    # only an order and an ETA hang on these: a broken project file or evidence glob is for
+    # the commands that read them to report (the run checks the project; `pv generate` the
+    # evidence), not a reason to stop a run
+    try:
+        proj = project.find_project(Path(manifest["project_root"]))
+        paths = evidence.files(proj) if proj else []
+    except (project.ProjectError, evidence.EvidenceError):
+        return {}
+    out: dict[str, float] = {}
+    for path in paths:
+        out.update(_expected_seconds(path))
+    return out
+
+
 def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
             console) -> tuple[int, dict]:
     """pytest in-process with its terminal reporter off: the progress display and our own
@@ -169,9 +192,10 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
     from falsify.harness.generate import module_name
 
     tmp = Path(tempfile.mkdtemp(prefix="falsify-run-"))
+    durations = _durations(manifest)
     try:
         path = handover.write(tmp / "manifest.json", handover.Manifest(
-            **{**manifest, "results": str(tmp / "results.json")}))
+            **{**manifest, "results": str(tmp / "results.json"), "durations": durations}))
         args = [str(m) for m in modules] + ["--falsify-manifest", str(path),
                                              "-p", "no:cacheprovider", "-p", "no:terminal",
                                              "-p", "no:benchmark"]
@@ -182,7 +206,7 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
 
             triton_env.announce()
         names = {module_name(c): c for c in manifest["contracts"]}
-        progress = _Progress(console, names, _expected_seconds(manifest["ledger"]), workers)
+        progress = _Progress(console, names, durations, workers)
         from falsify.harness import threads
 
         with threads.for_workers(workers):

@@ -15,7 +15,8 @@ holds everything the pytest plugin and the runtime need to know about the run:
      "ledger": "<project>/.falsify/ledger.json",  # where the controller merges the results
      "results": "<run tmp dir>/results.json",  # this session's entries, for the command
      "reuse": ["run:<ledger key>", ...],       # `--changed`: passing results kept, not re-run
-     "example_db": "<dir>" | null}             # hypothesis' example database (null: the project's)
+     "example_db": "<dir>" | null,             # hypothesis' example database (null: the project's)
+     "durations": {"<node id>": 12.5}}         # seconds each test took last time: longest first
 
 The plugin activates the manifest in each process (`activate`); the runtime reads the profile,
 the binds and the contract table from `active()` and nothing else. At session end the
@@ -53,6 +54,7 @@ class Manifest:
     results: str | None = None
     reuse: list[str] = field(default_factory=list)
     example_db: str | None = None
+    durations: dict[str, float] = field(default_factory=dict)
     version: int = VERSION
 
     def contract_path(self, contract_id: str) -> Path | None:

@@ -110,6 +110,20 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    manifest = config._falsify_manifest
+    if manifest is not None and manifest.durations:
+        _longest_first(items, manifest.durations)
+
+
+def _longest_first(items: list, durations: dict[str, float]) -> None:
+    """Under `falsify run`, the tests longest first by the seconds they took last time (a test
+    not timed yet counts as a median one): pytest-xdist hands tests out in this order, so the
+    long ones start while short ones can still fill in around them, and the workers finish
+    together instead of one running a two-minute probe alone at the end. Every worker sorts
+    the same collection by the same manifest, so they agree on the order, as xdist requires."""
+    known = sorted(durations.get(i.nodeid, 0.0) for i in items if i.nodeid in durations)
+    typical = known[len(known) // 2] if known else 0.0
+    items.sort(key=lambda i: -durations.get(i.nodeid, typical))
 
 
 def _reuse_key(item) -> str | None:
