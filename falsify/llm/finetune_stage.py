@@ -254,7 +254,7 @@ def _why_no_eval(cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> str:
             f"{'null: each epoch end' if cfg.eval_interval is None else cfg.eval_interval})")
 
 
-def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
+def _reward_summary(console: Console, cfg: GrpoConfig, r: FT.FinetuneResult) -> None:
     """GRPO: the mean reward of the first and last batches, and the curve as a PNG."""
     s = reward_summary(r.rewards)
     console.print(f"[bold]mean reward {s['first']:.4f} -> {s['last']:.4f}[/] (mean of the "
@@ -280,6 +280,10 @@ def _clip(text: str, lines: int = 12) -> str:
 
 
 def check_reward(cfg: FT.FinetuneConfig, args) -> None:
+    """GRPO's `module:function` reward comes from the project or an installed package (or
+    --allow-any-import); the other methods score with no reward."""
+    if not isinstance(cfg, GrpoConfig):
+        return
     proj = find_project()
     check_reward_origin(cfg.reward, proj.root if proj else None, args.allow_any_import)
 
