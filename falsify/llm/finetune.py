@@ -27,8 +27,9 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
 
 `FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
 the rest of the step is falsify/llm/trainer.Trainer's. GRPO (`method: grpo`, on code problems
-with a reward) is falsify/llm/grpo.py: its run and trainer extend the ones here, so `finetune()`,
-which picks the run for the config's method, sits above both (falsify/llm/finetune_stage.py).
+with a reward) is falsify/llm/grpo.py: its config, run and trainer extend the ones here, so
+`finetune()`, which picks the run for the config's method, and `load_config`, which picks the
+config class, sit above both (falsify/llm/finetune_stage.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ data-parallel job; `falsify pipeline`'s finetune stage calls `run_finetune` dire
 
 `finetune` is the run itself, for callers with a config in hand (tests, benches): it picks the
 run type for the config's method, falsify/llm/finetune.py:FinetuneRun or
-falsify/llm/grpo.py:GrpoRun, which extends it; so it lives here, above both modules.
+falsify/llm/grpo.py:GrpoRun, which extends it; so it lives here, above both modules. So do
+`load_config` and `config_from_dict`, which read a config of any method by its class:
+falsify/llm/finetune_config.py:FinetuneConfig, or falsify/llm/grpo.py:GrpoConfig for grpo (a
+GRPO field given with another method is an error naming it: nothing would read it).
 """
 
 from __future__ import annotations
@@ -144,15 +147,12 @@ def _read_by(cls, d: dict, method, source: str, from_text: bool) -> dict:
 
 
 def _as_class(cls, base: FT.FinetuneConfig | None, method) -> FT.FinetuneConfig | None:
-    """`base` as a `cls` whose method is `method` (a config that changes the method starts from
-    the other class's values); None stays None but for a method another class's default
-    does not hold."""
+    """`base` (None: the defaults) as a `cls` set to `method`: a config whose method changes
+    class keeps the values both classes have (and `_read_by` refuses GRPO values it drops);
+    None where the class's defaults are that already."""
     if base is None:
-        if method == cls.method or not isinstance(method, str):
-            return None
-        base = cls()
-    values = _read_by(cls, asdict(base), method, "config", False)
-    return cls(**{**values, "method": method if isinstance(method, str) else base.method})
+        return None if method == cls.method else cls(method=method)
+    return cls(**{**_read_by(cls, asdict(base), method, "config", False), "method": method})
 
 
 def resolve_config(args, console: Console) -> FT.FinetuneConfig:
