@@ -11,6 +11,7 @@ import json
 import math
 import re
 from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -350,6 +351,23 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     b = load_file(str(tmp_path / "cut" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert full.rewards[2:] == resumed.rewards
+
+
+def test_resume_reads_the_checkpoints_grpo_config_back(tmp_path):
+    """`falsify finetune --method grpo --resume`: the checkpoint's config (GRPO fields and all)
+    is read back as a GrpoConfig, and the command line's method agrees with it."""
+    from rich.console import Console
+
+    from falsify.probes.grpo_finetune import _base, _config, _problems
+
+    cfg = _config(str(tmp_path / "run"), 0, max_steps=2, save_every=1, group_size=2,
+                  kl_beta=0.5)
+    finetune(cfg, base=_base(0), problems=_problems(), stop_after=1)
+    args = FS.FinetuneArgs(resume="auto", overrides=["method=grpo",
+                                                     f"out_dir={tmp_path / 'run'}"])
+    got = FS.resolve_config(args, Console(quiet=True))
+    assert type(got) is GrpoConfig and got == cfg
+    assert Path(args.resume) == tmp_path / "run" / "checkpoints" / "step-00000001"
 
 
 def test_bench_grpo_times_both_sides(tmp_path):
