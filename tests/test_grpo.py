@@ -10,15 +10,25 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
 
 from falsify.llm import finetune as FT
+from falsify.llm import finetune_stage as FS
 from falsify.llm import rewards as RW
 from falsify.llm.evaluate import Problem, load_problems
 from falsify.llm.finetune_stage import finetune
-from falsify.llm.grpo import GrpoRun, sample_group, shipped_toy_problems, top_p_filter
+from falsify.llm.grpo import (
+    GRPO_FIELDS,
+    GrpoConfig,
+    GrpoRun,
+    sample_group,
+    shipped_toy_problems,
+    top_p_filter,
+)
 
 PROBLEM = Problem("t/0", "def f(x):\n    return", "f", " x\n",
                   "def check(candidate):\n    assert candidate(1) == 1\n"
@@ -35,28 +45,114 @@ PROBLEM = Problem("t/0", "def f(x):\n    return", "f", " x\n",
     ("reward=nocolon", "reward"), ("policy=full", "policy"), ("method=ppo", "method")])
 def test_bad_grpo_fields_are_errors_naming_the_field(override, field):
     with pytest.raises(FT.FinetuneConfigError, match=f"config field '?{field}"):
-        FT.load_config(None, ["method=grpo", override])
+        FS.load_config(None, ["method=grpo", override])
 
 
-def test_grpo_fields_on_another_method_are_errors():
-    with pytest.raises(FT.FinetuneConfigError, match="group_size.*only method=grpo"):
-        FT.load_config(None, ["method=qlora", "group_size=4"])
+# a valid value other than the default, for every field GRPO adds
+NOT_DEFAULT = {"policy": "lora", "group_size": "4", "prompts_per_step": "2",
+               "rollout_temperature": "0.5", "rollout_top_p": "0.9", "max_new_tokens": "8",
+               "stop_at_newline": "true", "clip_eps": "0.1", "kl_beta": "0.5",
+               "grpo_iterations": "2", "reward": "my_mod:score", "reward_error": "score:0"}
+
+
+def test_grpo_fields_are_grpo_configs_only():
+    finetune_fields = {f.name for f in fields(FT.FinetuneConfig)}
+    assert issubclass(GrpoConfig, FT.FinetuneConfig)
+    assert set(GRPO_FIELDS) == set(NOT_DEFAULT)
+    assert not set(GRPO_FIELDS) & finetune_fields
+    assert set(GRPO_FIELDS) == {f.name for f in fields(GrpoConfig)} - finetune_fields
+    assert type(FS.load_config(None, ["method=grpo"])) is GrpoConfig
+    assert type(FS.load_config(None, ["method=lora"])) is FT.FinetuneConfig
+
+
+@pytest.mark.parametrize("name", sorted(NOT_DEFAULT))
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_grpo_fields_on_another_method_are_errors(name, method):
+    with pytest.raises(FT.FinetuneConfigError,
+                       match=f"^config field {name}=.*only method=grpo reads it "
+                             f"\\(method='{method}'\\)"):
+        FS.load_config(None, [f"method={method}", f"{name}={NOT_DEFAULT[name]}"])
+    cfg = FS.load_config(None, ["method=grpo", f"{name}={NOT_DEFAULT[name]}"])
+    assert str(getattr(cfg, name)).lower() == NOT_DEFAULT[name]
+
+
+def test_a_grpo_field_in_a_config_file_with_another_method_names_its_line(tmp_path):
+    f = tmp_path / "ft.yaml"
+    f.write_text("method: lora\nlora_r: 4\ngrpo_iterations: 2\n")
+    with pytest.raises(FT.FinetuneConfigError,
+                       match=f"^{re.escape(str(f))}:3: config field grpo_iterations=2: only "
+                             "method=grpo reads it \\(method='lora'\\)"):
+        FS.load_config(f, [])
+    with pytest.raises(FT.FinetuneConfigError, match="grpo_iterations=2: only method=grpo"):
+        FS.load_config(f, ["method=qlora"])
+    # the command line's method replaces the file's, as any field it sets
+    cfg = FS.load_config(f, ["method=grpo"])
+    assert (type(cfg), cfg.method, cfg.lora_r, cfg.grpo_iterations) == (GrpoConfig, "grpo", 4, 2)
+    f.write_text("method: ppo\ngrpo_iterations: 2\n")  # a bad value is an error all the same
+    with pytest.raises(FT.FinetuneConfigError,
+                       match=f"^{re.escape(str(f))}:1: config field method='ppo': must be"):
+        FS.load_config(f, ["method=grpo"])
+
+
+def test_cli_refuses_a_grpo_field_with_method_lora(tmp_path, capsys):
+    from falsify.cli import main
+
+    assert main(["finetune", "--method", "lora", "prompts_per_step=2",
+                 f"cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'o'}"]) == 2
+    assert "config field prompts_per_step=2: only method=grpo reads it" in \
+        capsys.readouterr().out
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_file_of_grpo_fields_reads_with_method_grpo_given_on_the_command_line(tmp_path):
+    """The method is the last one set, whichever of file and command line sets it: a file
+    without `method` is read by the class of the command line's."""
+    f = tmp_path / "grpo.yaml"
+    f.write_text("group_size: 4\nreward_error: score:0\n")
+    cfg = FS.load_config(f, ["method=grpo"])
+    assert (type(cfg), cfg.group_size, cfg.reward_error) == (GrpoConfig, 4, "score:0")
+
+
+def test_a_checkpoint_config_recording_grpo_defaults_reads_as_a_finetune_config():
+    """Checkpoints written while FinetuneConfig held every method's fields record GRPO's at
+    their defaults for a lora / qlora run: resuming one reads them back."""
+    saved = {**asdict(FT.FinetuneConfig()), **{k: getattr(GrpoConfig, k) for k in GRPO_FIELDS}}
+    cfg = FS.config_from_dict(saved, source="checkpoint config")
+    assert cfg == FT.FinetuneConfig()
+    with pytest.raises(FT.FinetuneConfigError, match="^config field kl_beta=0.5: only"):
+        FS.config_from_dict({**saved, "kl_beta": 0.5}, source="checkpoint config")
+
+
+def test_changing_the_method_over_a_grpo_config_keeps_only_what_the_method_reads():
+    grpo = FS.load_config(None, ["method=grpo", "lora_r=4"])
+    cfg = FS.config_from_dict({"method": "lora"}, base=grpo)
+    assert (type(cfg), cfg.method, cfg.lora_r) == (FT.FinetuneConfig, "lora", 4)
+    tuned = FS.load_config(None, ["method=grpo", "group_size=4"])
+    with pytest.raises(FT.FinetuneConfigError, match="^config field group_size=4: only"):
+        FS.config_from_dict({"method": "lora"}, base=tuned)
+
+
+@pytest.mark.parametrize("cls, method", [(FT.FinetuneConfig, "grpo"), (GrpoConfig, "qlora")])
+def test_a_config_class_refuses_the_method_it_does_not_configure(cls, method):
+    with pytest.raises(FT.FinetuneConfigError, match=f"config field method='{method}': "
+                                                     f"{cls.__name__} configures"):
+        cls.load(None, [f"method={method}"])
 
 
 @pytest.mark.parametrize("override, field", [("grad_accum=2", "grad_accum"),
                                              ("lora_dropout=0.1", "lora_dropout")])
 def test_grpo_refuses_shared_fields_it_cannot_honour(override, field):
-    cfg = FT.load_config(None, ["method=grpo", override, "device=cpu", "out_dir=unused"])
+    cfg = FS.load_config(None, ["method=grpo", override, "device=cpu", "out_dir=unused"])
     with pytest.raises(FT.FinetuneConfigError, match=f"config field {field}="):
         GrpoRun(cfg, FT.Objectives())
 
 
 def test_grpo_iterations_must_divide_steps_and_checkpoints():
-    cfg = FT.load_config(None, ["method=grpo", "grpo_iterations=2", "max_steps=5",
+    cfg = FS.load_config(None, ["method=grpo", "grpo_iterations=2", "max_steps=5",
                                 "device=cpu"])
     with pytest.raises(FT.FinetuneConfigError, match="max_steps=5: must be a multiple"):
         GrpoRun(cfg, FT.Objectives())
-    cfg = FT.load_config(None, ["method=grpo", "grpo_iterations=2", "save_every=3",
+    cfg = FS.load_config(None, ["method=grpo", "grpo_iterations=2", "save_every=3",
                                 "device=cpu"])
     with pytest.raises(FT.FinetuneConfigError, match="save_every=3"):
         GrpoRun(cfg, FT.Objectives())
@@ -255,6 +351,23 @@ def test_a_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
     b = load_file(str(tmp_path / "cut" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert full.rewards[2:] == resumed.rewards
+
+
+def test_resume_reads_the_checkpoints_grpo_config_back(tmp_path):
+    """`falsify finetune --method grpo --resume`: the checkpoint's config (GRPO fields and all)
+    is read back as a GrpoConfig, and the command line's method agrees with it."""
+    from rich.console import Console
+
+    from falsify.probes.grpo_finetune import _base, _config, _problems
+
+    cfg = _config(str(tmp_path / "run"), 0, max_steps=2, save_every=1, group_size=2,
+                  kl_beta=0.5)
+    finetune(cfg, base=_base(0), problems=_problems(), stop_after=1)
+    args = FS.FinetuneArgs(resume="auto", overrides=["method=grpo",
+                                                     f"out_dir={tmp_path / 'run'}"])
+    got = FS.resolve_config(args, Console(quiet=True))
+    assert type(got) is GrpoConfig and got == cfg
+    assert Path(args.resume) == tmp_path / "run" / "checkpoints" / "step-00000001"
 
 
 def test_bench_grpo_times_both_sides(tmp_path):

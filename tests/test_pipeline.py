@@ -107,6 +107,10 @@ def test_a_stage_must_be_a_mapping(tmp_path, capsys):
     ("distill: {alpha: lots}", "stage 'distill': config field 'alpha': cannot parse 'lots'"),
     ("finetune: {lora_r: x}", "stage 'finetune': config field 'lora_r': cannot parse 'x' as "
                               "int"),
+    ("finetune: {group_size: 4}", "stage 'finetune': config field group_size=4: only "
+                                  "method=grpo reads it (method='qlora')"),
+    ("finetune: {method: grpo, group_size: 1}", "stage 'finetune': config field group_size=1: "
+                                                "must be >= 2"),
 ])
 def test_a_bad_stage_setting_names_the_file_stage_and_key(tmp_path, capsys, settings, message):
     """Settings the pipeline hands to a library function are checked up front, before any

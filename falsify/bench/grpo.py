@@ -65,10 +65,10 @@ class Ours:
 
     def __init__(self, root: Path, P: int, G: int, M: int, steps: int):
         from falsify.llm import finetune as FT
-        from falsify.llm.grpo import GrpoRun
+        from falsify.llm.grpo import GrpoConfig, GrpoRun
 
         base, _, ps = _setup(root)
-        cfg = FT.config_from_dict(dict(
+        cfg = GrpoConfig.from_dict(dict(
             method="grpo", policy="lora", lora_r=RANK, lora_alpha=ALPHA, group_size=G,
             prompts_per_step=P, max_new_tokens=M, max_steps=steps + 1, warmup_steps=0, lr=LR,
             lr_min=LR, kl_beta=BETA, reward=f"{__name__}:space_reward", progress=False,

@@ -84,8 +84,9 @@ def register(sub) -> None:
                    help="let a `module:function` reward import a module from outside the "
                         "project and the installed packages (it runs that module's code)")
     p.add_argument("--config", metavar="FILE",
-                   help=f"YAML file of FinetuneConfig fields ({CONFIG_FILE_LIMITS}; duplicate "
-                        "keys and YAML tags are errors)")
+                   help=f"YAML file of config fields: FinetuneConfig's, with method grpo "
+                        f"GrpoConfig's ({CONFIG_FILE_LIMITS}; duplicate keys and YAML tags are "
+                        "errors)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="DIR",
                    help="continue from a checkpoint (default: the latest in out_dir)")
     p.add_argument("overrides", nargs="*", metavar="key=value",

@@ -1,5 +1,6 @@
 """Loop configs: one strict base (`LoopConfig`) that pretraining (`TrainConfig`) and fine-tuning
-(falsify/llm/finetune.py's `FinetuneConfig`) extend, with one set of parsing and value rules.
+(falsify/llm/finetune_config.py's `FinetuneConfig`, and falsify/llm/grpo.py's `GrpoConfig` on it)
+extend, with one set of parsing and value rules.
 
 A config is a flat dataclass: an unknown field, a wrong type or an impossible value is an error
 naming the field, never a silent default (a YAML key read under the wrong name, or max_steps

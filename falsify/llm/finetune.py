@@ -2,7 +2,8 @@
 reward-weighted SFT or DPO data, on the pretraining loop's core.
 
 Shared with pretraining (imported, not copied): the config base with its parsing and value
-rules (falsify/llm/config.py: `FinetuneConfig` extends `LoopConfig`), the optimizer step
+rules (falsify/llm/config.py's `LoopConfig`, which falsify/llm/finetune_config.py's
+`FinetuneConfig` extends), the optimizer step
 (falsify/llm/trainer.py: warmup + cosine schedule, clip, AdamW over the requires_grad parameters —
 i.e. the adapters —, Andon stops; the kernels come from the model's Ops bundle and are the ones
 the adamw, grad-clip and lr-schedule contracts check), the config algebra
@@ -26,8 +27,9 @@ Objectives, all normalised per optimizer step (so grad_accum changes nothing but
 
 `FinetuneTrainer.micro_loss` is the one place the objective runs and `count` its normaliser;
 the rest of the step is falsify/llm/trainer.Trainer's. GRPO (`method: grpo`, on code problems
-with a reward) is falsify/llm/grpo.py: its run and trainer extend the ones here, so `finetune()`,
-which picks the run for the config's method, sits above both (falsify/llm/finetune_stage.py).
+with a reward) is falsify/llm/grpo.py: its config, run and trainer extend the ones here, so
+`finetune()`, which picks the run for the config's method, and `load_config`, which picks the
+config class, sit above both (falsify/llm/finetune_stage.py).
 """
 
 from __future__ import annotations
@@ -37,10 +39,8 @@ import json
 import logging
 import math
 import typing
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -52,17 +52,7 @@ from falsify.llm import distributed, gguf_io, hf
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
 from falsify.llm import sft_data as SD
-from falsify.llm.config import (
-    AT_LEAST_1,
-    NON_NEGATIVE,
-    POSITIVE,
-    RULES,
-    UNIT_OPEN,
-    ConfigError,
-    FinetuneConfigError,
-    LoopConfig,
-    check_resume_config,
-)
+from falsify.llm.config import FinetuneConfigError, check_resume_config
 from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, ...)
     AdapterView,
     Base,
@@ -72,129 +62,20 @@ from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, .
     builtin_base_config,
     load_base,
 )
+from falsify.llm.finetune_config import (  # noqa: F401  (the API: FT.load_config, ...)
+    METHODS,
+    FinetuneConfig,
+    config_from_dict,
+    load_config,
+    lora_spec,
+    validate_config,
+)
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config, check_config_algebra
-from falsify.llm.rewards import parse_reward_error
 from falsify.llm.run_base import OneProcess, RunBase
 from falsify.llm.trainer import StepStats, Trainer
 
 log = logging.getLogger("falsify.finetune")
-
-
-# the objective: lora / qlora train SFT, reward-weighted SFT or DPO on an fp32 / NF4 base (which
-# one the data decides: preference pairs are DPO), grpo runs GRPO on code problems
-METHODS = ("lora", "qlora", "grpo")
-
-
-@dataclass
-class FinetuneConfig(LoopConfig):
-    error: ClassVar[type[ConfigError]] = FinetuneConfigError
-
-    method: str = "qlora"  # lora | qlora | grpo (the objective; its adapter: `policy`)
-    model: str | None = None  # our checkpoint / run dir, or an HF LLaMA dir; null: built-in
-    data: list[str] = field(default_factory=list)  # JSONL files; []: the shipped dataset
-    # adapters
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: list(LM.DEFAULT_TARGETS))
-    freeze_layers: int = 0
-    double_quant: bool = True
-    nf4_blocksize: int = 64
-    rslora: bool = False
-    # train the masked delta W + M ⊙ (s·B·A) with the base's pruning masks (masks.safetensors,
-    # `falsify prune`), so the merged model keeps every pruned weight at exactly 0
-    keep_masks: bool = False
-    # data
-    train_on_prompt: bool = False
-    seq_len: int | None = None  # null: the base's max_seq_len
-    overlong: str = "truncate"  # truncate | drop | error (counts are reported either way)
-    val_split: float = 0.05
-    shuffle: bool = True
-    max_examples: int | None = None  # use the first N examples (after tokenizing)
-    # steps
-    batch_size: int = 8
-    max_steps: int | None = None  # null: epochs x steps_per_epoch
-    warmup_steps: int | None = None  # null: 5 % of max_steps (rounded down)
-    # optimizer (the lr suits the tiny built-in base)
-    lr: float = 2e-3
-    lr_min: float = 2e-4
-    beta2: float = 0.999
-    weight_decay: float = 0.01
-    dpo_beta: float = 0.1
-    # evaluation, early stopping, checkpoints
-    eval_interval: int | None = None  # null: at the end of every epoch and of the run
-    early_stopping_patience: int | None = None  # evaluations without a new best val loss
-    save_every: int = 0  # 0: only at the end (and on early stop)
-    out_dir: str = "runs/finetune"
-    # the built-in base (only when model is null): steps of the pretraining loop on the stdlib
-    base_steps: int = 200
-    # sample at the end (base vs base+adapter on held-out prompts)
-    sample_tokens: int = 64
-    sample_count: int = 2
-    sample_temperature: float = 0.7  # 0: greedy
-    # GRPO (method grpo; falsify/llm/grpo.py): data = code problems in the evaluation format
-    policy: str = "qlora"  # lora | qlora: the adapter GRPO trains
-    group_size: int = 8  # G completions sampled per prompt
-    prompts_per_step: int = 4  # P prompts per batch (a batch is P·G sequences)
-    rollout_temperature: float = 1.0
-    rollout_top_p: float = 1.0
-    max_new_tokens: int = 24
-    stop_at_newline: bool = False  # a completion also ends at its first newline (one-line bodies)
-    clip_eps: float = 0.2  # the ratio is clipped to [1 − ε, 1 + ε]
-    kl_beta: float = 0.04  # weight of the k3 KL to the reference (the frozen base)
-    grpo_iterations: int = 1  # optimizer steps per sampled batch (π_old fixed across them)
-    reward: str = "builtin:unit_tests"  # or a user's module:function(prompt, completion, problem)
-    reward_error: str = "error"  # a raising reward: error (stop after the step) | score:<number>
-
-    rules: ClassVar[dict] = {
-        **RULES,
-        **{k: AT_LEAST_1 for k in ("base_steps", "max_examples", "early_stopping_patience")},
-        **{k: NON_NEGATIVE for k in ("save_every", "sample_count")},
-        "dpo_beta": POSITIVE,
-        "val_split": UNIT_OPEN,
-        "overlong": (lambda v: v in ("truncate", "drop", "error"),
-                     "must be truncate, drop or error"),
-        "method": (lambda v: v in METHODS, "must be lora, qlora or grpo"),
-        "policy": (lambda v: v in ("lora", "qlora"), "must be lora or qlora"),
-        "group_size": (lambda v: v >= 2, "must be >= 2 (an advantage compares a group's "
-                       "completions)"),
-        **{k: AT_LEAST_1 for k in ("prompts_per_step", "max_new_tokens", "grpo_iterations")},
-        "rollout_temperature": POSITIVE,
-        "rollout_top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-        "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
-        "kl_beta": NON_NEGATIVE,
-        "reward": (lambda v: ":" in v, "must be builtin:unit_tests or module:function"),
-        "reward_error": (lambda v: _reward_error_ok(v), "must be error or score:<number>, "
-                         "e.g. score:0"),
-    }
-
-    def extra_rules(self) -> Iterator[tuple[bool, str, str]]:
-        yield from super().extra_rules()
-        yield (self.early_stopping_patience is None or self.val_split > 0,
-               "early_stopping_patience",
-               "needs val_split > 0 (early stopping watches the validation loss)")
-        if self.method != "grpo":  # a GRPO field set on another method would go unused
-            for name in GRPO_FIELDS:
-                yield (getattr(self, name) == getattr(FinetuneConfig, name), name,
-                       f"only method=grpo reads it (method={self.method!r})")
-
-    def validate(self) -> None:
-        super().validate()
-        lora_spec(self)
-
-
-GRPO_FIELDS = ("policy", "group_size", "prompts_per_step", "rollout_temperature",
-               "rollout_top_p", "max_new_tokens", "stop_at_newline", "clip_eps", "kl_beta",
-               "grpo_iterations", "reward", "reward_error")
-
-
-def _reward_error_ok(v: str) -> bool:
-    try:
-        parse_reward_error(v)
-    except ValueError:
-        return False
-    return True
 
 
 RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "save_every",
@@ -202,36 +83,6 @@ RESUME_MUTABLE = {"eval_interval", "early_stopping_patience", "log_interval", "s
                   "andon_loss_max", "sample_tokens", "sample_count", "sample_temperature",
                   "sample_top_k"}
 SHIPPED = str(SD.SHIPPED_DATASET)
-
-
-# ----------------------------------------------------------------------------- config
-def config_from_dict(d: dict, source: str = "config", base: FinetuneConfig | None = None,
-                     from_text: bool = False) -> FinetuneConfig:
-    return FinetuneConfig.from_dict(d, source, base, from_text)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] = (),
-                base: FinetuneConfig | None = None) -> FinetuneConfig:
-    return FinetuneConfig.load(path, overrides, base)
-
-
-def validate_config(cfg: FinetuneConfig) -> None:
-    cfg.validate()
-
-
-def lora_spec(cfg: FinetuneConfig) -> LM.LoraSpec:
-    try:
-        method = cfg.policy if cfg.method == "grpo" else cfg.method
-        return LM.LoraSpec(method=method, r=cfg.lora_r, alpha=cfg.lora_alpha,
-                           dropout=cfg.lora_dropout, targets=LM.normalize_targets(cfg.targets),
-                           freeze_layers=cfg.freeze_layers, double_quant=cfg.double_quant,
-                           blocksize=cfg.nf4_blocksize, rslora=cfg.rslora,
-                           seed=cfg.seed).validate()
-    except LM.LoraConfigError as e:
-        raise FinetuneConfigError(str(e).replace("field r=", "field lora_r=")
-                                  .replace("field alpha=", "field lora_alpha=")
-                                  .replace("field dropout=", "field lora_dropout=")
-                                  .replace("field blocksize=", "field nf4_blocksize=")) from None
 
 
 # -------------------------------------------------------------------------- objectives

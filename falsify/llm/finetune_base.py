@@ -10,7 +10,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,10 +26,8 @@ from falsify.llm.config import (
     model_config,
 )
 from falsify.llm.config import config_from_dict as train_config_from_dict
+from falsify.llm.finetune_config import FinetuneConfig, load_config
 from falsify.llm.model import ModelConfig, Transformer, build_model
-
-if TYPE_CHECKING:
-    from falsify.llm.finetune import FinetuneConfig
 
 
 @dataclass
@@ -238,8 +235,6 @@ def base_or_builtin(model: str | None, backend: str = "auto", console=None,
     builtin_base_config's."""
     if model:
         return load_base(model, backend)
-    from falsify.llm.finetune import load_config
-
     return builtin_base(load_config(None, [f"backend={backend}", "progress=false"]), console,
                         data)
 

@@ -5,13 +5,17 @@ data-parallel job; `falsify pipeline`'s finetune stage calls `run_finetune` dire
 
 `finetune` is the run itself, for callers with a config in hand (tests, benches): it picks the
 run type for the config's method, falsify/llm/finetune.py:FinetuneRun or
-falsify/llm/grpo.py:GrpoRun, which extends it; so it lives here, above both modules.
+falsify/llm/grpo.py:GrpoRun, which extends it; so it lives here, above both modules. So do
+`load_config` and `config_from_dict`, which read a config of any method by its class:
+falsify/llm/finetune_config.py:FinetuneConfig, or falsify/llm/grpo.py:GrpoConfig for grpo (a
+GRPO field given with another method is an error naming it: nothing would read it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -27,11 +31,19 @@ from falsify.llm import sft_data as SD
 from falsify.llm.config import (
     ConfigError,
     FinetuneConfigError,
+    coerce_value,
     parse_overrides,
     read_yaml_config,
 )
+from falsify.llm.config_file import FieldLines
 from falsify.llm.data import DataError
-from falsify.llm.grpo import GrpoRun, reward_summary, shipped_toy_problems
+from falsify.llm.grpo import (
+    GRPO_FIELDS,
+    GrpoConfig,
+    GrpoRun,
+    reward_summary,
+    shipped_toy_problems,
+)
 from falsify.llm.lora_model import LoraConfigError
 from falsify.llm.preflight import PreflightError
 from falsify.llm.rewards import RewardConfigError, RewardFailed, check_reward_origin
@@ -60,22 +72,105 @@ class FinetuneArgs:
     allow_any_import: bool = False
 
 
+# ---------------------------------------------------------------------------- config
+def config_class(method) -> type[FT.FinetuneConfig]:
+    """The config class of a method: GrpoConfig for grpo, FinetuneConfig for the others (and
+    for a method that is none: its rule then says which methods there are)."""
+    return GrpoConfig if method == "grpo" else FT.FinetuneConfig
+
+
+def config_from_dict(d: dict, source: str = "config", base: FT.FinetuneConfig | None = None,
+                     from_text: bool = False) -> FT.FinetuneConfig:
+    """A config of any method: `d`'s fields over `base`'s (or the defaults), read by the class
+    of the method they set. A GRPO field given another value than its default with another
+    method is an error naming it (nothing would read it)."""
+    method = d.get("method", base.method if base is not None else FT.FinetuneConfig.method)
+    cls = config_class(method)
+    return cls.from_dict(_read_by(cls, d, method, source, from_text), source,
+                         _as_class(cls, base, method), from_text)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (),
+                base: FT.FinetuneConfig | None = None) -> FT.FinetuneConfig:
+    """A config of any method: the YAML file, then `key=value` overrides, over `base`; the
+    method is the last of them that sets it, and its class reads them all."""
+    given = read_yaml_config(path) if path is not None else FieldLines()
+    over = parse_overrides(list(overrides))
+    method = over.get("method", given.get("method", base.method if base is not None else
+                                           FT.FinetuneConfig.method))
+    cls = config_class(method)
+    if "method" in over:
+        given = _method_overridden(given, str(path))
+    cfg = _as_class(cls, base, method) or cls()
+    if path is not None:  # as LoopConfig.load: the file, then the overrides, each checked
+        cfg = cls.from_dict(_read_by(cls, given, method, str(path), False), str(path), cfg)
+    if overrides:
+        cfg = cls.from_dict(_read_by(cls, over, method, "command line", True), "command line",
+                            cfg, from_text=True)
+    cfg.validate()
+    return cfg
+
+
+def _method_overridden(given: dict, source: str) -> dict:
+    """A file's fields when the command line sets the method: the file's method, which must
+    still be one, is replaced (the file is read by the class of the command line's)."""
+    if "method" not in given:
+        return given
+    lines = getattr(given, "lines", {})
+    ok, why = FT.FinetuneConfig.rules["method"]
+    if not (isinstance(given["method"], str) and ok(given["method"])):
+        where = f"{source}:{lines['method']}: " if "method" in lines else ""
+        raise FinetuneConfigError(f"{where}config field method={given['method']!r}: {why}")
+    return FieldLines({k: v for k, v in given.items() if k != "method"}, lines=lines)
+
+
+def _read_by(cls, d: dict, method, source: str, from_text: bool) -> dict:
+    """`d` as `cls` reads it: for a class without GRPO's fields, those `d` gives at their
+    defaults are left out (a checkpoint of a run from before GrpoConfig records them all), and
+    one set to another value is an error naming it and, from a file, its line."""
+    if cls is GrpoConfig or not set(d) & set(GRPO_FIELDS):
+        return d
+    lines = getattr(d, "lines", {})
+    hints = typing.get_type_hints(GrpoConfig)
+    for k in GRPO_FIELDS:
+        if k not in d:
+            continue
+        try:
+            value = coerce_value(k, hints[k], d[k], from_text)
+        except ConfigError:
+            value = d[k]
+        if value != getattr(GrpoConfig, k):
+            where = f"{source}:{lines[k]}: " if k in lines else ""
+            raise FinetuneConfigError(f"{where}config field {k}={value!r}: only method=grpo "
+                                      f"reads it (method={method!r})")
+    return FieldLines({k: v for k, v in d.items() if k not in GRPO_FIELDS}, lines=lines)
+
+
+def _as_class(cls, base: FT.FinetuneConfig | None, method) -> FT.FinetuneConfig | None:
+    """`base` (None: the defaults) as a `cls` set to `method`: a config whose method changes
+    class keeps the values both classes have (and `_read_by` refuses GRPO values it drops);
+    None where the class's defaults are that already."""
+    if base is None:
+        return None if method == cls.method else cls(method=method)
+    return cls(**{**_read_by(cls, asdict(base), method, "config", False), "method": method})
+
+
 def resolve_config(args, console: Console) -> FT.FinetuneConfig:
     """The run's config: the checkpoint's on resume (`args.resume` resolved in place to the
     checkpoint used), else the file and overrides, with the built-in demo's settings where
     neither data nor a base model is given."""
     overrides = list(args.overrides)
     if args.resume:
-        base = FT.load_config(args.config, []) if args.config else FT.FinetuneConfig()
+        base = load_config(args.config, []) if args.config else FT.FinetuneConfig()
         out_dir = parse_overrides(overrides).get("out_dir", base.out_dir)
         target = out_dir if args.resume == "auto" else args.resume
         # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
         args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
                                                    for_resume=True))
         saved = ckpt_mod.read_state(args.resume)["config"]
-        cfg = FT.config_from_dict(saved["finetune_requested"], source="checkpoint config")
-        return FT.load_config(args.config, overrides, base=cfg)
-    cfg = FT.load_config(args.config, overrides)
+        cfg = config_from_dict(saved["finetune_requested"], source="checkpoint config")
+        return load_config(args.config, overrides, base=cfg)
+    cfg = load_config(args.config, overrides)
     given = set(parse_overrides(overrides))
     if args.config:
         given |= set(read_yaml_config(args.config))
@@ -83,7 +178,7 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
         grpo = cfg.method == "grpo"
         demo = {k: v for k, v in (DEMO_GRPO if grpo else DEMO).items() if k not in given}
         if demo:
-            cfg = FT.config_from_dict(demo, source="built-in demo", base=cfg)
+            cfg = config_from_dict(demo, source="built-in demo", base=cfg)
             console.print(f"built-in demo (shipped {'toy problems' if grpo else 'dataset'}, "
                           "built-in base): "
                           + " ".join(f"{k}={v}" for k, v in demo.items())
@@ -159,7 +254,7 @@ def _why_no_eval(cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> str:
             f"{'null: each epoch end' if cfg.eval_interval is None else cfg.eval_interval})")
 
 
-def _reward_summary(console: Console, cfg: FT.FinetuneConfig, r: FT.FinetuneResult) -> None:
+def _reward_summary(console: Console, cfg: GrpoConfig, r: FT.FinetuneResult) -> None:
     """GRPO: the mean reward of the first and last batches, and the curve as a PNG."""
     s = reward_summary(r.rewards)
     console.print(f"[bold]mean reward {s['first']:.4f} -> {s['last']:.4f}[/] (mean of the "
@@ -185,6 +280,10 @@ def _clip(text: str, lines: int = 12) -> str:
 
 
 def check_reward(cfg: FT.FinetuneConfig, args) -> None:
+    """GRPO's `module:function` reward comes from the project or an installed package (or
+    --allow-any-import); the other methods score with no reward."""
+    if not isinstance(cfg, GrpoConfig):
+        return
     proj = find_project()
     check_reward_origin(cfg.reward, proj.root if proj else None, args.allow_any_import)
 

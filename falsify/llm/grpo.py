@@ -13,6 +13,9 @@ then `grpo_iterations` optimizer steps, each minimising the clipped-ratio object
 β·KL(k3) against the reference (the grpo-loss kernel), through the shared trainer (clip,
 AdamW, schedule, Andon), checkpoints, metrics.jsonl and resume.
 
+The config is `GrpoConfig`: falsify/llm/finetune_config.py's `FinetuneConfig` and the fields
+GRPO adds (`GRPO_FIELDS`: the policy adapter, the rollouts, the reward).
+
 The swappable pieces (`GrpoParts`: sampler, reference and old log-probs, reward scoring, the
 kernel functions) are what falsify/contracts/grpo-finetune-v1.yaml binds and its mutants replace.
 """
@@ -22,9 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,8 +38,9 @@ from falsify.llm import data as data_mod
 from falsify.llm import finetune as FT
 from falsify.llm import lora_model as LM
 from falsify.llm import rewards as RW
-from falsify.llm.config import FinetuneConfigError
+from falsify.llm.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, FinetuneConfigError
 from falsify.llm.evaluate import EvalError, load_problems
+from falsify.llm.finetune_config import FinetuneConfig
 from falsify.llm.preflight import check_warmup
 from falsify.llm.run_base import QuietProgress
 from falsify.llm.sft_data import SFTExample
@@ -48,6 +53,62 @@ ADV_EPS = 1e-4  # std + eps in the advantage: a group of equal rewards gets A = 
 def shipped_toy_problems():
     return Path(str(resources.files("falsify.llm") / "evalset" /
                     "toy-code-problems.jsonl"))
+
+
+# ------------------------------------------------------------------------------ config
+@dataclass
+class GrpoConfig(FinetuneConfig):
+    """`method: grpo`: a fine-tuning config (the base, the adapter's shape, steps, optimizer,
+    checkpoints) and what GRPO adds: the adapter it trains, the rollouts and the reward.
+    `data` are code problems in the evaluation format (falsify/llm/evaluate.py)."""
+
+    configures: ClassVar[tuple[str, ...]] = ("grpo",)
+
+    method: str = "grpo"
+    policy: str = "qlora"  # lora | qlora: the adapter GRPO trains
+    group_size: int = 8  # G completions sampled per prompt
+    prompts_per_step: int = 4  # P prompts per batch (a batch is P·G sequences)
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    max_new_tokens: int = 24
+    stop_at_newline: bool = False  # a completion also ends at its first newline (one-line bodies)
+    clip_eps: float = 0.2  # the ratio is clipped to [1 − ε, 1 + ε]
+    kl_beta: float = 0.04  # weight of the k3 KL to the reference (the frozen base)
+    grpo_iterations: int = 1  # optimizer steps per sampled batch (π_old fixed across them)
+    reward: str = "builtin:unit_tests"  # or a user's module:function(prompt, completion, problem)
+    reward_error: str = "error"  # a raising reward: error (stop after the step) | score:<number>
+
+    rules: ClassVar[dict] = {
+        **FinetuneConfig.rules,
+        "policy": (lambda v: v in ("lora", "qlora"), "must be lora or qlora"),
+        "group_size": (lambda v: v >= 2, "must be >= 2 (an advantage compares a group's "
+                       "completions)"),
+        **{k: AT_LEAST_1 for k in ("prompts_per_step", "max_new_tokens", "grpo_iterations")},
+        "rollout_temperature": POSITIVE,
+        "rollout_top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "clip_eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+        "kl_beta": NON_NEGATIVE,
+        "reward": (lambda v: ":" in v, "must be builtin:unit_tests or module:function"),
+        "reward_error": (lambda v: _reward_error_ok(v), "must be error or score:<number>, "
+                         "e.g. score:0"),
+    }
+
+    @property
+    def adapter(self) -> str:
+        return self.policy
+
+
+def _reward_error_ok(v: str) -> bool:
+    try:
+        RW.parse_reward_error(v)
+    except ValueError:
+        return False
+    return True
+
+
+# the fields GRPO adds: only method=grpo reads them
+GRPO_FIELDS = tuple(f.name for f in fields(GrpoConfig)
+                    if f.name not in {g.name for g in fields(FinetuneConfig)})
 
 
 # ------------------------------------------------------------------------------ sampling
@@ -242,7 +303,7 @@ class GrpoTrainer(FT.FinetuneTrainer):
 
 
 # ------------------------------------------------------------------------------ the run
-def check_config(cfg) -> None:
+def check_config(cfg: GrpoConfig) -> None:
     """What GRPO needs of the shared fields (each error names its field)."""
     need = [(cfg.grad_accum == 1, "grad_accum", "GRPO takes one rollout batch per step "
              "(prompts_per_step x group_size sequences); set grad_accum=1"),
@@ -304,7 +365,7 @@ def reference_examples(prompts: list[list[int]], problems: list, tok) -> list[SF
 class GrpoRun(FT.FinetuneRun):
     """A fine-tuning run whose data are code problems and whose step is a GRPO update."""
 
-    def __init__(self, cfg, obj: FT.Objectives, parts: GrpoParts | None = None):
+    def __init__(self, cfg: GrpoConfig, obj: FT.Objectives, parts: GrpoParts | None = None):
         super().__init__(cfg, obj)
         check_config(cfg)
         self.parts = parts or GrpoParts()

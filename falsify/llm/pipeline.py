@@ -33,7 +33,6 @@ from rich.console import Console
 
 from falsify.llm import distill as D
 from falsify.llm import eval_stage as ES
-from falsify.llm import finetune as FT
 from falsify.llm import finetune_stage as FS
 from falsify.llm import merge_stage as MS
 from falsify.llm import prune_stage as PS
@@ -132,7 +131,9 @@ def load_spec(path: str | Path | None) -> dict:
     return spec
 
 
-CONFIGS = {"pretrain": TrainConfig, "distill": D.DistillConfig, "finetune": FT.FinetuneConfig}
+# each config stage's reader (finetune's picks FinetuneConfig or GrpoConfig by the method)
+CONFIGS = {"pretrain": TrainConfig.from_dict, "distill": D.DistillConfig.from_dict,
+           "finetune": FS.config_from_dict}
 
 
 def _check_fields(stage: str, settings: dict, where: str) -> None:
@@ -140,8 +141,7 @@ def _check_fields(stage: str, settings: dict, where: str) -> None:
     unknown field or a bad value is a PipelineError naming `where`, the stage and the key."""
     source = f"{where}: stage {stage!r}"
     try:
-        CONFIGS[stage].from_dict(parse_overrides(_overrides(settings)), source=source,
-                                 from_text=True)
+        CONFIGS[stage](parse_overrides(_overrides(settings)), source=source, from_text=True)
     except ConfigError as e:
         msg = str(e)
         raise PipelineError(msg if msg.startswith(source) else f"{source}: {msg}") from None

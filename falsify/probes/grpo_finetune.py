@@ -81,7 +81,7 @@ def flaky_reward(prompt, completion, problem) -> float:
 
 
 def _config(out: str, seed: int, **kw):
-    from falsify.llm import finetune as FT
+    from falsify.llm.grpo import GrpoConfig
 
     d = dict(method="grpo", policy="qlora", lora_r=4, lora_alpha=8.0, group_size=4,
              prompts_per_step=2, max_new_tokens=6, max_steps=3, warmup_steps=0, lr=2e-2,
@@ -89,7 +89,7 @@ def _config(out: str, seed: int, **kw):
              progress=False, sample_count=0, backend="torch", device="cpu", out_dir=out,
              threads=1, seed=seed)
     d.update(kw)
-    return FT.config_from_dict(d, source="contract check")
+    return GrpoConfig.from_dict(d, source="contract check")
 
 
 def _run(backend: str, seed: int = 0, before=None, **kw):
