@@ -74,3 +74,20 @@ def test_the_compiler_runs_without_the_interpreter(tmp_path, monkeypatch):
     assert os.environ.get("TRITON_INTERPRET") == "1"
     ref = _module(tmp_path, monkeypatch, "kern_env", ELEMENTWISE)
     assert static.compile_in_subprocess(ref, DOT_SIG, {"BLOCK": 64}, 90)["wgmma"] is False
+
+
+def test_a_compile_server_that_cannot_start_says_why(tmp_path, monkeypatch):
+    """The server's own failure (here: a Triton that cannot be imported) reaches the check's
+    message; a server started afterwards, with a working Triton, compiles again."""
+    fake = tmp_path / "broken"
+    (fake / "triton").mkdir(parents=True)
+    (fake / "triton" / "__init__.py").write_text("raise ImportError('this triton is broken')\n")
+    env = static._compile_env()
+    monkeypatch.setattr(static, "_compile_env",
+                        lambda: {**env, "PYTHONPATH": f"{fake}:{env.get('PYTHONPATH', '')}"})
+    static._SERVER.stop()
+    with pytest.raises(CheckFailed, match="this triton is broken"):
+        static.compile_in_subprocess("kern:k", SIG, {"BLOCK": 64}, 80)
+    monkeypatch.setattr(static, "_compile_env", lambda: env)
+    ok = _module(tmp_path, monkeypatch, "kern_after", ELEMENTWISE)
+    assert static.compile_in_subprocess(ok, DOT_SIG, {"BLOCK": 64}, 80)["target"] == "sm_80"

@@ -59,16 +59,27 @@ class _Server:
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
+        self.log = None  # the server's own stderr: why it died, if it dies
 
     def _start(self) -> subprocess.Popen:
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "falsify.harness.kinds.static", "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             text=True, env=_compile_env(), start_new_session=True)
         return self.proc
 
+    def _why(self) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
+        log, self.log = self.log, None
+        if log is not None:
+            log.close()
         if proc is None:
             return
         with _quietly():
@@ -85,14 +96,16 @@ class _Server:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
         except BrokenPipeError:
+            why = self._why()
             self.stop()
-            return {"error": "the compile server exited before taking the request"}
+            return {"error": f"{why}\nthe compile server exited before taking the request"}
         ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
         line = proc.stdout.readline() if ready else ""
         if not line:
+            why = self._why()
             self.stop()
-            return {"error": f"no answer from the compiler within {TIMEOUT_S} s" if not ready
-                    else "the compile server exited"}
+            return {"error": f"{why}\n" + (f"no answer from the compiler within {TIMEOUT_S} s"
+                                           if not ready else "the compile server exited")}
         return json.loads(line)
 
 
