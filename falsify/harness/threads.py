@@ -18,8 +18,10 @@ ENV = "OMP_NUM_THREADS"
 
 def share(workers: int, cores: int | None = None) -> int:
     """One worker's share of the cores this process may run on."""
-    n = cores if cores is not None else len(os.sched_getaffinity(0))
-    return max(1, n // max(1, workers))
+    if cores is None:  # the cores this process may use (Linux), else the machine's (macOS)
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+    return max(1, cores // max(1, workers))
 
 
 def set_for_workers(workers: int) -> bool:
