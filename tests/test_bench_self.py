@@ -70,7 +70,8 @@ def test_a_third_party_kernel_that_fails_checks_was_judged_but_a_broken_job_is_n
     main = Job("main job", ("x",), 300.0)
     log = tmp_path / "log"
     assert not Timing(bind, 42.0, 1, log).broken
-    assert Timing(bind, 42.0, 1, log).verdict == "within goal (checks failed: the kernel's findings)"
+    assert Timing(bind, 42.0, 1, log).verdict == \
+        "within goal (checks failed: the kernel's findings)"
     assert Timing(bind, 90.0, 0, log).verdict == "over goal x1.5"
     assert Timing(bind, 42.0, 2, log).broken
     assert Timing(main, 42.0, 1, log).broken

@@ -11,6 +11,7 @@ import torch
 
 from falsify.kernels.torch import gguf_quants as GQ
 from falsify.llm import gguf_io as G
+from falsify.llm.gguf_io import lora as GL
 from tests.fixtures.gguf import tiny
 
 gguf = pytest.importorskip("gguf")
@@ -342,7 +343,7 @@ def test_export_output_names_the_final_file_not_the_temp_one(model, tok_path, tm
     out = tmp_path / "m.gguf"
     caplog.set_level(logging.INFO)
     assert main(["export", str(src), "--out", str(out), "--gguf"]) == 0
-    adapter = G.write_lora_gguf(LM.apply_lora(tiny.model(), LM.LoraSpec(method="lora", r=4)),
+    adapter = GL.write_lora_gguf(LM.apply_lora(tiny.model(), LM.LoraSpec(method="lora", r=4)),
                                 tmp_path / "adapter.gguf")
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("gguf")]
     assert any(m.startswith(f"{out}: n_tensors") for m in logged), logged
@@ -396,7 +397,7 @@ def test_lora_adapter_gguf_is_what_llama_cpp_applies(model, tmp_path, rslora):
     not."""
     m = _adapted(rslora)
     base = G.write_gguf(model, tmp_path / "base.gguf", None, "f32")
-    path = G.write_lora_gguf(m, tmp_path / "adapter.gguf")
+    path = GL.write_lora_gguf(m, tmp_path / "adapter.gguf")
     r = gguf.GGUFReader(path)
     meta = {f.name: f.contents() for f in r.fields.values()}
     assert (meta["general.architecture"], meta["general.type"], meta["adapter.type"]) == \
@@ -414,7 +415,7 @@ def test_lora_adapter_gguf_is_what_llama_cpp_applies(model, tmp_path, rslora):
     assert all(t.tensor_type.name == "F32" for t in r.tensors)
 
     w = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(base).tensors}
-    lora, alpha = G.read_lora_gguf(path)
+    lora, alpha = GL.read_lora_gguf(path)
     rank = lora["blk.0.attn_q.weight.lora_a"].shape[0]
 
     def merged(unpermute_b=False):
@@ -441,9 +442,9 @@ def test_lora_adapter_gguf_is_what_llama_cpp_applies(model, tmp_path, rslora):
 
 def test_lora_adapter_gguf_errors(model, tmp_path):
     with pytest.raises(G.GGUFError, match="carries no LoRA adapter"):
-        G.write_lora_gguf(model, tmp_path / "a.gguf")
+        GL.write_lora_gguf(model, tmp_path / "a.gguf")
     with pytest.raises(G.GGUFError, match=r"general\.type='model', expected 'adapter'"):
-        G.read_lora_gguf(G.write_gguf(model, tmp_path / "m.gguf", None, "f32"))
+        GL.read_lora_gguf(G.write_gguf(model, tmp_path / "m.gguf", None, "f32"))
 
 
 def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path):
@@ -467,7 +468,7 @@ def test_finetune_writes_the_gguf_adapter_beside_the_peft_one(tmp_path, tok_path
     res = finetune(cfg, base=base, dataset=ds, keep_model=True)
     assert res.adapter_gguf == str(tmp_path / "run" / "adapter.gguf")
     assert (tmp_path / "run" / "adapter" / LM.ADAPTER_CONFIG).is_file()
-    lora, alpha = G.read_lora_gguf(res.adapter_gguf)
+    lora, alpha = GL.read_lora_gguf(res.adapter_gguf)
     assert alpha == cfg.lora_alpha
     ours = LM.adapter_parameters(res.model)
     a = ours["layers.1.mlp.up_proj.lora_A.weight"]

@@ -20,6 +20,7 @@ import torch
 
 from falsify.llm import gguf_io as G
 from falsify.llm import lora_model as LM
+from falsify.llm.gguf_io import lora as GL
 from tests.fixtures.gguf import tiny
 from tests.test_gguf_io import _tolerance
 
@@ -49,7 +50,7 @@ def files(tmp_path_factory):
     adapted.eval()
     return dict(ids=ids, base=base, adapted=adapted,
                 gguf=G.write_gguf(base, d / "base-f32.gguf", tok_path, "f32"),
-                adapter=G.write_lora_gguf(adapted, d / "adapter.gguf"), tok=tok)
+                adapter=GL.write_lora_gguf(adapted, d / "adapter.gguf"), tok=tok)
 
 
 def _ours(model, ids) -> np.ndarray:

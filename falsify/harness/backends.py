@@ -14,15 +14,11 @@ from contextlib import contextmanager
 import numpy as np
 
 from falsify.harness import handover
+from falsify.harness.binding import BindingError, resolve  # noqa: F401  (callers name them here)
 from falsify.harness.cases import Case, arg_dtype
 from falsify.harness.model import Contract
 
 _overrides: dict[str, str] = {}
-_cache: dict[str, object] = {}
-
-
-class BindingError(Exception):
-    pass
 
 
 class ImplementationRaised(AssertionError):
@@ -65,18 +61,6 @@ def overriding(key: str, ref: str):
             _overrides.pop(key, None)
         else:
             _overrides[key] = old
-
-
-def resolve(ref: str):
-    if ref in _cache:
-        return _cache[ref]
-    from falsify.harness.validate import resolve_binding
-
-    fn, err = resolve_binding(ref, allow_import=True)
-    if err:
-        raise BindingError(err[1])
-    _cache[ref] = fn
-    return fn
 
 
 def binding_ref(contract: Contract, equation: str, backend: str) -> tuple[str, bool]:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from falsify.harness import expr
+from falsify.harness.binding import resolve
 from falsify.harness.case_spec import DEFAULT_TEXT_MAX, FLOAT_DTYPES, dtype_takers  # noqa: F401
 
 NP_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
@@ -147,8 +148,6 @@ def built(argspec: dict, arr: np.ndarray, where: str) -> np.ndarray:
     ref = argspec.get("build")
     if ref is None:
         return arr
-    from falsify.harness.backends import resolve
-
     out = resolve(ref)(arr)
     if not isinstance(out, np.ndarray) or out.shape != arr.shape or out.dtype != arr.dtype:
         raise InputError(f"{where}.build: {ref} must return an array of the drawn shape "

@@ -9,7 +9,8 @@
         manifest.json          size and sha256 of each file above; written last
 
 A data-parallel run writes the sharded layout instead (falsify/llm/sharded_checkpoint.py: DCP
-shards, an RNG file per rank, the whole weights); verify, find and load read both.
+shards, an RNG file per rank, the whole weights); verify and find read both, and
+falsify/llm/checkpoint_load.py loads both.
 
 Atomicity is directory-level: the checkpoint is written into `.tmp-...` in the same directory
 and renamed into place with os.replace, so a reader (or a resume after `kill -9`) sees either a
@@ -51,7 +52,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 from safetensors.torch import save_file as _save_file
 
 from falsify.harness.files import atomic_write, plain_mode
@@ -62,6 +62,7 @@ STATE_HASHES = "sha256"  # state.json's record of its checkpoint's other files
 PREFIX = "step-"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
 STATE_KEYS = ("step", "data", "rng", "config", "optimizer_groups", "param_names")
+SHARDS = "shards"  # the sharded layout's DCP directory (falsify/llm/sharded_checkpoint.py)
 ORPHAN_MIN_AGE_S = 600.0  # a lock-less temp dir untouched this long has no live writer
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,11 @@ def set_rng_state(js: dict, tensors: dict[str, torch.Tensor]) -> None:
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def rng_file(rank: int) -> str:
+    """A rank's RNG streams in the sharded layout."""
+    return f"rng-rank{rank:05d}.safetensors"
 
 
 def save_file(tensors: dict, filename: str | Path, metadata: dict | None = None) -> None:
@@ -245,7 +251,6 @@ def verify_checkpoint(ckpt: str | Path, for_resume: bool = True, hashes: bool = 
     files = _read_manifest(ckpt)
     sharded = _is_sharded(ckpt, files)
     if sharded:  # falsify/llm/sharded_checkpoint.py; the RNG files of ranks > 0 once W is known
-        from falsify.llm.sharded_checkpoint import SHARDS, rng_file
         whole = ("model.safetensors", f"{SHARDS}/.metadata", rng_file(0), STATE)
     else:
         whole = (*TENSOR_FILES, STATE)
@@ -559,82 +564,6 @@ def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
     for p in gone:
         _discard(p)
     return gone
-
-
-# --------------------------------------------------------------------------------- load
-def load_checkpoint(ckpt: str | Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None, param_names: list[str]) -> dict:
-    """Restore weights (strict: every tensor present, shapes equal), optimizer state and RNG
-    states; return state.json (step, data position, config, ...)."""
-    ckpt = Path(ckpt)
-    state = read_state(ckpt)
-    if _is_sharded(ckpt, None):
-        from falsify.llm import sharded_checkpoint
-
-        sharded_checkpoint.load(ckpt, state, model, optimizer, param_names)
-        if optimizer is not None:
-            _check_hyperparameters(ckpt, optimizer, state)
-        return state
-    weights = _load_tensors(ckpt, "model.safetensors")
-    own = model.state_dict()
-    missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    if missing or extra:
-        raise CheckpointError(f"{ckpt}: weights do not match the model "
-                              f"(missing {missing[:5]}, unexpected {extra[:5]})")
-    for k, v in weights.items():
-        if v.shape != own[k].shape:
-            raise CheckpointError(f"{ckpt}: {k} has shape {tuple(v.shape)}, "
-                                  f"model expects {tuple(own[k].shape)}")
-    model.load_state_dict({k: _placed_like(v, own[k]) for k, v in weights.items()}, strict=True)
-    if optimizer is not None:
-        if state["param_names"] != param_names:
-            raise CheckpointError(f"{ckpt}: optimizer parameter order differs from the model's")
-        flat = _load_tensors(ckpt, "optimizer.safetensors")
-        sd = optimizer.state_dict()
-        sd["state"] = {}
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        for i, name in enumerate(param_names):
-            entry = {k[len(name) + 1:]: v for k, v in flat.items()
-                     if k.startswith(name + ".") and k[len(name) + 1:] in
-                     ("step", "exp_avg", "exp_avg_sq")}
-            entry = {k: v if k == "step" else _placed_like(v, params[i])
-                     for k, v in entry.items()}
-            if entry:
-                sd["state"][i] = entry
-        optimizer.load_state_dict(sd)
-        _check_hyperparameters(ckpt, optimizer, state)
-    set_rng_state(state["rng"], _load_tensors(ckpt, "rng.safetensors"))
-    return state
-
-
-def _check_hyperparameters(ckpt: Path, optimizer, state: dict) -> None:
-    """The scheduler owns lr; every other hyperparameter must be the saved one
-    (nothing may silently replace a configured value on resume)."""
-    for g, saved in zip(optimizer.param_groups, state["optimizer_groups"]):
-        for k in ("betas", "eps", "weight_decay"):
-            if list(np.atleast_1d(g[k])) != list(np.atleast_1d(saved[k])):
-                raise CheckpointError(f"{ckpt}: optimizer {k}={g[k]} but the checkpoint was "
-                                      f"written with {k}={saved[k]}")
-
-
-def _placed_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """A whole tensor from a checkpoint, sharded like `ref` when `ref` is a DTensor (an FSDP
-    rank keeps its shard of it); otherwise as it is."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(ref, DTensor):
-        return distribute_tensor(t.to(ref.device), ref.device_mesh, ref.placements)
-    return t
-
-
-def _load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(ckpt / name))
-    except FileNotFoundError:
-        raise CheckpointDamaged(ckpt, name, "missing") from None
-    except (SafetensorError, OSError) as e:
-        raise CheckpointDamaged(ckpt, name, f"not a valid safetensors file ({e})") from None
-
 
 
 # ------------------------------------------------------------------------------ metrics

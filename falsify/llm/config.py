@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
+from falsify.llm.config_file import ConfigError, read_config_file
 from falsify.llm.model import ModelConfig, ModelConfigError, preset
 
 ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -37,10 +38,6 @@ DATA_FIELDS = ("corpus", "data_files", "jsonl_field", "max_files", "max_bytes", 
 # steps and tokenized in seconds. The built-in base and the default pipeline train on it; a plain
 # `falsify train` (and `falsify distill`) reads the whole corpus (TrainConfig.max_bytes = null).
 QUICK_MAX_BYTES = 2_000_000
-
-
-class ConfigError(ValueError):
-    """A bad config field; the message names it."""
 
 
 class FinetuneConfigError(ConfigError):
@@ -136,8 +133,6 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def read_yaml_config(path: str | Path) -> dict:
-    from falsify.llm.config_file import read_config_file  # it imports this module
-
     return read_config_file(path)
 
 

@@ -22,10 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from falsify.harness import yamlio
-from falsify.llm.config import ConfigError
 
 LIMITS = (f"at most {yamlio.MAX_BYTES // 2**20} MiB, {yamlio.MAX_DEPTH} levels of nesting and "
           f"{yamlio.MAX_NODES:,} values after alias expansion")
+
+
+class ConfigError(ValueError):
+    """A bad config field; the message names it. Every config reader raises it (the config
+    classes in falsify/llm/config.py re-export it), so it lives here, below them."""
 
 
 class ConfigFileError(ConfigError):

@@ -45,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from falsify.llm import sharded_checkpoint
 from falsify.llm.run_base import OneProcess, metrics_extra
+from falsify.llm.sharded_checkpoint import full  # noqa: F401  (named here too: the probes)
 from falsify.llm.trainer import IGNORE_INDEX, Trainer
 
 log = logging.getLogger("falsify.distributed")
@@ -320,13 +321,6 @@ def _fsdp_no_sync(module):
         yield
     finally:
         module.set_requires_gradient_sync(True)
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value (an all-gather every rank joins); a plain tensor as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 # --------------------------------------------------------------------- the run's strategy

@@ -52,6 +52,7 @@ from falsify.llm import distributed, gguf_io, hf
 from falsify.llm import lora_model as LM
 from falsify.llm import run as R
 from falsify.llm import sft_data as SD
+from falsify.llm.checkpoint_load import load_checkpoint
 from falsify.llm.config import FinetuneConfigError, check_resume_config
 from falsify.llm.finetune_base import (  # noqa: F401  (the API: FT.load_base, ...)
     AdapterView,
@@ -70,6 +71,7 @@ from falsify.llm.finetune_config import (  # noqa: F401  (the API: FT.load_confi
     lora_spec,
     validate_config,
 )
+from falsify.llm.gguf_io import lora as gguf_lora
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config, check_config_algebra
 from falsify.llm.run_base import OneProcess, RunBase
@@ -507,7 +509,7 @@ class FinetuneRun(RunBase):
             raise ckpt_mod.CheckpointError(f"{self.ckpt_path} was trained on another base (its "
                                            "fingerprint differs from this base's)")
         tr = self.trainer
-        state = ckpt_mod.load_checkpoint(self.ckpt_path, self.view, tr.optimizer,
+        state = load_checkpoint(self.ckpt_path, self.view, tr.optimizer,
                                          tr.param_names)
         tr.step = int(state["step"])
         self.sampler.load_state_dict(state["data"])
@@ -629,10 +631,10 @@ def gguf_adapter(model: Transformer, out: Path, console) -> str | None:
     the NF4 dequantization). Needs the `gguf` package (the interop extra); without it the
     run says so and writes the PEFT adapter only."""
     try:
-        return str(gguf_io.write_lora_gguf(model, out / gguf_io.ADAPTER_FILE))
+        return str(gguf_lora.write_lora_gguf(model, out / gguf_lora.ADAPTER_FILE))
     except gguf_io.GGUFError as e:
         if console is not None:
-            console.print(f"note: no {gguf_io.ADAPTER_FILE}: {e}")
+            console.print(f"note: no {gguf_lora.ADAPTER_FILE}: {e}")
         return None
 
 

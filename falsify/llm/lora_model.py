@@ -46,6 +46,7 @@ from falsify.kernels.torch import lora as lora_kernel
 from falsify.kernels.torch import nf4 as nf4_kernel
 from falsify.kernels.torch import qlora as qlora_kernel
 from falsify.llm.checkpoint import atomic_dir, save_file
+from falsify.llm.gguf_io.common import QuantTensor, dequantize, quant_linear
 from falsify.llm.model import Transformer, build_model
 from falsify.reference.lora import lora_scale
 
@@ -230,10 +231,8 @@ class AdaptedLinear(nn.Module):
         """The frozen base weight in fp32 (dequantized for NF4 / GGUF; never part of the
         graph)."""
         if self.gguf_qtype is not None:
-            from falsify.llm import gguf_io
-
-            return gguf_io.dequantize(gguf_io.QuantTensor(self.weight_gguf, self.gguf_qtype,
-                                                          (self.out_features, self.in_features)))
+            return dequantize(QuantTensor(self.weight_gguf, self.gguf_qtype,
+                                          (self.out_features, self.in_features)))
         if not self.quantized:
             return self.weight.detach()
         s = self.nf4_state()
@@ -245,10 +244,8 @@ class AdaptedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gguf_qtype is not None and self.weight_mask is None:
-            from falsify.llm import gguf_io
-
-            y = gguf_io.quant_linear(x, self.weight_gguf, self.gguf_qtype,
-                                     (self.out_features, self.in_features))
+            y = quant_linear(x, self.weight_gguf, self.gguf_qtype,
+                             (self.out_features, self.in_features))
             if not (self.has_adapter and self.adapters_enabled):
                 return y
             # PEFT's composition: base(x) + s·B(A(drop(x))), dropout on the adapter input only

@@ -162,17 +162,15 @@ def preflight(cfg: TrainConfig, mcfg: ModelConfig, n_train_blocks: int, n_val_bl
               tokenizer_vocab: int, device: torch.device, parts=None) -> dict:
     """All pre-step-1 checks (the config-only ones again: they are cheap); returns the numbers
     for the run log, raises PreflightError. `parts`: the loop's LoopParts (falsify/llm/trainer.py),
-    whose config algebra is the contract-bound one."""
-    from falsify.llm.trainer import LoopParts
-
-    parts = parts or LoopParts()
+    whose config algebra is the contract-bound one (by default this module's, which LoopParts
+    holds unless a check binds another)."""
+    algebra_of = parts.check_config_algebra if parts is not None else check_config_algebra
     early = preflight_config(cfg, mcfg, device)
     if tokenizer_vocab != mcfg.vocab_size:
         raise PreflightError(f"tokenizer vocab {tokenizer_vocab} != model vocab_size "
                              f"{mcfg.vocab_size}")
-    algebra = parts.check_config_algebra(n_train_blocks, cfg.batch_size, cfg.grad_accum,
-                                         cfg.epochs, cfg.max_steps, cfg.warmup_steps,
-                                         mcfg.max_seq_len)
+    algebra = algebra_of(n_train_blocks, cfg.batch_size, cfg.grad_accum, cfg.epochs,
+                         cfg.max_steps, cfg.warmup_steps, mcfg.max_seq_len)
     if cfg.val_fraction > 0 and n_val_blocks == 0:
         raise PreflightError(f"val_fraction={cfg.val_fraction} but the validation split has "
                              f"fewer than {mcfg.max_seq_len + 1} tokens (no full block)")

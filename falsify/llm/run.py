@@ -26,6 +26,7 @@ import torch
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import data as data_mod
 from falsify.llm import dispatch, distributed
+from falsify.llm.checkpoint_load import load_checkpoint
 from falsify.llm.config import (
     RESUME_MUTABLE,
     ConfigError,
@@ -334,7 +335,7 @@ class PretrainRun(RunBase):
                                   data_info=self.data.info)
         self.metrics_path = self.out / "metrics.jsonl"
         if self.ckpt_path is not None:
-            state = ckpt_mod.load_checkpoint(self.ckpt_path, self.model, self.trainer.optimizer,
+            state = load_checkpoint(self.ckpt_path, self.model, self.trainer.optimizer,
                                              self.trainer.param_names)
             self.parts.restore_position(self.trainer, self.sampler, state)
             self.best_val = state.get("best_val_loss")

@@ -17,11 +17,12 @@ state.json and the manifest and rename the directory into place. A rank that die
 before the rename leaves the previous checkpoint the newest complete one, and its temp
 directory an orphan that the next start removes.
 
-Resume at any world size: DCP reads each rank's slices of whatever the savers held (FSDP 2 →
-DDP 1, 1 → 2, ...). The RNG streams are per rank: at the same world size each rank takes its
-own, at another every rank takes rank 0's (W streams cannot be split into W' others), and the
-log says so. Every rank writes into one directory, so a multi-node run needs its out_dir on a
-file system that all nodes see (as DCP's FileSystemWriter does).
+Loading either layout is falsify/llm/checkpoint_load.py's. Resume at any world size: DCP
+reads each rank's slices of whatever the savers held (FSDP 2 → DDP 1, 1 → 2, ...). The RNG
+streams are per rank: at the same world size each rank takes its own, at another every rank
+takes rank 0's (W streams cannot be split into W' others), and the log says so. Every rank
+writes into one directory, so a multi-node run needs its out_dir on a file system that all
+nodes see (as DCP's FileSystemWriter does).
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ import torch
 import torch.distributed as dist
 
 from falsify.llm import checkpoint as C
-from falsify.llm.checkpoint import save_file
+from falsify.llm.checkpoint import SHARDS, rng_file, save_file  # noqa: F401  (SHARDS, rng_file: named here too)
 
-SHARDS = "shards"
 LAYOUT = "sharded"
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,11 @@ def _dcp():
     return dcp
 
 
-def rng_file(rank: int) -> str:
-    return f"rng-rank{rank:05d}.safetensors"
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (an all-gather every rank joins); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor  # DTensor's operator tables: see _dcp
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def wait_for_ranks() -> None:
@@ -90,8 +93,6 @@ def save(run_dir: str | Path, step: int, model, optimizer, param_names: list[str
          state_fn=dcp_state, wait=wait_for_ranks) -> Path:
     """Every rank calls this (collective); returns the committed checkpoint on every rank.
     `state_fn` and `wait` are the pieces distributed-train-v1 binds (DistParts)."""
-    from falsify.llm.distributed import full
-
     if keep_last < 1:
         raise C.CheckpointError(f"keep_last={keep_last}: must keep at least one checkpoint")
     root = C.checkpoints_dir(run_dir)
@@ -142,47 +143,3 @@ def save(run_dir: str | Path, step: int, model, optimizer, param_names: list[str
     if rank == 0:
         C.prune(run_dir, keep_last)
     return Path(done[0])
-
-
-def load(ckpt: Path, state: dict, model, optimizer, param_names: list[str]) -> None:
-    """Restore weights and AdamW state from the shards (resharded to however this run holds
-    them: FSDP, DDP or one process, any world size) and this rank's RNG streams."""
-    from safetensors import SafetensorError, safe_open
-
-    target = dcp_state(model, optimizer, param_names) if optimizer is not None else \
-        {"model": dict(model.state_dict())}
-    if optimizer is not None and state["param_names"] != param_names:
-        raise C.CheckpointError(f"{ckpt}: optimizer parameter order differs from the model's")
-    dcp = _dcp()
-    try:
-        dcp.load(target, checkpoint_id=ckpt / SHARDS, no_dist=not dist.is_initialized())
-    except (dcp.api.CheckpointException, Exception) as e:  # DCP's is a BaseException
-        raise C.CheckpointError(f"{ckpt}/{SHARDS}: cannot be loaded into this model "
-                                f"({_why(e)})") from None
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    saved_world = int(state.get("world_size", 1))
-    own = rank if world == saved_world else 0
-    if own != rank:
-        log.info("the checkpoint's %d RNG streams do not split over %d processes: rank %d "
-                 "continues rank 0's", saved_world, world, rank)
-    path = ckpt / rng_file(own)
-    try:
-        with safe_open(str(path), "pt") as f:
-            js = json.loads(f.metadata()["rng"])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-    except FileNotFoundError:
-        raise C.CheckpointDamaged(ckpt, path.name, "missing") from None
-    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:
-        raise C.CheckpointDamaged(ckpt, path.name, f"not an RNG state file ({e})") from None
-    C.set_rng_state(js, tensors)
-
-
-def _why(e: BaseException) -> str:
-    """One line: DCP's CheckpointException carries each rank's exception (its text is their
-    tracebacks); distinct causes are named once."""
-    causes = getattr(e, "failures", None) or {0: e}  # rank -> (exception, its frames)
-    causes = {r: x[0] if isinstance(x, tuple) else x for r, x in causes.items()}
-    lines = dict.fromkeys(f"{type(x).__name__}: {str(x).strip().splitlines()[-1][:300]}"
-                          if str(x).strip() else type(x).__name__ for x in causes.values())
-    return "; ".join(lines)

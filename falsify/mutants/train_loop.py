@@ -156,8 +156,9 @@ def load_checkpoint_without_rng(ckpt, model, optimizer, param_names):
     """Resume restores weights and AdamW state and returns state.json, but every global RNG
     stays where it was: bit-identical resume breaks at the first dropout or unseeded draw."""
     from falsify.llm import checkpoint as C
+    from falsify.llm.checkpoint_load import load_checkpoint
 
     js, tensors = C.rng_state()
-    state = C.load_checkpoint(ckpt, model, optimizer, param_names)
+    state = load_checkpoint(ckpt, model, optimizer, param_names)
     C.set_rng_state(js, tensors)
     return state

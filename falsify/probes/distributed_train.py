@@ -260,6 +260,7 @@ def _ckpt_rank_main(rank: int, world: int, tmp: str, refs: dict, rows: int, seed
 
     from falsify.llm import checkpoint as C
     from falsify.llm import sharded_checkpoint as SC
+    from falsify.llm.checkpoint_load import load_checkpoint
 
     _join(rank, world, tmp)
     out = {"lost": [], "damage": None, "load_error": None}
@@ -300,7 +301,7 @@ def _ckpt_rank_main(rank: int, world: int, tmp: str, refs: dict, rows: int, seed
         out["want"] = _digest(tr)
         model2, tr2 = make()
         try:
-            state = C.load_checkpoint(ck, model2, tr2.optimizer, tr2.param_names)
+            state = load_checkpoint(ck, model2, tr2.optimizer, tr2.param_names)
         except C.CheckpointError as e:  # a rank's own RNG file missing fails that rank only
             out["load_error"] = str(e)
         loaded = torch.tensor([0 if out["load_error"] else 1])
@@ -322,6 +323,7 @@ def _single_load(ckpt: Path) -> dict:
 
     from falsify.llm import checkpoint as C
     from falsify.llm import config as LC
+    from falsify.llm.checkpoint_load import load_checkpoint
     from falsify.llm.model import build_model
     from falsify.llm.trainer import LoopParts, Trainer
 
@@ -330,7 +332,7 @@ def _single_load(ckpt: Path) -> dict:
     try:
         model = build_model(LC.model_config(cfg), "torch", seed=1)  # not the saved weights
         tr = Trainer(model, cfg, torch.device("cpu"), parts=LoopParts())
-        C.load_checkpoint(ckpt, model, tr.optimizer, tr.param_names)
+        load_checkpoint(ckpt, model, tr.optimizer, tr.param_names)
         return _whole_state(tr)
     finally:
         C.set_rng_state(js, tensors)

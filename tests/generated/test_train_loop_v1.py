@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d86bcc5c28f57d271135939d9e8d5b2c897e79cc14ff3cdb45150152d5a7539e"
+SHA256 = "16f1c7abbdaa0fcb0fdf43adb1795d862995e510404ad0d8655693daf217c5e9"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 

@@ -27,7 +27,10 @@ around a text (add_bos/add_eos false), the same choices as the HF export (falsif
 
 Modules: common (names, the q/k permutation, quantized tensors and `quant_linear`, the one
 function that applies a frozen quantized GGUF projection, for a fused kernel to replace), write,
-read, lora (llama.cpp LoRA adapter files), base (a GGUF as a fine-tuning base).
+read, base (a GGUF as a fine-tuning base), and lora (llama.cpp LoRA adapter files), which this
+package does not import: it reads the adapted model (falsify/llm/lora_model.py), which itself
+stands on `common`'s quantized projections, so import it by its own name,
+`from falsify.llm.gguf_io import lora`.
 """
 
 from falsify.llm.gguf_io.base import base_model, tokenizer_file
@@ -46,12 +49,6 @@ from falsify.llm.gguf_io.common import (
     quant_linear,
     unpermute_qk,
 )
-from falsify.llm.gguf_io.lora import (
-    ADAPTER_FILE,
-    lora_tensors,
-    read_lora_gguf,
-    write_lora_gguf,
-)
 from falsify.llm.gguf_io.read import (
     GGUFModel,
     load_model,
@@ -61,8 +58,8 @@ from falsify.llm.gguf_io.read import (
 )
 from falsify.llm.gguf_io.write import FILE_TYPES, gguf_tensors, write_gguf
 
-__all__ = ["ADAPTER_FILE", "ARCH", "DEQUANT", "FILE_TYPES", "GGUFError", "GGUFModel", "QuantTensor",
+__all__ = ["ARCH", "DEQUANT", "FILE_TYPES", "GGUFError", "GGUFModel", "QuantTensor",
            "WRITE_TYPES", "base_model", "dequantize", "encode", "expected_stored", "gguf_name",
-           "gguf_tensors", "load_model", "lora_tensors", "our_names", "permute_qk", "quant_linear",
-           "read_gguf", "read_lora_gguf", "stored_mismatches", "tokenizer_file",
-           "tokenizer_from_metadata", "unpermute_qk", "write_gguf", "write_lora_gguf"]
+           "gguf_tensors", "load_model", "our_names", "permute_qk", "quant_linear",
+           "read_gguf", "stored_mismatches", "tokenizer_file",
+           "tokenizer_from_metadata", "unpermute_qk", "write_gguf"]

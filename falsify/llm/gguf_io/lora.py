@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from falsify.llm import lora_model as LM
 from falsify.llm.gguf_io.common import (
     ARCH,
     GGUFError,
@@ -28,8 +29,6 @@ def lora_tensors(model) -> tuple[dict[str, np.ndarray], float]:
     shapes them: `blk.N.attn_q.weight.lora_a` = A [r, in], `.lora_b` = B [out, r] (ggml dims
     reversed), B's rows permuted like the base's q/k rows (the delta B·A is a q/k weight), and
     the alpha llama.cpp needs to apply our scale as alpha / r (rsLoRA's α/√r: alpha = α·√r)."""
-    from falsify.llm import lora_model as LM
-
     cfg = model.cfg
     out, alphas = {}, set()
     for name, mod in LM.adapted_layers(model):
