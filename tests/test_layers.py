@@ -59,10 +59,6 @@ KNOWN = {
 # contract names at the reference: giving the kernel its own copy changes the contract's text
 # or target, and with it the generated tests (`pv generate`).
 KNOWN.update({
-    ("falsify/kernels/torch/lr_schedule.py", "falsify.reference.lr_schedule"):
-        "schedule_phase, the kernel's integer step logic, is what FALSIFY-LRS-009 proves with "
-        "CrossHair at falsify.reference.lr_schedule:schedule_phase; the reference's lr_at does "
-        "not use it, so it belongs in the kernel once the contract's target moves with it",
     ("falsify/kernels/torch/merging.py", "falsify.reference.merging"):
         "dare_keep: merging-kernel-v1's derivation specifies the DARE mask as the reference's "
         "numpy generator, which the torch backend calls; a backend-side draw needs that text "
