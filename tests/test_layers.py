@@ -54,16 +54,6 @@ KNOWN = {
     ("falsify/reference/bpe_tokenizer.py", "falsify.kernels.torch.bpe_tokenizer"):
         "the trained merges under test",
 }
-# Helpers the kernels still take from their reference, which are part of the result rather
-# than argument checks (so they may not move into the leaf falsify/arguments.py), and which a
-# contract names at the reference: giving the kernel its own copy changes the contract's text
-# or target, and with it the generated tests (`pv generate`).
-KNOWN.update({
-    ("falsify/kernels/torch/merging.py", "falsify.reference.merging"):
-        "dare_keep: merging-kernel-v1's derivation specifies the DARE mask as the reference's "
-        "numpy generator, which the torch backend calls; a backend-side draw needs that text "
-        "changed",
-})
 
 
 def layer(module: str) -> str | None:
