@@ -21,6 +21,7 @@ import numpy as np
 
 from falsify.arguments import check_schedule_args
 
+
 def lr_at(step, warmup, total, lr_max, lr_min):
     """float64 learning rate for an array of integer steps ≥ 0."""
     check_schedule_args(warmup, total, lr_max, lr_min)

@@ -4,9 +4,10 @@ semantics, signatures and tie rules are falsify/reference/merging.py's.
 Precision: every discrete decision is taken in float64 from the exact input values, in the
 same order as the reference, so it agrees with the reference bit for bit — the trim's
 magnitudes (|θ_i − base| of fp32/fp16 inputs), TIES' elected sign (a sequential float64 sum over
-the models, as the reference's), SLERP's norms, dot and branch, and DARE's mask (drawn here from numpy's PCG64
-exactly as the contract specifies it, so parity with the reference tests that draw). The elementwise arithmetic runs in float32 (fp16 inputs are
-widened exactly) and the result is rounded once to the input dtype. Merging runs on frozen
+the models, as the reference's), SLERP's norms, dot and branch, and DARE's mask (drawn here from
+numpy's PCG64 exactly as the contract specifies it, so parity with the reference tests that
+draw). The elementwise arithmetic runs in float32 (fp16 inputs are widened exactly) and the
+result is rounded once to the input dtype. Merging runs on frozen
 weights under no_grad: nothing here has a backward.
 """
 
