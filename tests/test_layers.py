@@ -11,10 +11,6 @@ included, and `importlib.import_module` of a literal or an f-string with a liter
     errors, triton_env, arguments -> leaves anyone may import (arguments: the argument checks a
                                      kernel shares with its reference; validation only, no math)
 
-KNOWN lists the upward imports that remain, each with the reason it is still there. It is a
-ratchet: a new upward import fails the test, and so does removing one without removing its
-line here, so the list only shrinks.
-
 Within a layer, the fine-tuning modules import in one direction too (no import cycle, a
 function-level import included): other cycles remain in llm and harness."""
 
@@ -42,18 +38,6 @@ ALLOWED = {
     "main": {"package", "cli", "leaf"},
 }
 CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
-
-# (importing file, imported module): why it is still there
-KNOWN = {
-    # The tokenizer's optimized backend is the application's own tokenizer (llm/data.py), and
-    # the reference reads the trained merges from it: the contract should hand both sides the
-    # tokenizer file as an input instead.
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm"): "the project's tokenizer recipe",
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.config"): "model_config's vocab",
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.preflight"): "the vocab check",
-    ("falsify/reference/bpe_tokenizer.py", "falsify.kernels.torch.bpe_tokenizer"):
-        "the trained merges under test",
-}
 
 
 def layer(module: str) -> str | None:
@@ -134,10 +118,7 @@ def _render(v) -> str:
 
 def test_layers_point_one_way():
     found = violations(ROOT)
-    new = [v for v in found if (v[0], v[4]) not in KNOWN]
-    assert not new, "upward imports:\n" + "\n".join(map(_render, new))
-    gone = set(KNOWN) - {(v[0], v[4]) for v in found}
-    assert not gone, f"fixed, so remove from KNOWN: {sorted(gone)}"
+    assert not found, "upward imports:\n" + "\n".join(map(_render, found))
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
