@@ -1,7 +1,8 @@
 """Hand-written cases for the byte-level BPE tokenizer the contract cannot express: the
 reference against HF tokenizers on a hand-built merge table (ranks a trainer never writes),
-refusals of tokenizer.json settings the reference does not implement, preflight's message, and
-the merge-order mutants on code text alone."""
+refusals of tokenizer.json settings the reference does not implement, preflight's message, the
+merge-order mutants on code text alone, and the recipe itself: the contract reads fixture files
+the recipe wrote, so a change to the recipe's settings is caught here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import pytest
 
 from falsify.kernels.torch import bpe_tokenizer as impl
+from falsify.llm import data, preflight
 from falsify.mutants import bpe_tokenizer as mutants
 from falsify.reference import bpe_tokenizer as ref
 
@@ -58,8 +60,8 @@ def test_reference_refuses_settings_it_does_not_implement(edit, field):
 
 
 def test_preflight_names_both_sizes_and_accepts_equal_ones():
-    assert impl.vocab_check(2048, 2048) == ""
-    msg = impl.vocab_check(2048, 2049)
+    assert preflight.vocab_check(2048, 2048) == ""
+    msg = preflight.vocab_check(2048, 2049)
     assert "2048" in msg.split() and "2049" in msg.split()
 
 
@@ -77,3 +79,60 @@ def test_code_points_newer_than_this_python_still_round_trip():
     text = "a\u1c89b \U000105c0 1\U00010d40"
     for backend in (impl, ref):
         assert backend.decode(backend.encode(text, 300), 300) == text
+
+
+# A small corpus with repeated words, so a few dozen merges are learned in well under a second.
+CORPUS = [CODE, "def f(x):\n    return x + 1\n" * 20, "the cat sat on the mat; " * 30,
+          "café naïve 中文 ✓\n"]
+
+
+def _fresh(vocab_size=300):
+    return impl.train_tokenizer(CORPUS, vocab_size)
+
+
+def test_the_recipe_makes_a_tokenizer_the_reference_accepts():
+    tok = _fresh()
+    model = ref.ByteLevelBPE.from_json(tok.to_str())  # refuses any setting it lacks
+    assert -1 not in model.byte_token_ids()  # all 256 bytes, used in the corpus or not
+    assert model.added == {t: i for i, t in enumerate(impl.SPECIAL_TOKENS)}
+    assert len(model.ranks) > 0
+    text = CODE + "<|endoftext|>the mat" + impl.FIM_MIDDLE
+    assert model.encode(text) == impl.encode_with(tok, text)
+    assert impl.decode_with(tok, impl.encode_with(tok, text)) == text
+
+
+def _settings(text: str) -> dict:
+    """A tokenizer.json without what training learns (the vocabulary and the merges)."""
+    spec = json.loads(text)
+    spec["model"] = {k: v for k, v in spec["model"].items() if k not in ("vocab", "merges")}
+    return spec
+
+
+@pytest.mark.parametrize("vocab_size", ref.FIXTURE_VOCABS)
+def test_the_fixtures_hold_the_recipes_settings(vocab_size):
+    """The contract checks the fixture files; a recipe whose settings moved on since they were
+    written (`python -m falsify.llm.bpe_fixtures`) makes them stale, and this fails."""
+    fixture = impl.tokenizer_json(vocab_size)
+    assert _settings(fixture) == _settings(_fresh().to_str())
+    assert impl.tokenizer(vocab_size).get_vocab_size() == vocab_size
+
+
+def test_the_loop_runs_the_recipe_the_contract_checks():
+    assert (data.train_tokenizer, data.encode, data.decode) == (
+        impl.train_tokenizer, impl.encode_with, impl.decode_with)
+    assert (data.EOS, data.SPECIAL_TOKENS) == (impl.EOS, impl.SPECIAL_TOKENS)
+
+
+@pytest.mark.parametrize("backend", [impl, ref])
+def test_a_vocab_size_without_a_fixture_is_refused_by_name(backend):
+    with pytest.raises(ValueError, match="vocab_size=512: no tokenizer fixture"):
+        backend.encode("x", 512)
+
+
+def test_the_fixture_writer_writes_what_the_backends_read(tmp_path):
+    from falsify.llm import bpe_fixtures
+
+    (path,) = bpe_fixtures.write_fixtures(tmp_path, vocab_sizes=(300,))
+    assert path.name == impl.fixture_path(300).name
+    model = ref.ByteLevelBPE.from_json(path.read_text(encoding="utf-8"))
+    assert len(model.vocab) == 300 and -1 not in model.byte_token_ids()

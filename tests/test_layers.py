@@ -11,10 +11,6 @@ included, and `importlib.import_module` of a literal or an f-string with a liter
     errors, triton_env, arguments -> leaves anyone may import (arguments: the argument checks a
                                      kernel shares with its reference; validation only, no math)
 
-KNOWN lists the upward imports that remain, each with the reason it is still there. It is a
-ratchet: a new upward import fails the test, and so does removing one without removing its
-line here, so the list only shrinks.
-
 Within a layer, modules import in one direction too: no import cycle anywhere in the package,
 a function-level import included (one defers an import, it does not break a cycle)."""
 
@@ -42,32 +38,6 @@ ALLOWED = {
     "main": {"package", "cli", "leaf"},
 }
 CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
-
-# (importing file, imported module): why it is still there
-KNOWN = {
-    # The tokenizer's optimized backend is the application's own tokenizer (llm/data.py), and
-    # the reference reads the trained merges from it: the contract should hand both sides the
-    # tokenizer file as an input instead.
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm"): "the project's tokenizer recipe",
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.config"): "model_config's vocab",
-    ("falsify/kernels/torch/bpe_tokenizer.py", "falsify.llm.preflight"): "the vocab check",
-    ("falsify/reference/bpe_tokenizer.py", "falsify.kernels.torch.bpe_tokenizer"):
-        "the trained merges under test",
-}
-# Helpers the kernels still take from their reference, which are part of the result rather
-# than argument checks (so they may not move into the leaf falsify/arguments.py), and which a
-# contract names at the reference: giving the kernel its own copy changes the contract's text
-# or target, and with it the generated tests (`pv generate`).
-KNOWN.update({
-    ("falsify/kernels/torch/lr_schedule.py", "falsify.reference.lr_schedule"):
-        "schedule_phase, the kernel's integer step logic, is what FALSIFY-LRS-009 proves with "
-        "CrossHair at falsify.reference.lr_schedule:schedule_phase; the reference's lr_at does "
-        "not use it, so it belongs in the kernel once the contract's target moves with it",
-    ("falsify/kernels/torch/merging.py", "falsify.reference.merging"):
-        "dare_keep: merging-kernel-v1's derivation specifies the DARE mask as the reference's "
-        "numpy generator, which the torch backend calls; a backend-side draw needs that text "
-        "changed",
-})
 
 
 def layer(module: str) -> str | None:
@@ -148,10 +118,7 @@ def _render(v) -> str:
 
 def test_layers_point_one_way():
     found = violations(ROOT)
-    new = [v for v in found if (v[0], v[4]) not in KNOWN]
-    assert not new, "upward imports:\n" + "\n".join(map(_render, new))
-    gone = set(KNOWN) - {(v[0], v[4]) for v in found}
-    assert not gone, f"fixed, so remove from KNOWN: {sorted(gone)}"
+    assert not found, "upward imports:\n" + "\n".join(map(_render, found))
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

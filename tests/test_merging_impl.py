@@ -88,7 +88,7 @@ def test_ties_mass_beats_count():
     assert y.item() == -5.0
 
 
-def test_dare_mask_shared_and_seeded():
+def test_dare_mask_seeded_and_drawn_as_specified():
     base = torch.zeros(4, 8)
     thetas = torch.ones(2, 4, 8)
     w = torch.ones(2)
@@ -100,6 +100,10 @@ def test_dare_mask_shared_and_seeded():
     # each survivor is 1/(1 − 0.5) = 2, each drop 0; the mean of two models: the keep count
     keep = rm.dare_keep(123, (2, 4, 8), 0.5)
     np.testing.assert_array_equal(ref, keep.sum(0))
+    # each backend draws its own mask; both are PCG64(seed).random(shape) >= p
+    spec = np.random.default_rng(123).random((2, 4, 8)) >= 0.5
+    np.testing.assert_array_equal(tm.dare_keep(123, (2, 4, 8), 0.5).numpy(), spec)
+    np.testing.assert_array_equal(keep, spec)
 
 
 def test_dare_refuses_p_one():

@@ -26,7 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("contracts/softmax-kernel-v1.yaml", "contracts/contract.schema.json",
-           "contracts/FORMAT.md")
+           "contracts/FORMAT.md", "contracts/fixtures/bpe-tokenizer-300.json",
+           "contracts/fixtures/bpe-tokenizer-1024.json")
 TEMPLATES = ("templates/contract.yaml", "templates/workflow.yml", "templates/impl.py.tmpl")
 
 SOFTMAX = """import torch

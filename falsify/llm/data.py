@@ -33,12 +33,21 @@ import numpy as np
 import torch
 
 from falsify.harness.files import atomic_path
+from falsify.kernels.torch.bpe_tokenizer import (  # noqa: F401 (re-exported)
+    EOS,
+    FIM_MIDDLE,
+    FIM_PREFIX,
+    FIM_SUFFIX,
+    SPECIAL_TOKENS,
+    train_tokenizer,
+)
+from falsify.kernels.torch.bpe_tokenizer import decode_with as decode  # noqa: F401
+from falsify.kernels.torch.bpe_tokenizer import encode_with as encode  # noqa: F401
 from falsify.llm.checkpoint import make_temp_dir
 
-EOS = "<|endoftext|>"
-FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"
-# Order fixes the ids 0..3 (BpeTrainer adds special tokens first); synthetic data uses the same.
-SPECIAL_TOKENS = [EOS, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX]
+# EOS, FIM_*, SPECIAL_TOKENS (ids 0..3, in this order; synthetic data uses the same),
+# train_tokenizer, encode and decode are the tokenizer kernel's, whose contract checks the
+# tokenizer they make: the loop runs that code, and the names stay importable from here.
 CACHE_FORMAT = 1  # bump when the cached layout or tokenizer recipe changes
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".jsonl")
 
@@ -256,21 +265,6 @@ def split_documents(docs: list[Document], val_fraction: float):
 
 
 # ------------------------------------------------------------------------------- tokenizer
-def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE (GPT-2 pre-tokenizer regex, all 256 byte symbols in the initial alphabet so
-    nothing is ever unknown; special tokens get ids 0..3 and are never split)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer, length=len(texts))
-    return tok
-
-
 def load_tokenizer(path: str | Path):
     from tokenizers import Tokenizer
 
@@ -280,14 +274,6 @@ def load_tokenizer(path: str | Path):
 def save_tokenizer(tok, path: str | Path) -> None:
     with atomic_path(path, suffix=".json") as tmp:
         tok.save(str(tmp))
-
-
-def encode(tok, text: str) -> list[int]:
-    return tok.encode(text, add_special_tokens=False).ids
-
-
-def decode(tok, ids) -> str:
-    return tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
 def _token_dtype(vocab_size: int):

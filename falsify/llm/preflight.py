@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from falsify.llm.config import TrainConfig
+from falsify.llm.config import TrainConfig, model_config
 from falsify.llm.model import ModelConfig, ModelConfigError, param_count
 
 MAX_WARMUP_FRACTION = 0.1
@@ -175,3 +175,17 @@ def preflight(cfg: TrainConfig, mcfg: ModelConfig, n_train_blocks: int, n_val_bl
         raise PreflightError(f"val_fraction={cfg.val_fraction} but the validation split has "
                              f"fewer than {mcfg.max_seq_len + 1} tokens (no full block)")
     return {"algebra": algebra, **early}
+
+
+def vocab_check(tokenizer_vocab: int, model_vocab: int) -> str:
+    """bpe-tokenizer-kernel-v1's torch binding of vocab_check, so the contract checks the call
+    the loop makes: `preflight` with a tokenizer of `tokenizer_vocab` tokens and the tiny model
+    built with `model_vocab` rows; '' when it accepts, else its refusal message. The data
+    figures are generous so that only the vocabulary can refuse."""
+    cfg = TrainConfig(vocab_size=model_vocab)
+    try:
+        preflight(cfg, model_config(cfg), n_train_blocks=10**9, n_val_blocks=10**6,
+                  tokenizer_vocab=tokenizer_vocab, device=torch.device("cpu"))
+    except PreflightError as e:
+        return str(e)
+    return ""

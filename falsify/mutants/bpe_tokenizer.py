@@ -2,9 +2,9 @@
 each has the signature of the function it replaces.
 
 The merge-order mutants run the classic loop of falsify/reference/bpe_tokenizer.py on the same
-trained
-tokenizer.json with the pair choice changed: the bug is in the loop, not in the data. The
-recipe mutants train with the project's settings but one thing dropped.
+fixture tokenizer.json with the pair choice changed: the bug is in the loop, not in the data.
+The recipe mutants train with the project's settings (on the corpus slice the fixtures were
+made from) but one thing dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from falsify.kernels.torch import bpe_tokenizer as impl
 from falsify.llm import data
-from falsify.reference.bpe_tokenizer import ByteLevelBPE
+from falsify.reference.bpe_tokenizer import BYTE_TO_SYMBOL, ByteLevelBPE
 
 
 class _FirstPair(ByteLevelBPE):
@@ -59,7 +59,7 @@ def encode_highest_rank(text: str, vocab_size: int) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _recipe(vocab_size: int, special: bool, drop_byte: int | None):
-    """data.train_tokenizer's recipe with the special tokens left unregistered, or one byte's
+    """impl.train_tokenizer's recipe with the special tokens left unregistered, or one byte's
     symbol left out of the initial alphabet."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -67,14 +67,12 @@ def _recipe(vocab_size: int, special: bool, drop_byte: int | None):
     docs, _ = data.load_documents(spec)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if drop_byte is not None:
-        from falsify.reference.bpe_tokenizer import BYTE_TO_SYMBOL
-
         alphabet = [c for c in alphabet if c != BYTE_TO_SYMBOL[drop_byte]]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size,
-                                  special_tokens=data.SPECIAL_TOKENS if special else [],
+                                  special_tokens=impl.SPECIAL_TOKENS if special else [],
                                   initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator([d.text for d in docs], trainer, length=len(docs))
     return tok
@@ -83,7 +81,7 @@ def _recipe(vocab_size: int, special: bool, drop_byte: int | None):
 def encode_specials_unregistered(text: str, vocab_size: int) -> np.ndarray:
     """The tokenizer trained without special_tokens: `<|endoftext|>` is BPE-encoded as text."""
     tok = _recipe(vocab_size, special=False, drop_byte=None)
-    return np.asarray(data.encode(tok, text), dtype=np.int64)
+    return np.asarray(impl.encode_with(tok, text), dtype=np.int64)
 
 
 def byte_tokens_missing_byte(vocab_size: int) -> np.ndarray:
@@ -99,7 +97,7 @@ def byte_tokens_missing_byte(vocab_size: int) -> np.ndarray:
 def decode_skipping_specials(ids, vocab_size: int) -> str:
     """`Tokenizer.decode`'s default, skip_special_tokens=True: FIM sentinels and
     `<|endoftext|>` vanish from the decoded text."""
-    return impl.trained(vocab_size).decode([int(i) for i in ids])
+    return impl.tokenizer(vocab_size).decode([int(i) for i in ids])
 
 
 def vocab_check_missing(tokenizer_vocab: int, model_vocab: int) -> str:

@@ -80,3 +80,18 @@ def dare_no_rescale(base, thetas, weights, p, seed):
     for i in range(thetas.shape[0]):
         acc = acc + w[i] * torch.where(keep[i], thetas[i].float() - base.float(), 0.0)
     return (base.float() + acc / w.sum()).to(base.dtype)
+
+
+@torch.no_grad()
+def dare_torch_generator(base, thetas, weights, p, seed):
+    """DARE's mask drawn from torch's seeded generator instead of numpy's PCG64: deterministic
+    and unbiased, so only parity with the specified draw tells it apart (and torch's stream
+    differs between CPU and CUDA for one seed)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    keep = torch.rand(tuple(thetas.shape), generator=gen, dtype=torch.float64) >= float(p)
+    w = weights.float()
+    acc = torch.zeros(base.shape, dtype=torch.float32)
+    for i in range(thetas.shape[0]):
+        tau = torch.where(keep[i], thetas[i].float() - base.float(), 0.0) / (1.0 - float(p))
+        acc = acc + w[i] * tau
+    return (base.float() + acc / w.sum()).to(base.dtype)

@@ -8,7 +8,7 @@ CONFIRMED, i.e. all paths were exhausted.
 
 from __future__ import annotations
 
-from falsify.reference.lr_schedule import DECAY, FLOOR, WARMUP, schedule_phase
+from falsify.kernels.torch.lr_schedule import DECAY, FLOOR, WARMUP, schedule_phase
 
 
 def consecutive_steps(step: int, warmup: int, total: int) -> bool:

@@ -18,10 +18,11 @@ Python's database, and a character assigned in a later version (a letter to `tok
 library, unassigned here) is classified differently: the equivalence holds for text of
 characters this Python's database assigns (the contract draws such text for it).
 
-The contract's entry points (`encode`, `decode`, `byte_tokens`, `vocab_check`) take a
-`vocab_size` naming the tokenizer under test: the one the project's recipe trains on a fixed
-slice of the standard library (falsify.kernels.torch.bpe_tokenizer.tokenizer_json). Only its JSON
-text crosses over; everything computed from it here is independent of `tokenizers`.
+The contract's entry points (`encode`, `decode`, `byte_tokens`) take a `vocab_size` naming the
+tokenizer under test: the fixture file falsify/contracts/fixtures/bpe-tokenizer-<vocab_size>.json
+the contract ships (the project's recipe trained on a fixed slice of the standard library). It
+is read here as a data file beside the package, not through any module of ours; everything
+computed from it is independent of `tokenizers` and of the backend under test.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -212,13 +214,20 @@ class ByteLevelBPE:
 
 
 # ---------------------------------------------------------------- the contract's entry points
+# The tokenizers under test, one file per vocabulary the contract draws; shared with the torch
+# backend so both sides read the same file.
+FIXTURE_VOCABS = (300, 1024)
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "contracts" / "fixtures"
+FIXTURE_NAME = "bpe-tokenizer-{vocab_size}.json"
+
+
 @lru_cache(maxsize=8)
 def _model(vocab_size: int) -> ByteLevelBPE:
-    # the tokenizer under test comes from the project's recipe (it needs `tokenizers`, which
-    # this module does not import); only its JSON text is read here
-    from falsify.kernels.torch.bpe_tokenizer import tokenizer_json
-
-    return ByteLevelBPE.from_json(tokenizer_json(vocab_size))
+    if vocab_size not in FIXTURE_VOCABS:
+        raise ValueError(f"vocab_size={vocab_size!r}: no tokenizer fixture (the contract's are "
+                         f"{', '.join(map(str, FIXTURE_VOCABS))})")
+    path = FIXTURE_DIR / FIXTURE_NAME.format(vocab_size=vocab_size)
+    return ByteLevelBPE.from_json(path.read_text(encoding="utf-8"))
 
 
 def encode(text: str, vocab_size: int) -> np.ndarray:

@@ -11,41 +11,15 @@ ends at the peak, not one step later), lr(T) = lr_min, and lr never leaves [lr_m
 after the warmup. W < T is required: a warmup longer than the run never reaches the peak
 (warmup 2000 of 43 steps peaks at 6.45e-6 instead of 3e-4).
 
-`schedule_phase` is the integer part: which phase a step is in and the exact fraction
-(num/den) of it that has elapsed. It is pure integer Python with PEP 316 conditions, proved by
-CrossHair for all integers (falsify/proofs/lr_schedule.py); the torch path calls it for every
-step. `lr_at` below is an independent float64 formulation of the same math (numpy piecewise),
-used as the reference.
+`lr_at` below is a float64 formulation of the math (numpy piecewise over all steps at once),
+independent of the torch backend's integer step logic (`schedule_phase` in
+falsify/kernels/torch/lr_schedule.py), which it judges.
 """
 
 
 import numpy as np
 
 from falsify.arguments import check_schedule_args
-
-WARMUP, DECAY, FLOOR = 0, 1, 2
-
-
-def schedule_phase(step: int, warmup: int, total: int) -> tuple:
-    """(phase, num, den): the phase of `step` and the elapsed fraction num/den within it.
-
-    pre: 0 <= warmup < total
-    pre: step >= 0
-    post: __return__[0] in (0, 1, 2)
-    post: __return__[2] >= 1
-    post: 0 <= __return__[1] <= __return__[2]
-    post: (__return__[0] == 0) == (step < warmup)
-    post: (__return__[0] == 2) == (step >= total)
-    post: step != warmup or __return__[:2] == (1, 0)
-    post: __return__[0] != 0 or (__return__[1] == step and __return__[2] == warmup)
-    post: __return__[0] != 1 or (__return__[1] + warmup == step and __return__[2] == total - warmup)
-    post: __return__[0] != 1 or __return__[1] < __return__[2]
-    """
-    if step < warmup:
-        return (WARMUP, step, warmup)
-    if step < total:
-        return (DECAY, step - warmup, total - warmup)
-    return (FLOOR, 1, 1)
 
 
 def lr_at(step, warmup, total, lr_max, lr_min):

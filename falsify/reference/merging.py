@@ -26,10 +26,11 @@ Signatures (the torch backend has the same):
   (the linear merge of the DARE-sparsified models). E[θ] = linear(thetas, weights).
 
 The DARE mask is drawn from numpy's PCG64 (``np.random.default_rng(seed).random(shape)``,
-float64 uniforms in [0, 1), row-major over [k, m, n]) by this module's ``dare_uniforms``, which
-the torch backend calls too: one generator specified independently of torch, the same on every
-device (torch's CPU and CUDA generators give different streams for one seed), so the mask is a
-function of (seed, shape) and parity is exact. A whole-model merge derives one seed per tensor.
+float64 uniforms in [0, 1), row-major over [k, m, n]) by this module's ``dare_uniforms``; the
+torch backend draws its own from the same specification: one generator specified independently
+of torch, the same on every device (torch's CPU and CUDA generators give different streams for
+one seed), so the mask is a function of (seed, shape) and parity is exact. A whole-model merge
+derives one seed per tensor.
 """
 
 import math

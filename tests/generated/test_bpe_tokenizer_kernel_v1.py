@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0d004d8bce74d91e119de0a42bfbf8bb91a7a50818c896a0a28c81a96606ab31"
+SHA256 = "b721a23715fe90af6893ea1a5e7c3ccd1aa44566ece7edba9366eaf379e98cee"
 CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 
 

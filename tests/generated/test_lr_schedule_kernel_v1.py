@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "a9476ba5043a5e47d12cf0e2d511745b9d5a3e316e44db5b6fbd3b1d8a9a1bb9"
+SHA256 = "b5cf7acebe57adce88762ff15b8c9b29426345d53fbb4470461530334109f6a7"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

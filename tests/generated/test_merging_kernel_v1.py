@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "acd7bea24110d1fd56bcda80883f278cdc70a9c899821a9531a3528b47fb5177"
+SHA256 = "318e248d581dab6b1efc4a861707fcc4f1e4418dfeff9ea8b8549ccceb0266d4"
 CONTRACT = rt.library_contract("merging-kernel-v1.yaml", SHA256)
 
 
@@ -411,7 +411,7 @@ def test_falsify_mrg_013__torch__float32(case):
 def test_falsify_mrg_013__torch__float16(case):
     rt.execute(CONTRACT, "FALSIFY-MRG-013", "torch", "float16", case)
 
-# FALSIFY-MRG-014 → MRG-EQV-005 (parity): DARE-linear parity (shared seeded mask)
+# FALSIFY-MRG-014 → MRG-EQV-005 (parity): DARE-linear parity (same seeded mask)
 
 @pytest.mark.falsify(contract=CONTRACT, obligation="MRG-EQV-005", check="FALSIFY-MRG-014", backend="torch", variant="float32")
 @rt.check_settings(CONTRACT, "FALSIFY-MRG-014", "torch", "float32")
@@ -934,3 +934,9 @@ def test_mut_mrg_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-MRG-005", obligation="MRG-INV-006", backend="torch")
 def test_mut_mrg_005():
     rt.assert_killed(CONTRACT, "MUT-MRG-005")
+
+
+# MUT-MRG-006 → MRG-EQV-005: DARE's mask drawn from torch's seeded generator instead of numpy's PCG64: deterministic and unbiased, but not the specified mask
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-MRG-006", obligation="MRG-EQV-005", backend="torch")
+def test_mut_mrg_006():
+    rt.assert_killed(CONTRACT, "MUT-MRG-006")

@@ -3,10 +3,10 @@ falsify/llm/ops.py), which writes the scheduled rate into the optimizer, and a t
 many steps (the contract's binding) that runs `set_lr` on a stand-in optimizer and reads back
 what it wrote, so the contract checks the loop's call itself, not a sibling of it.
 
-Both are built on `schedule_phase` (falsify/reference/lr_schedule.py), the integer step logic that
-CrossHair proves for every integer input: phase boundaries, the exact peak at step = warmup,
-and a denominator that is never 0. The float part is written so that the phase endpoints are
-exact: lr(warmup) = lr_max, lr(total) = lr_min, and the result is clamped into
+Both are built on `schedule_phase` below, the integer step logic that CrossHair proves for
+every integer input (the contract's symbolic checks): phase boundaries, the exact peak at
+step = warmup, and a denominator that is never 0. The float part is written so that the phase
+endpoints are exact: lr(warmup) = lr_max, lr(total) = lr_min, and the result is clamped into
 [lr_min, lr_max], which the real-valued formula never leaves but rounding could by one ulp.
 The LR is computed in Python float64, as torch.optim.lr_scheduler does.
 """
@@ -18,12 +18,35 @@ import math
 import torch
 
 from falsify.arguments import check_schedule_args
-from falsify.reference.lr_schedule import DECAY, FLOOR, WARMUP, schedule_phase
 
 # set_lr is the training loop's per-step call (falsify/llm/ops.py) and lr_at_step the rate
 # falsify/llm/trainer.py reads: the bound lr_at runs set_lr for every step it returns, and
 # set_lr computes each rate with lr_at_step, so every check of the binding runs both.
-__all__ = ["lr_at", "set_lr", "lr_at_step"]
+__all__ = ["lr_at", "set_lr", "lr_at_step", "schedule_phase"]
+
+WARMUP, DECAY, FLOOR = 0, 1, 2
+
+
+def schedule_phase(step: int, warmup: int, total: int) -> tuple:
+    """(phase, num, den): the phase of `step` and the elapsed fraction num/den within it.
+
+    pre: 0 <= warmup < total
+    pre: step >= 0
+    post: __return__[0] in (0, 1, 2)
+    post: __return__[2] >= 1
+    post: 0 <= __return__[1] <= __return__[2]
+    post: (__return__[0] == 0) == (step < warmup)
+    post: (__return__[0] == 2) == (step >= total)
+    post: step != warmup or __return__[:2] == (1, 0)
+    post: __return__[0] != 0 or (__return__[1] == step and __return__[2] == warmup)
+    post: __return__[0] != 1 or (__return__[1] + warmup == step and __return__[2] == total - warmup)
+    post: __return__[0] != 1 or __return__[1] < __return__[2]
+    """
+    if step < warmup:
+        return (WARMUP, step, warmup)
+    if step < total:
+        return (DECAY, step - warmup, total - warmup)
+    return (FLOOR, 1, 1)
 
 
 def lr_at_step(step: int, warmup: int, total: int, lr_max: float, lr_min: float) -> float:

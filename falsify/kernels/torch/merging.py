@@ -4,18 +4,20 @@ semantics, signatures and tie rules are falsify/reference/merging.py's.
 Precision: every discrete decision is taken in float64 from the exact input values, in the
 same order as the reference, so it agrees with the reference bit for bit — the trim's
 magnitudes (|θ_i − base| of fp32/fp16 inputs), TIES' elected sign (a sequential float64 sum over
-the models, as the reference's), SLERP's norms, dot and branch, and DARE's mask (drawn by the
-reference's own numpy generator). The elementwise arithmetic runs in float32 (fp16 inputs are
-widened exactly) and the result is rounded once to the input dtype. Merging runs on frozen
+the models, as the reference's), SLERP's norms, dot and branch, and DARE's mask (drawn here from
+numpy's PCG64 exactly as the contract specifies it, so parity with the reference tests that
+draw). The elementwise arithmetic runs in float32 (fp16 inputs are widened exactly) and the
+result is rounded once to the input dtype. Merging runs on frozen
 weights under no_grad: nothing here has a backward.
 """
 
 import math
 
+import numpy as np
 import torch
 
 from falsify.kernels.dtypes import CHECKED, require
-from falsify.reference.merging import DOT_THRESHOLD, dare_keep
+from falsify.reference.merging import DOT_THRESHOLD
 
 __all__ = ["dare_linear", "linear", "slerp", "ties", "trim"]
 
@@ -135,11 +137,22 @@ def ties(base: torch.Tensor, thetas: torch.Tensor, weights: torch.Tensor, densit
     return (base32 + float(lam) * merged).to(base.dtype)
 
 
+def dare_keep(seed: int, shape, p: float) -> torch.Tensor:
+    """DARE's keep mask on the CPU: u = PCG64(seed).random(shape), float64 uniforms in [0, 1),
+    row-major; entry kept where u ≥ p (so p = 0 keeps all). Numpy's generator rather than
+    torch's: its stream is specified independently of torch and the same for every device
+    (torch's CPU and CUDA generators give different streams for one seed), so the mask is a
+    function of (seed, shape) alone."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p = {p}: the drop probability must be in [0, 1)")
+    return torch.from_numpy(np.random.default_rng(int(seed)).random(tuple(shape)) >= p)
+
+
 @torch.no_grad()
 def dare_linear(base: torch.Tensor, thetas: torch.Tensor, weights: torch.Tensor, p: float,
                 seed: int) -> torch.Tensor:
     _models("dare_linear", thetas, weights, base)
-    keep = torch.from_numpy(dare_keep(seed, tuple(thetas.shape), float(p))).to(thetas.device)
+    keep = dare_keep(seed, tuple(thetas.shape), float(p)).to(thetas.device)
     scale = 1.0 / (1.0 - float(p))
     w = weights.float()
     base32 = base.float()
