@@ -100,8 +100,10 @@ def build_parser(prog: str, description: str, modules: Sequence[str | ModuleType
                  epilog: str | None = None) -> Parser:
     p = Parser(prog=prog, description=description, epilog=epilog,
                formatter_class=RawDescriptionHelpFormatter)
-    # Both entry points report the package's version, so `pv` and `falsify` never disagree.
-    p.add_argument("--version", action="version", version=f"falsify {falsify.__version__}")
+    # Both entry points report the package's version, so `pv` and `falsify` never disagree;
+    # each names itself first (`pv (falsify) 0.1.0`), as a command's --version does.
+    name = "falsify" if prog == "falsify" else f"{prog} (falsify)"
+    p.add_argument("--version", action="version", version=f"{name} {falsify.__version__}")
     add_verbs(p, modules, dest="verb")
     return p
 
