@@ -350,7 +350,8 @@ def test_finetune_overrides_may_come_between_flags():
 
 def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch):
     """`falsify finetune --help` lists --method's choices and says how DPO runs (preference
-    pairs as --data, no method of its own); a method outside them is a one-line usage error."""
+    pairs as --data, no method of its own); a method outside them is the config's one-line
+    error naming the field, exit 2, as `method=dpo` is."""
     from falsify.cli import main as falsify
 
     monkeypatch.setenv("COLUMNS", "100")
@@ -359,4 +360,5 @@ def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch)
     assert re.search(r"DPO[^.]*\"chosen\"[^.]*\"rejected\"", text), text
     assert "--method {lora,qlora,grpo} config field" not in text  # more than the field name
     assert falsify(["finetune", "--method", "dpo"]) == 2
-    assert "choose from 'lora', 'qlora', 'grpo'" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "config field method='dpo': must be lora, qlora or grpo" in said.out + said.err
