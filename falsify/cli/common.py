@@ -43,8 +43,9 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 
 class Parser(argparse.ArgumentParser):
     # True on a verb whose positionals may come before, between or after its flags
-    # (`falsify finetune lr=1e-3 --rank 8 seed=1`). A subcommand's parser is run by its parent
-    # through parse_known_args, so that is where intermixing has to happen.
+    # (`falsify finetune lr=1e-3 --rank 8 seed=1`: the old form's overrides among the flags).
+    # A subcommand's parser is run by its parent through parse_known_args, so that is where
+    # intermixing has to happen.
     intermixed = False
     _intermixing = False
 
