@@ -131,6 +131,8 @@ def test_the_old_form_prints_one_note_naming_the_flags(capsys, monkeypatch):
                    "--max-steps 0 --lr 1e-3 --no-progress --sample-prompt 'a b'"]
     assert main(["train", "--max-steps", "0"]) == 2
     assert "note:" not in capsys.readouterr().err
+    assert main(["train", "max_steps=0", "sample_prompt=-x"]) == 2  # a value, not an option
+    assert capsys.readouterr().err.endswith("use --max-steps 0 --sample-prompt=-x\n")
     monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of a data-parallel job: its launcher said it
     CF.note_old_form(_parse("train", "max_steps=1"))
     assert capsys.readouterr().err == ""

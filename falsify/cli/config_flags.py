@@ -23,8 +23,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from falsify.llm.config import ConfigError, coerce_value
+
 OLD_FORM_NOTE = "note: key=value is the old form, kept for this release: use"
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 @dataclass(frozen=True)
@@ -144,10 +145,11 @@ def _as_flag(item: str, spec: FlagSpec) -> list[str] | None:
     """`key=value` as the flag(s) that say the same; None when no flag does."""
     key, _, value = item.partition("=")
     if key in spec.bools:
-        low = value.lower()
-        if low in _TRUE or low in _FALSE:
-            return [flag(key) if low in _TRUE else _no_flag(key)]
-        return None
+        try:  # read as the config reads it: true/false, 1/0, yes/no
+            on = coerce_value(key, bool, value, from_text=True)
+        except ConfigError:
+            return None
+        return [flag(key) if on else _no_flag(key)]
     if key in spec.fields:
         return [f"{flag(key)}={value}"]  # `=`: a value starting with '-' stays a value
     return None
@@ -168,6 +170,8 @@ def note_old_form(args, file=None) -> None:
             said.extend(switch)
         elif key in spec.skip:  # a hand-written list flag: one item per use (--data FILE)
             said.extend(f"{flag(key)} {shlex.quote(v)}" for v in value.split(",") if v)
+        elif value.startswith("-"):  # `--sample-prompt -x` would read -x as an option
+            said.append(f"{flag(key)}={shlex.quote(value)}")
         else:
             said.append(f"{flag(key)} {shlex.quote(value)}")
     print(f"{OLD_FORM_NOTE} {' '.join(said)}", file=file or sys.stderr)
@@ -186,8 +190,8 @@ def rank_argv(args) -> list[str]:
 
 
 class _Renamed(argparse._StoreAction):
-    """A value option under its new name and its old one; the old one still works and says,
-    once, which name to use."""
+    """A value option under its new name and its old one; each use of the old one still works
+    and prints one line naming the new one."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
