@@ -191,3 +191,35 @@ def test_parity_model_fields_are_flags_like_their_key_value():
 def test_a_flag_table_naming_no_field_is_refused():
     with pytest.raises(ValueError, match="lora_rank"):
         CF.add_config_flags(Parser(prog="x"), [FinetuneConfig], aliases={"lora_rank": ["--r"]})
+
+
+def test_the_pipeline_logs_each_stage_as_flags_that_build_the_stage_config(tmp_path):
+    """`falsify pipeline` prints each stage's command; run as printed, it builds the config the
+    stage ran with, and in the flag form."""
+    from falsify.llm import pipeline as PL
+
+    d = str(tmp_path / "stage")
+    pre = {"max_steps": 3, "progress": False, "data_files": ["a.txt", "b.txt"], "lr": 0.001,
+           "memory_budget_gb": None, "corpus": "synthetic"}
+    spec = {"pretrain": pre}
+    runs = {
+        "pretrain": (pre, None, lambda: TrainConfig.load(
+            None, [*PL._overrides(pre), f"out_dir={d}"])),
+        "distill": ({"alpha": 0.9, "progress": True}, "teacher-dir", lambda: DistillConfig.load(
+            None, [*PL._overrides({**{k: pre[k] for k in PL.SHARED_DATA if k in pre},
+                                   "alpha": 0.9, "progress": True}),
+                   f"out_dir={d}", "teacher=teacher-dir"])),
+        "finetune": ({"lora_r": 4, "shuffle": False, "targets": ["q_proj"]}, "base-dir",
+                     lambda: FS.load_config(None, ["model=base-dir", f"out_dir={d}",
+                                                   "lora_r=4", "shuffle=false",
+                                                   "targets=q_proj"])),
+    }
+    load = {"train": lambda a: TrainConfig.load(None, loop_args(a).overrides),
+            "distill": lambda a: DistillConfig.load(None, loop_args(a).overrides),
+            "finetune": lambda a: FS.load_config(
+                None, finetune_cli.finetune_args(a).overrides)}
+    for stage, (settings, prev, ran) in runs.items():
+        argv = PL._argv(stage, settings, tmp_path / "stage", prev, spec)
+        args = _parse(*argv)
+        assert args.overrides == [], argv  # no old form in what the log shows
+        assert load[argv[0]](args) == ran(), stage

@@ -83,9 +83,7 @@ def register(sub) -> None:
     add_launch_args(p)
     # FinetuneConfig's fields, then those GrpoConfig adds; `--data` is the one above
     CF.add_config_flags(p, [FinetuneConfig, GrpoConfig], aliases=ALIASES, helps=FLAG_HELP,
-                        skip=("data",), choices={**CHOICES, "method": FT.METHODS,
-                                                 "policy": ("lora", "qlora"),
-                                                 "overlong": ("truncate", "drop", "error")})
+                        skip=("data",), choices={**CHOICES, "method": FT.METHODS})
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.set_defaults(func=cmd_finetune)
 
