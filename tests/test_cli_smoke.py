@@ -304,8 +304,9 @@ def test_bench_kernels_quick_with_memory_children(tmp_path):
 
 
 def test_train_config_file_then_resume_auto(tmp_path):
-    """`falsify train --config FILE key=value`, then `falsify train --resume auto` of the same
-    run: the second finds the finished run and does no more steps."""
+    """`falsify train --config FILE --max-steps 2`, then `falsify train --resume auto` of the
+    same run given the old key=value form: the second finds the finished run and does no more
+    steps, and says once which flags replace key=value."""
     import yaml
 
     out = tmp_path / "run"
@@ -318,9 +319,10 @@ def test_train_config_file_then_resume_auto(tmp_path):
            "save_interval": 2, "progress": False, "sample_tokens": 0, "threads": 1,
            "out_dir": str(out)}
     (tmp_path / "my.yaml").write_text(yaml.safe_dump(cfg))
-    r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",
+    r = _run("falsify", "train", "--config", "my.yaml", "--max-steps", "2", "--warmup-steps", "0",
              cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "note:" not in r.stderr
     assert re.search(r"trained 2 steps, [\d,]+ tokens", r.stdout)
     assert re.search(r"validation loss \d+\.\d+, perplexity \d+\.\d+", r.stdout)
     from falsify.llm.checkpoint import latest_checkpoint
@@ -330,6 +332,8 @@ def test_train_config_file_then_resume_auto(tmp_path):
              "--resume", "auto", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "trained 2 steps" in r.stdout
+    assert r.stderr.count("note: key=value is the old form, kept for this release: use "
+                          "--max-steps 2 --warmup-steps 0") == 1
     # the run exports to the HF layout; a synthetic-corpus run has no tokenizer, and says so
     r = _run("falsify", "export", "run", "--out", "hf", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
