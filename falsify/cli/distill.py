@@ -27,8 +27,8 @@ from falsify.cli.train import add_loop_args, loop_args
 from falsify.llm import distill as D
 from falsify.llm.train_stage import distill_runner, run_loop
 
-HELP = {"teacher": "our checkpoint or run dir, or an HF causal-LM dir (config field teacher; "
-                   "null: the built-in base)"}
+HELP = {"teacher": "our checkpoint or run dir, or an HF causal-LM dir; null is the built-in "
+                   "base (config field teacher)"}
 
 
 def register(sub) -> None:
