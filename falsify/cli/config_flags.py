@@ -189,7 +189,7 @@ def rank_argv(args) -> list[str]:
     return out
 
 
-class _Renamed(argparse._StoreAction):
+class _Renamed(argparse.Action):
     """A value option under its new name and its old one; each use of the old one still works
     and prints one line naming the new one."""
 
