@@ -304,8 +304,9 @@ def test_bench_kernels_quick_with_memory_children(tmp_path):
 
 
 def test_train_config_file_then_resume_auto(tmp_path):
-    """`falsify train --config FILE key=value`, then `falsify train --resume auto` of the same
-    run: the second finds the finished run and does no more steps."""
+    """`falsify train --config FILE --max-steps 2`, then `falsify train --resume auto` of the
+    same run given the old key=value form: the second finds the finished run and does no more
+    steps, and says once which flags replace key=value."""
     import yaml
 
     out = tmp_path / "run"
@@ -318,9 +319,10 @@ def test_train_config_file_then_resume_auto(tmp_path):
            "save_interval": 2, "progress": False, "sample_tokens": 0, "threads": 1,
            "out_dir": str(out)}
     (tmp_path / "my.yaml").write_text(yaml.safe_dump(cfg))
-    r = _run("falsify", "train", "--config", "my.yaml", "max_steps=2", "warmup_steps=0",
+    r = _run("falsify", "train", "--config", "my.yaml", "--max-steps", "2", "--warmup-steps", "0",
              cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "note:" not in r.stderr
     assert re.search(r"trained 2 steps, [\d,]+ tokens", r.stdout)
     assert re.search(r"validation loss \d+\.\d+, perplexity \d+\.\d+", r.stdout)
     from falsify.llm.checkpoint import latest_checkpoint
@@ -330,6 +332,8 @@ def test_train_config_file_then_resume_auto(tmp_path):
              "--resume", "auto", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "trained 2 steps" in r.stdout
+    assert r.stderr.count("note: key=value is the old form, kept for this release: use "
+                          "--max-steps 2 --warmup-steps 0") == 1
     # the run exports to the HF layout; a synthetic-corpus run has no tokenizer, and says so
     r = _run("falsify", "export", "run", "--out", "hf", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -350,7 +354,8 @@ def test_finetune_overrides_may_come_between_flags():
 
 def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch):
     """`falsify finetune --help` lists --method's choices and says how DPO runs (preference
-    pairs as --data, no method of its own); a method outside them is a one-line usage error."""
+    pairs as --data, no method of its own); a method outside them is the config's one-line
+    error naming the field, exit 2, as `method=dpo` is."""
     from falsify.cli import main as falsify
 
     monkeypatch.setenv("COLUMNS", "100")
@@ -359,4 +364,5 @@ def test_finetune_help_names_the_methods_and_how_to_run_dpo(capsys, monkeypatch)
     assert re.search(r"DPO[^.]*\"chosen\"[^.]*\"rejected\"", text), text
     assert "--method {lora,qlora,grpo} config field" not in text  # more than the field name
     assert falsify(["finetune", "--method", "dpo"]) == 2
-    assert "choose from 'lora', 'qlora', 'grpo'" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "config field method='dpo': must be lora, qlora or grpo" in said.out + said.err

@@ -87,14 +87,17 @@ def test_a_bad_config_is_refused_once_before_any_rank_starts(tmp_path):
 
 def test_a_ddp_run_ends_with_its_sample_and_summary(tmp_path):
     """The run's last act, the sample, goes through the model every rank holds (DDP's wrapper
-    has no `cfg`): every rank finishes, rank 0 prints the sample and writes summary.json."""
+    has no `cfg`): every rank finishes, rank 0 prints the sample and writes summary.json. The
+    flags reach every rank (3 steps, not the default 300, into --out), and the old key=value
+    form's note is the launcher's one line, not one per rank."""
     tiny = [a for a in TINY if not a.startswith("sample_tokens=")]
-    r = falsify("train", "--nproc", "2", *tiny, "max_steps=3", "batch_size=2",
-                "sample_tokens=8", f"out_dir={tmp_path / 'run'}")
+    r = falsify("train", "--nproc", "2", *tiny, "--max-steps", "3", "--batch-size", "2",
+                "--sample-tokens", "8", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_step"] == 3 and summary["sample"]
     assert "sample (prompt" in r.stdout
+    assert (r.stdout + r.stderr).count("note: key=value is the old form") == 1
 
 
 @pytest.mark.parametrize("verb", ["train", "finetune"])

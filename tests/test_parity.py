@@ -90,7 +90,7 @@ def test_bisect_names_the_mutated_kernel(kernel, mutant, obligation):
 
 def test_cli_json_plot_and_pass(tmp_path):
     png = tmp_path / "p.png"
-    r = _cli("--format", "json", "--backends", "reference,torch,triton", "--tokens", "16",
+    r = _cli("--format", "json", "--backend", "reference,torch,triton", "--tokens", "16",
              "--plot", str(png), "--grad", *SMALL_ARGS, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -103,14 +103,14 @@ def test_cli_json_plot_and_pass(tmp_path):
 
 
 def test_cli_bisect_on_a_mutant_exits_1_and_names_the_obligation(tmp_path):
-    r = _cli("--format", "json", "--backends", "torch", "--tokens", "16", "--bisect",
+    r = _cli("--format", "json", "--backend", "torch", "--tokens", "16", "--bisect",
              "--bind", "rmsnorm.torch=falsify.mutants.model_parity:rmsnorm_eps_10x", *SMALL_ARGS,
              cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     rep = json.loads(r.stdout)["bisect"]["torch"]
     assert rep["first"]["point"] == "L0.attn_norm"
     assert "RN-EQV-001" in rep["message"] and "rmsnorm-kernel-v1" in rep["message"]
-    r = _cli("--backends", "torch", "--tokens", "16", "--bisect", "--bind",
+    r = _cli("--backend", "torch", "--tokens", "16", "--bisect", "--bind",
              "attention.torch=falsify.mutants.model_parity:attention_scale_fp16", *SMALL_ARGS,
              cwd=tmp_path)
     assert r.returncode == 1
@@ -129,7 +129,7 @@ def test_cli_checkpoint_and_bad_input(tmp_path, capsys):
     ck.mkdir()
     save_file(s.weights, str(ck / "model.safetensors"))
     (ck / "state.json").write_text(json.dumps({"config": {"model": s.cfg.to_dict()}}))
-    r = _cli("--checkpoint", str(ck), "--backends", "torch", "--tokens", "8", "--format",
+    r = _cli("--checkpoint", str(ck), "--backend", "torch", "--tokens", "8", "--format",
              "json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["config"]["hidden_size"] == 64
@@ -137,14 +137,14 @@ def test_cli_checkpoint_and_bad_input(tmp_path, capsys):
     (ck / "state.json").write_text(json.dumps({"config": {"model": bad_cfg}}))
     cases = [(["--checkpoint", str(ck)], "does not match"),
              (["--checkpoint", str(tmp_path / "nope")], "state.json not found"),
-             (["--backends", "torch,cuda"], "cuda"),
+             (["--backend", "torch,cuda"], "cuda"),
              (["--model", "huge"], "huge"),
              (["num_layers=two"], "'two'"),
              (["no_such_field=1"], "no_such_field"),
              (["--tokens", "999"], "--tokens 999"),
              (["--bind", "rope.torch=no.such:thing"], "--bind"),
              (["--plot", "out.jpg"], "--plot"),
-             (["--train", "--backends", "torch"], "exactly two backends")]
+             (["--train", "--backend", "torch"], "exactly two backends")]
     for args, needle in cases:
         capsys.readouterr()
         assert main(["parity", *args]) == 2, args
@@ -159,7 +159,7 @@ def test_cli_train_reports_where_two_backends_separate(tmp_path):
     from falsify.llm import parity_train as T
 
     args = [*SMALL_ARGS, "num_layers=1"]
-    r = _cli("--train", "--steps", "2", "--tokens", "8", "--format", "json", "--backends",
+    r = _cli("--train", "--steps", "2", "--tokens", "8", "--format", "json", "--backend",
              "torch,triton", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -1,4 +1,4 @@
-"""`falsify --version` and `pv --version` name the installed package's version."""
+"""`falsify --version` and `pv --version` name themselves and the installed package's version."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from falsify.cli import main as falsify_main
 from falsify.cli.pv import main as pv_main
 
 
-@pytest.mark.parametrize("main", [falsify_main, pv_main], ids=["falsify", "pv"])
-def test_version_flag_prints_the_package_version(main, capsys):
+@pytest.mark.parametrize(("main", "name"), [(falsify_main, "falsify"),
+                                            (pv_main, "pv (falsify)")], ids=["falsify", "pv"])
+def test_version_flag_names_the_command_and_the_package_version(main, name, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.strip() == f"falsify {falsify.__version__}"
+    assert capsys.readouterr().out.strip() == f"{name} {falsify.__version__}"
 
 
 def test_package_version_matches_the_distribution_metadata():

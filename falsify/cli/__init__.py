@@ -4,10 +4,14 @@
                 [-n WORKERS] [--format table|json|junit] [--bind EQ.BACKEND=module:function]
     falsify mutants [CONTRACT...] [-n WORKERS]
     falsify bench kernels|train|finetune
-    falsify train [--config FILE] [--resume [DIR]] [key=value ...]
-    falsify parity [--model tiny] [--backends reference,torch,triton] [--bisect] [--train]
+    falsify train [--config FILE] [--resume [DIR]] [--FIELD VALUE ...]
+    falsify parity [--model tiny] [--backend reference,torch,triton] [--bisect] [--train]
     falsify distill | finetune | merge | export | generate | eval | prune | quantize |
             pipeline   (each: --help)
+
+Every verb takes `--flag value`; a config field is a flag of its name (`--max-steps 100`), and
+`--out DIR` is the output directory wherever one is written. `key=value` is the old form of
+the config flags, kept for this release (it comes last and wins).
 
 Exit codes: 0 all passed, 1 a check failed or a mutant survived, 2 usage error (some verbs
 add their own: `falsify train` 3 on an Andon stop, `falsify merge` 4 when its self-check fails).

@@ -43,8 +43,9 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 
 class Parser(argparse.ArgumentParser):
     # True on a verb whose positionals may come before, between or after its flags
-    # (`falsify finetune lr=1e-3 --rank 8 seed=1`). A subcommand's parser is run by its parent
-    # through parse_known_args, so that is where intermixing has to happen.
+    # (`falsify finetune lr=1e-3 --rank 8 seed=1`: the old form's overrides among the flags).
+    # A subcommand's parser is run by its parent through parse_known_args, so that is where
+    # intermixing has to happen.
     intermixed = False
     _intermixing = False
 
@@ -100,8 +101,10 @@ def build_parser(prog: str, description: str, modules: Sequence[str | ModuleType
                  epilog: str | None = None) -> Parser:
     p = Parser(prog=prog, description=description, epilog=epilog,
                formatter_class=RawDescriptionHelpFormatter)
-    # Both entry points report the package's version, so `pv` and `falsify` never disagree.
-    p.add_argument("--version", action="version", version=f"falsify {falsify.__version__}")
+    # Both entry points report the package's version, so `pv` and `falsify` never disagree;
+    # each names itself first (`pv (falsify) 0.1.0`), as a command's --version does.
+    name = "falsify" if prog == "falsify" else f"{prog} (falsify)"
+    p.add_argument("--version", action="version", version=f"{name} {falsify.__version__}")
     add_verbs(p, modules, dest="verb")
     return p
 

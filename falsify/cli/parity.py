@@ -1,8 +1,8 @@
 """`falsify parity`: one model, one set of weights, one batch of tokens through several
 backends against the float64 numpy reference, op by op.
 
-    falsify parity [--model tiny] [key=value ...] [--checkpoint DIR]
-                   [--backends reference,torch,triton] [--tokens N] [--seed S]
+    falsify parity [--model tiny] [--FIELD VALUE ...] [--checkpoint DIR]
+                   [--backend reference,torch,triton] [--tokens N] [--seed S]
                    [--format table|json] [--plot FILE.png] [--grad] [--bisect]
                    [--bind KERNEL.BACKEND=module:function] [--train [--steps N]]
 
@@ -12,12 +12,16 @@ growth
 rounding one fp32 layer may add at this config (falsify/llm/parity.layer_budget). Exit codes: 0
 every backend within them, 1 one is not (or, with --train, the runs separate within the
 horizon), 2 bad input.
+
+Every field of the model config is a flag overriding the preset's value (`--num-layers 2`);
+`key=value` (`num_layers=2`) and `--backends` are the old forms, kept for this release.
 """
 
 from __future__ import annotations
 
 import json
 
+from falsify.cli import config_flags as CF
 from falsify.cli.common import resolve_user_binding
 from falsify.errors import UsageError
 from falsify.helptext import first_paragraph
@@ -31,12 +35,14 @@ def register(sub) -> None:
                        description=first_paragraph(__doc__))
     p.intermixed = True  # key=value overrides may come before, between or after the flags
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
-                   help="model config overrides of the preset, e.g. num_layers=2")
+                   help="the old form of the model config flags, kept for this release "
+                        "(they come last and win)")
     p.add_argument("--model", default="tiny", help="preset (default tiny)")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="a run's checkpoint (model.safetensors + state.json) instead of a "
                         "seeded random init")
-    p.add_argument("--backends", default=None,
+    CF.add_renamed(p, "--backend", "--backends", dest="backends", default=None,
+                   metavar="reference,torch,triton",
                    help="comma-separated from reference,torch,triton (default: all that can "
                         "run here; the float64 reference is always the trusted side)")
     p.add_argument("--tokens", type=int, default=32, help="random token ids (default 32)")
@@ -56,17 +62,22 @@ def register(sub) -> None:
     p.add_argument("--train", action="store_true",
                    help="train two backends side by side and report where they separate")
     p.add_argument("--steps", type=int, default=50, help="--train steps (default 50, max 50)")
+    from falsify.llm.model import ModelConfig
+
+    CF.add_config_flags(p, [ModelConfig], title="model config fields",
+                        description=" (default: the --model preset's value)",
+                        show_defaults=False)
     p.set_defaults(func=cmd_parity)
 
 
 # ------------------------------------------------------------------------------ input
-def _value(s: str):
+def _value(key: str, s: str):
     for cast in (int, float):
         try:
             return cast(s)
         except ValueError:
             pass
-    raise UsageError(f"override value {s!r}: expected a number")
+    raise UsageError(f"model config field {key!r}: cannot parse {s!r} as a number")
 
 
 def _overrides(items: list[str]) -> dict:
@@ -75,7 +86,7 @@ def _overrides(items: list[str]) -> dict:
         k, sep, v = it.partition("=")
         if not sep or not k:
             raise UsageError(f"override {it!r}: expected key=value (e.g. num_layers=2)")
-        out[k] = _value(v)
+        out[k] = _value(k, v)
     return out
 
 
@@ -97,17 +108,17 @@ def _backends(spec: str | None) -> list[str]:
     names = [b.strip() for b in spec.split(",") if b.strip()]
     bad = [b for b in names if b not in ("reference", "torch", "triton")]
     if bad or not names:
-        raise UsageError(f"--backends {spec!r}: unknown backend {', '.join(bad) or '(none)'} "
+        raise UsageError(f"--backend {spec!r}: unknown backend {', '.join(bad) or '(none)'} "
                          "(known: reference, torch, triton)")
     out = [b for b in names if b != "reference"]
     if not out:
-        raise UsageError("--backends: name at least one of torch, triton to compare with the "
+        raise UsageError("--backend: name at least one of torch, triton to compare with the "
                          "reference")
     for b in out:
         try:
             resolve_backend(b)
         except BackendUnavailableError as e:
-            raise UsageError(f"--backends {b}: {e}") from None
+            raise UsageError(f"--backend {b}: {e}") from None
     return out
 
 
@@ -128,10 +139,11 @@ def _binds(items: list[str], allow_any_import: bool) -> dict[str, dict]:
 def _setup(args):
     from falsify.llm import parity as P
 
-    over = _overrides(args.overrides)
+    over = _overrides(CF.config_overrides(args))
     if args.checkpoint:
         if over:
-            raise UsageError("key=value overrides apply to a preset, not to --checkpoint")
+            raise UsageError("model config flags (and key=value overrides) apply to a preset, "
+                             "not to --checkpoint")
         cfg, weights = P.load_checkpoint(args.checkpoint)
     else:
         cfg = P.config_from(args.model, over)
@@ -143,6 +155,7 @@ def _setup(args):
 def cmd_parity(args) -> int:
     from falsify.llm import parity as P
 
+    CF.note_old_form(args)
     if args.tokens < 1:
         raise UsageError(f"--tokens {args.tokens}: must be >= 1")
     if not 1 <= args.steps <= 50:
@@ -153,7 +166,7 @@ def cmd_parity(args) -> int:
     binds = _binds(args.bind, args.allow_any_import)
     for b in binds:
         if b not in backends:
-            raise UsageError(f"--bind names backend {b}, which --backends does not compare")
+            raise UsageError(f"--bind names backend {b}, which --backend does not compare")
     try:
         setup = _setup(args)
         ops = {b: P.ops_for(b, binds.get(b)) for b in backends}
@@ -251,8 +264,8 @@ def _train(args, setup, ops) -> int:
     from falsify.llm import parity_train as T
 
     if len(ops) != 2:
-        raise UsageError(f"--train compares exactly two backends; --backends gives "
-                         f"{len(ops)} ({', '.join(ops) or 'none'}); e.g. --backends torch,triton")
+        raise UsageError(f"--train compares exactly two backends; --backend gives "
+                         f"{len(ops)} ({', '.join(ops) or 'none'}); e.g. --backend torch,triton")
     (a, oa), (b, ob) = ops.items()
     r = T.train_compare(setup, oa, ob, args.steps, args.seed)
     r.update(backends=[a, b])

@@ -112,7 +112,7 @@ def ops_for(backend: str, bindings: dict | None = None) -> Ops:
     try:
         ops = get_ops(backend)
     except (BackendUnavailableError, ValueError) as e:
-        raise ParityInputError(f"--backends {backend}: {e}") from None
+        raise ParityInputError(f"--backend {backend}: {e}") from None
     return dataclasses.replace(ops, **(bindings or {}))
 
 

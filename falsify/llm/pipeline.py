@@ -209,6 +209,19 @@ def _override_text(key: str, v) -> str:
     return str(v)
 
 
+def _config_flags(settings: dict) -> list[str]:
+    """The settings as the flags of a config command (`--max-steps 300`, `--no-shuffle`), which
+    read back to the same values as `_overrides`: the command line a stage's log line shows."""
+    out = []
+    for k, v in settings.items():
+        name = k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(f"--{name}" if v else f"--no-{name}")
+        else:
+            out += [f"--{name}", _override_text(k, v)]
+    return out
+
+
 def _flags(settings: dict) -> list[str]:
     out = []
     for k, v in settings.items():
@@ -225,13 +238,13 @@ def _flags(settings: dict) -> list[str]:
 # ------------------------------------------------------------------ what each stage runs
 def _argv(stage: str, settings: dict, d: Path, prev: str | None, spec: dict) -> list[str]:
     if stage == "pretrain":
-        return ["train", *_overrides(settings), f"out_dir={d}"]
+        return ["train", *_config_flags(settings), "--out", str(d)]
     if stage == "distill":
         shared = {k: spec["pretrain"][k] for k in SHARED_DATA if k in spec["pretrain"]}
-        return ["distill", "--teacher", prev, *_overrides({**shared, **settings}),
-                f"out_dir={d}"]
+        return ["distill", "--teacher", prev, *_config_flags({**shared, **settings}),
+                "--out", str(d)]
     if stage == "finetune":
-        return ["finetune", "--model", prev, "--out", str(d), *_overrides(settings)]
+        return ["finetune", "--model", prev, "--out", str(d), *_config_flags(settings)]
     if stage == "merge":
         return ["merge", "--adapter", prev, "--out", str(d), *_flags(settings)]
     if stage in ("prune", "quantize"):
