@@ -152,3 +152,22 @@ def test_a_backend_dispatch_by_f_string_counts_every_module_it_can_name(proj):
     edit = ("return x", "return x * 1")
     assert _staled(proj, "fp_pkg/b/kern.py", *edit)
     assert _staled(proj, "fp_pkg/a/other.py", *edit) == set()
+
+
+def test_a_fixture_the_contract_declares_stales_every_check_when_its_bytes_change(proj):
+    """A data file the checks read (a trained tokenizer) counts by its bytes, for every check
+    on every backend; a file beside it that the contract does not declare does not count."""
+    path = proj / "contracts" / "fp-v1.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["metadata"]["fixtures"] = ["fixtures/table.json"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    (proj / "contracts" / "fixtures").mkdir()
+    (proj / "contracts" / "fixtures" / "table.json").write_text('{"a": 1}\n')
+    (proj / "contracts" / "fixtures" / "other.json").write_text('{"b": 1}\n')
+    every = set(_hashes(proj))
+    assert _staled(proj, "contracts/fixtures/table.json", '"a": 1', '"a": 2') == every
+    assert _staled(proj, "contracts/fixtures/other.json", '"b": 1', '"b": 2') == set()
+    before = _hashes(proj)
+    (proj / "contracts" / "fixtures" / "table.json").unlink()  # a missing fixture: stale too
+    after = _hashes(proj)
+    assert {k for k in before if before[k] != after[k]} == every

@@ -680,3 +680,25 @@ def test_v033_tolerance_outside_the_allow_list_is_not_evaluated(tmp_path):
                                'float16: {atol: "np.lib.x + n * 6.0e-8"}', 1)
     (f,) = only(run(tmp_path, text)[1], "V033", "error")
     assert f.line == line_of(text, "np.lib.x") and "np.lib" in f.message
+
+
+@pytest.mark.parametrize("name, why", [
+    ("/etc/hostname", "must be a relative path without '..'"),
+    ("../outside.json", "must be a relative path without '..'"),
+    ("fixtures/missing.json", "does not exist"),
+    ("fixtures", "is not a file"),
+    ("fixtures/link.json", "leads out of the contract's directory (a link)"),
+])
+def test_v034_a_fixture_is_a_file_beside_the_contract(tmp_path, name, why):
+    home = tmp_path / "contracts"
+    (home / "fixtures").mkdir(parents=True)
+    (tmp_path / "outside.json").write_text("{}")
+    (home / "fixtures" / "link.json").symlink_to(tmp_path / "outside.json")
+    (home / "fixtures" / "ok.json").write_text("{}")
+    text = edit(base_text(), "metadata:\n", f"metadata:\n  fixtures: [fixtures/ok.json, {name}]\n")
+    p, findings = run(home, text)
+    (f,) = only(findings, "V034", "error")
+    assert why in f.message and f.line == line_of(text, "fixtures: [")
+    assert "metadata.fixtures[1]" in str(f)
+    ok = edit(base_text(), "metadata:\n", "metadata:\n  fixtures: [fixtures/ok.json]\n")
+    assert run(home, ok)[1] == []

@@ -23,6 +23,9 @@ name whole: `falsify.kernels.*.adamw`, a module-level string constant filled in.
 only what the check's own bindings name. `fallbacks(contract)` lists each (check, module,
 reason) where a module counts whole, for `pv audit`.
 
+The contract's fixtures (`metadata.fixtures`: data files its checks read, such as a trained
+tokenizer) count by their bytes, for every check of the contract.
+
 The ledger stores the hash with each entry; `pv coverage` calls an entry whose hash no longer
 matches `stale`, and `falsify run --changed` re-runs only what has no passing entry for the
 current hashes. Entries written under the former scheme (the raw text of every imported module)
@@ -564,8 +567,21 @@ def reset_cache() -> None:
 def impl_hash(c: Contract, backend: str, check: Check | None = None,
               mutant: Mutant | None = None) -> str:
     """sha256 over the normalised AST of every top-level statement the check (or the mutant's
-    checks) on `backend` executes, by module and name."""
-    return _closure(_refs(c, backend, check, mutant))[0]
+    checks) on `backend` executes, by module and name, and over the bytes of the contract's
+    fixtures (the data files its checks read)."""
+    code = _closure(_refs(c, backend, check, mutant))[0]
+    if not c.fixtures:
+        return code
+    h = hashlib.sha256(code.encode())
+    for name in c.fixtures:
+        h.update(b"\0" + name.encode() + b"\0" + _file_digest(c.fixture_path(name)).encode())
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    """A fixture's sha256 (read once per process, as every source stamp: `reset_cache`); a
+    missing one hashes as such, so its results read as stale, and V034 says why."""
+    return stamp_cache.stamp(path) or "missing"
 
 
 def fallbacks(c: Contract, backends: tuple[str, ...] | None = None) -> list[tuple[str, str, str]]:

@@ -138,6 +138,10 @@ class Contract:
     kani_harnesses: list[dict]
     qa_gate: dict | None
     inapplicable: dict[str, str] = field(default_factory=dict)  # check kind -> why not
+    fixtures: list[str] = field(default_factory=list)  # data files, relative to the contract
+
+    def fixture_path(self, name: str) -> Path:
+        return self.path.parent / name
 
     def line(self, *path) -> int:
         return self.located.line_of(path)
@@ -317,6 +321,7 @@ def build_contract(path: Path, loc: yamlio.Located, mode: str,
         qa_gate=well_typed(data.get("qa_gate"), "qa_gate", ("qa_gate",), bad),
         inapplicable={str(k): str(v) for k, v in md["inapplicable"].items()}
         if isinstance(md.get("inapplicable"), dict) else {},
+        fixtures=[f for f in _list(md.get("fixtures")) if isinstance(f, str)],
     )
 
 

@@ -58,6 +58,8 @@ Errors (native mode):
        value, tolerance, input shape, values or assume) that leaves the allow-list of
        falsify/harness/expr.py: an attribute, call or syntax outside its tables. Checked on
        the parsed tree; nothing is evaluated
+  V034 a `metadata.fixtures` entry that is not a file inside the contract's directory (absolute,
+       `..`, a link out of it, a directory, missing)
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -321,6 +323,7 @@ def _metadata_rules(ctx, c: Contract) -> None:
         ctx.add("V020", ("metadata", "references"), "metadata.references",
                 "no references: every contract cites its source (paper, spec, library)",
                 native_only=True, warn_rule="W108")
+    _fixture_rules(ctx, c)
     # V023 a kind declared inapplicable must not also run
     for kind in c.inapplicable:
         ran = [t.id for t in c.checks if t.kind == kind]
@@ -329,6 +332,26 @@ def _metadata_rules(ctx, c: Contract) -> None:
                     f"{kind} is declared inapplicable, but {', '.join(ran)} run(s) it: keep "
                     "the checks or the declaration, not both")
 
+
+
+def _fixture_rules(ctx, c: Contract) -> None:
+    # V034 a fixture is a file inside the contract's directory: a contract is data, and the
+    # fingerprint reads these bytes, so it may name nothing else on the machine
+    home = c.path.parent.resolve()
+    for i, name in enumerate(c.fixtures):
+        where = f"metadata.fixtures[{i}]"
+        p = Path(name)
+        if p.is_absolute() or ".." in p.parts:
+            why = "must be a relative path without '..'"
+        elif not c.fixture_path(name).resolve().is_relative_to(home):
+            why = "leads out of the contract's directory (a link)"
+        elif not c.fixture_path(name).is_file():
+            why = "is not a file" if c.fixture_path(name).exists() else "does not exist"
+        else:
+            continue
+        ctx.add("V034", ("metadata", "fixtures", i), where,
+                f"fixture {name!r} {why} (fixtures are files beside the contract: "
+                f"{c.path.parent})")
 
 def _duplicate_ids(ctx, c: Contract) -> None:
     # V005 duplicate ids within the contract

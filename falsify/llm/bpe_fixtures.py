@@ -5,7 +5,9 @@ standard-library corpus, once per vocabulary the contract draws, saved as tokeni
     python -m falsify.llm.bpe_fixtures falsify/contracts/fixtures
 
 The corpus is this Python's standard library, so another Python version writes other merges:
-regenerate only when the recipe changes, and bump the contract's version with the files.
+regenerate only when the recipe changes. The contract declares the files
+(`metadata.fixtures`), so their bytes are part of every check's fingerprint: new files stale the
+results computed from the old ones.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b721a23715fe90af6893ea1a5e7c3ccd1aa44566ece7edba9366eaf379e98cee"
+SHA256 = "25b3e1291d17520e22df3ca68d60ac860aa5932306e3a79552bde1a4d3a70ff0"
 CONTRACT = rt.library_contract("bpe-tokenizer-kernel-v1.yaml", SHA256)
 
 
