@@ -223,3 +223,14 @@ def test_the_pipeline_logs_each_stage_as_flags_that_build_the_stage_config(tmp_p
         args = _parse(*argv)
         assert args.overrides == [], argv  # no old form in what the log shows
         assert load[argv[0]](args) == ran(), stage
+
+
+def test_the_word_none_is_null_only_where_a_field_takes_null():
+    """corpus=none ("no built-in corpus, only data_files") is the word; threads=none is
+    null; a field that takes no null still refuses `null`."""
+    from falsify.llm.config import ConfigError, TrainConfig
+
+    cfg = TrainConfig.load(None, ["corpus=none", "data_files=a.txt", "threads=none"])
+    assert cfg.corpus == "none" and cfg.threads is None
+    with pytest.raises(ConfigError, match="'corpus' may not be null"):
+        TrainConfig.load(None, ["corpus=null"])

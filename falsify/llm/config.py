@@ -91,7 +91,10 @@ def _parse_text(name: str, base, value):
 def coerce_value(name: str, tp, value, from_text: bool):
     """`value` (from YAML, a dict, or command-line text) as field `name` of type `tp`."""
     optional, base = _is_optional(tp)
-    if value is None or (from_text and str(value).lower() in ("null", "none", "~")):
+    # on the command line null is `null` or `~`, and `none` too where a field takes null; a
+    # field that does not is given the word itself (corpus=none: "no built-in corpus")
+    nulls = ("null", "none", "~") if optional else ("null", "~")
+    if value is None or (from_text and str(value).lower() in nulls):
         if optional:
             return None
         raise ConfigError(f"config field {name!r} may not be null")
