@@ -243,3 +243,22 @@ def test_a_mutant_run_stops_at_its_first_falsifying_example(monkeypatch):
     assert r.killed, r
     assert failed_at, "the mutant never failed a check"
     assert len(calls) - failed_at[0] <= 2, (len(calls), failed_at)
+
+
+def test_a_bind_runs_the_backend_it_binds_and_nothing_else(workspace):
+    """Without --backend, a --bind run judges the bound function only: the torch checks run,
+    the reference's own checks and the proofs (SM-007 and SM-008 are z3 proofs of the
+    contract's own functions, which no binding replaces) do not; --backend still decides."""
+    ws = workspace
+    bind = ("--bind", "softmax.torch=falsify.kernels.torch.softmax:softmax")
+    r = falsify(ws, "run", str(ws["path"]), "-k", "SM_001 or SM_007 or SM_008", *bind)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = ledger.load(ws["ledger"].with_name("ledger-bind.json"))["runs"].values()
+    assert {e["backend"] for e in runs} == {"torch"}, sorted(e["backend"] for e in runs)
+    assert {e["check"] for e in runs} == {"FALSIFY-SM-001"}
+    assert "torch checks only, no mutants" in " ".join(r.stdout.split())
+    r = falsify(ws, "run", str(ws["path"]), "-k", "SM_001", "--backend", "reference,torch",
+                *bind)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = ledger.load(ws["ledger"].with_name("ledger-bind.json"))["runs"].values()
+    assert {e["backend"] for e in runs} == {"reference", "torch"}

@@ -39,8 +39,7 @@ def _outcome(text: str, contract: str) -> tuple[str, list[str], int]:
     row = next((ln for ln in text.splitlines() if ln.startswith(f"│ {contract} ")), None)
     assert row is not None, f"no results row for {contract} in:\n{text[-2000:]}"
     cells = [c.strip() for c in row.strip("│ ").split("│")]
-    # the bound backend only: the z3 column is the contract's proofs, which no binding touches
-    # (and which a loaded machine can time out: "unproven")
+    # the bound backend's column (a --bind run runs no other backend, and no proofs)
     failed = sorted(re.findall(rf"^FAILED {re.escape(contract)} \S+ on torch/\S+ \(\w+\)",
                                text, re.M))
     blocks = re.split(r"^(?=FAILED )", text, flags=re.M)

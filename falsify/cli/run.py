@@ -513,9 +513,7 @@ def cmd_run(args) -> int:
     console = Console(stderr=args.format != "table")
     contracts = _shard(args, select_contracts(args.contracts, proj), proj)
     binds = _parse_binds(args.bind, contracts, args.allow_any_import)
-    backends = ([b.strip() for b in args.backend.split(",")] if args.backend
-                else list(proj.backends))
-    keep = backends + [b for b in SYMBOLIC if b not in backends]
+    keep = _kept_backends(args, proj, binds)
     profile = "thorough" if args.thorough else ("ci" if os.environ.get("CI") else proj.profile)
     seed, origin = resolve_seed(args.seed)
     # what a failure's own reproduction needs beside its -k node id
@@ -530,8 +528,8 @@ def cmd_run(args) -> int:
         # replace the contract's own binding, so they say nothing about the bound function
         if not args.ledger:
             ledger_path = ledger_path.with_name("ledger-bind.json")
-        bind_note = (f"--bind checks {', '.join(binds)}: mutants not run and the results are "
-                     "not the project's coverage")
+        bind_note = (f"--bind checks {', '.join(binds)}: {', '.join(keep)} checks only, no "
+                     "mutants; the results are not the project's coverage")
     if not contracts:
         return _empty_shard(args, ledger_path, console)
     modules = ensure_generated(contracts, proj)
@@ -551,6 +549,20 @@ def cmd_run(args) -> int:
     ctx = dict(ledger=ledger_path, seed=seed, flags=flags, keep=keep, select=select,
                bind_note=bind_note, start=start, junit=junit)
     return _report(args, contracts, session, rc, ctx, console)
+
+
+def _kept_backends(args, proj, binds: dict[str, str]) -> list[str]:
+    """The backends whose checks run. `--backend` names them; otherwise the project's, and the
+    symbolic ones (proofs). A `--bind` run judges the bound function, so by default it runs the
+    backends the binds name and nothing else: the other backends' checks and the proofs call
+    the contract's own functions, which no binding replaces."""
+    if args.backend:
+        backends = [b.strip() for b in args.backend.split(",")]
+    elif binds:
+        backends = sorted({key.rsplit(".", 1)[1] for key in binds})
+    else:
+        backends = list(proj.backends)
+    return backends if binds else backends + [b for b in SYMBOLIC if b not in backends]
 
 
 def cmd_mutants(args) -> int:
@@ -598,7 +610,7 @@ def register(sub) -> None:
                         "(default: the project's contracts)")
     r.add_argument("--backend", default=None,
                    help="comma-separated: reference,torch,triton (default: the project's "
-                        "`backends`)")
+                        "`backends` and the proofs; with --bind, the backends it binds)")
     r.add_argument("--no-mutants", "--quick", dest="no_mutants", action="store_true",
                    help="checks only, no mutants: quick, but no obligation coverage figure "
                         "(--quick is the same)")
