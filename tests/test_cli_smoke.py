@@ -126,6 +126,34 @@ def _verb_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
             if isinstance(action, argparse._SubParsersAction) for a in action._choices_actions}
 
 
+def test_the_verb_index_says_what_the_modules_register():
+    """`falsify` builds only the verb a command line runs and shows the others from INDEX; the
+    index must list every verb, in order, with its module's own help."""
+    from falsify.cli import INDEX, VERBS
+
+    full = _verb_helps(falsify_parser())
+    assert list(full.items()) == [(name, help_) for name, (_, help_) in INDEX.items()]
+    for module in VERBS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(sub)
+        assert sorted(sub.choices) == sorted(n for n, (m, _) in INDEX.items() if m == module)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["init", "--help"],
+                                  ["soak", "--help"]])
+def test_a_light_verb_does_not_import_torch(argv):
+    """Only the verb a command line runs is built: `falsify --help` and the verbs that need no
+    model start without importing torch (seconds), which `falsify run --changed` pays when
+    nothing changed."""
+    code = (f"import sys\nfrom falsify.cli import main\ntry:\n    main({argv!r})\n"
+            "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT.parent)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout[-500:]
+    assert "usage: falsify" in r.stdout
+
+
 def _help(main, argv, capsys) -> str:
     with pytest.raises(SystemExit) as e:
         main(argv)

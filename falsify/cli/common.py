@@ -97,15 +97,39 @@ def group(sub, name: str, help_: str, modules: Sequence[str | ModuleType]) -> Pa
     return p
 
 
+def add_verbs_for(parser: argparse.ArgumentParser, index: dict[str, tuple[str, str]],
+                  argv: Sequence[str], dest: str, title: str = "commands"):
+    """As `add_verbs`, for one command line: the module of the verb `argv` names registers its
+    verbs; every other verb is a bare entry with its one-line help from `index` (verb ->
+    (module, help), in `--help` order), so neither `--help` nor a light verb imports the
+    modules of the heavy ones (torch: seconds)."""
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    module = index[chosen][0] if chosen in index else None
+    sub = parser.add_subparsers(dest=dest, title=title, metavar="COMMAND",
+                                parser_class=Parser)
+    for name, (mod, help_) in index.items():
+        if mod != module:
+            sub.add_parser(name, help=help_)
+    if module is not None:
+        _module(module).register(sub)
+    return sub
+
+
 def build_parser(prog: str, description: str, modules: Sequence[str | ModuleType],
-                 epilog: str | None = None) -> Parser:
+                 epilog: str | None = None, index: dict[str, tuple[str, str]] | None = None,
+                 argv: Sequence[str] | None = None) -> Parser:
+    """The program's parser: every verb registered by its module, or, given `index` and the
+    command line, only the verb it names (`add_verbs_for`)."""
     p = Parser(prog=prog, description=description, epilog=epilog,
                formatter_class=RawDescriptionHelpFormatter)
     # Both entry points report the package's version, so `pv` and `falsify` never disagree;
     # each names itself first (`pv (falsify) 0.1.0`), as a command's --version does.
     name = "falsify" if prog == "falsify" else f"{prog} (falsify)"
     p.add_argument("--version", action="version", version=f"{name} {falsify.__version__}")
-    add_verbs(p, modules, dest="verb")
+    if index is not None and argv is not None:
+        add_verbs_for(p, index, argv, dest="verb")
+    else:
+        add_verbs(p, modules, dest="verb")
     return p
 
 
