@@ -1,7 +1,9 @@
 """The built package works for a user: sdist and wheel build, the wheel carries the contract
 library and the `init` templates, and installed on its own (no checkout on sys.path, run from a
 directory outside the checkout) it scaffolds a project that validates, fails on its stubs with
-the diagnosis and goes green (run, mutants, `pv coverage --min 100`) once they are written;
+the diagnosis and goes green once they are written (run and mutants, then the CI workflow
+`falsify init` wrote, run step by step as GitHub runs it: install from the wheel, validate,
+run, mutants, `pv coverage --min 100`);
 it checks a user's softmax against the library contract (a correct one passes, a buggy one
 fails with the diagnosis) and reports coverage, without writing a file inside the installed
 package.
@@ -155,11 +157,39 @@ def _check_own_contract(steps: Steps, project: Path, cli) -> None:
     (project / "userpkg/mykernel.py").write_text(
         "import torch\n\n\ndef mykernel(x):\n    return torch.tanh(x)\n")
     for argv, what in ((("falsify", "run", "mykernel-kernel-v1"), "the written kernel passes"),
-                       (("falsify", "mutants", "mykernel-kernel-v1"), "its mutant is killed"),
-                       (("pv", "coverage", "--min", "100"), "the CI gate is green")):
+                       (("falsify", "mutants", "mykernel-kernel-v1"), "its mutant is killed")):
         proc, out = cli(*argv)
         steps.expect(proc.returncode == 0, f"`{' '.join(argv)}`: {what} (exit {proc.returncode})",
                      out)
+
+
+def _run_workflow(steps: Steps, inst: dict, wheel: Path) -> None:
+    """The workflow `falsify init` wrote, run as GitHub runs it: each step's `run:` script in
+    bash -e from the repository root, with CI set, the step's `env:` resolved (the repository
+    variable FALSIFY_SPEC: this wheel) and the venv's python first on PATH, in order, stopping
+    at the first that fails. The `uses:` steps (checkout, setup-python, upload) are GitHub's."""
+    import yaml
+
+    flow = yaml.safe_load((inst["project"] / ".github/workflows/falsify.yml").read_text())
+    (job,) = flow["jobs"].values()
+    env = dict(inst["env"], CI="true", GITHUB_ACTIONS="true")
+    ran = []
+    for step in job["steps"]:
+        if "run" not in step:
+            continue
+        step_env = {k: str(wheel) if "vars.FALSIFY_SPEC" in str(v) else str(v)
+                    for k, v in (step.get("env") or {}).items()}
+        proc = _run(["bash", "-e", "-c", step["run"]], cwd=inst["project"],
+                    env={**env, **step_env}, timeout=900)
+        ran.append(step.get("name", step["run"].splitlines()[0]))
+        if proc.returncode != 0:
+            steps.expect(False, f"workflow step {ran[-1]!r} failed (exit {proc.returncode})",
+                         proc.stdout + proc.stderr)
+            return
+    steps.expect(ran[0] == "Install" and "Obligation coverage" in ran,
+                 f"the workflow's steps were not the expected ones: {ran}")
+    steps.expect((inst["project"] / "falsify-junit.xml").is_file(),
+                 "the workflow's run step wrote no JUnit report")
 
 
 @pytest.mark.heavy
@@ -185,6 +215,7 @@ def test_the_wheel_works_for_a_user(tmp_path):
     steps.expect(proc.returncode == 0 and "0 error(s)" in out, "`pv validate` failed", out)
 
     _check_own_contract(steps, inst["project"], cli)
+    _run_workflow(steps, inst, wheel)
 
     bind = ("falsify", "run", "softmax-kernel-v1", "--bind", "softmax.torch=userpkg:softmax",
             "--backend", "torch")
