@@ -1,5 +1,6 @@
 """Every folder is its import path, and bound code lives where a reader looks for its role:
-`run:` functions in falsify/probes/, symbolic targets in falsify/proofs/, mutants in
+`run:` functions in falsify/probes/, symbolic targets in falsify/proofs/ (a CrossHair target
+may be the proved function itself), mutants in
 falsify/mutants/, reference bindings in falsify/reference/; probes import no benchmark, and the
 benchmark's case list is complete in the memory subprocess that loads it as __main__."""
 
@@ -17,10 +18,11 @@ from falsify.harness.model import discover, load_contract
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout
 
-# A CrossHair target may also be a reference function analysed in place (its PEP 316
-# conditions are in its own docstring); z3 targets build claims and live in proofs.
+# A CrossHair target may also be the function under proof analysed in place, a reference's or a
+# kernel's (its PEP 316 conditions are in its own docstring: lr-schedule's integer step logic
+# is the torch kernel's); z3 targets build claims and live in proofs.
 PACKAGE = {"run": ("falsify.probes.",), "target": ("falsify.proofs.",),
-           "crosshair": ("falsify.proofs.", "falsify.reference."),
+           "crosshair": ("falsify.proofs.", "falsify.reference.", "falsify.kernels."),
            "with": ("falsify.mutants.",), "reference": ("falsify.reference.",)}
 
 
