@@ -3,6 +3,7 @@
     falsify run [CONTRACT...] [--backend reference,torch,triton] [--quick|--thorough]
                 [-n WORKERS] [--format table|json|junit] [--bind EQ.BACKEND=module:function]
     falsify mutants [CONTRACT...] [-n WORKERS]
+    falsify mutate [--module PATH ...] [--budget MINUTES] [--changed REF] [--shard K/N]
     falsify bench kernels|train|finetune
     falsify train [--config FILE] [--resume [DIR]] [--FIELD VALUE ...]
     falsify parity [--model tiny] [--backend reference,torch,triton] [--bisect] [--train]
@@ -30,6 +31,7 @@ from falsify.helptext import first_paragraph
 
 VERBS = (  # the order of `falsify --help`
     "falsify.cli.run",       # run, mutants
+    "falsify.cli.mutate",    # mutate
     "falsify.cli.bench",     # bench kernels | train | finetune
     "falsify.cli.train",     # train
     "falsify.cli.distill",   # distill

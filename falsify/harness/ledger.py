@@ -135,3 +135,14 @@ def set_provenance(path: Path, provenance: dict) -> dict:
         data["provenance"] = dict(provenance)
         _write(data, path)
     return data
+
+
+def merge_mutations(results: dict[str, dict], path: Path) -> Path:
+    """`falsify mutate`'s results, by mutant id, into the ledger's `mutations` section (locked,
+    atomic); the `runs` and `mutants` sections are left as they are."""
+    path = Path(path)
+    with _locked(path):
+        data = load(path)
+        data.setdefault("mutations", {}).update(results)
+        _write(data, path)
+    return path
