@@ -175,8 +175,7 @@ def cmd_mutate(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("mutate", help="mutate the project's functions; a mutant the checks "
-                                      "miss (survivor) is a failure")
+    p = sub.add_parser("mutate", help="make bugs in the code; one the checks miss fails")
     p.add_argument("--module", action="append", default=[], metavar="PATH",
                    help="mutate the functions of this file (repeatable; default: every module "
                         "of the project a contract's check reaches)")
