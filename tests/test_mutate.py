@@ -241,3 +241,38 @@ def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
     assert set(ledger["mutations"]) == set(by) and ledger["runs"] == {}
     assert ledger["mutations"][survivor["id"]]["mutated"] == \
         "def mykernel(x):\n    return torch.tanh(x) / 1.0"
+
+    # shard 1/3 is the `* -> /` mutant alone; under a one-second limit its run is cut off
+    cut = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--shard", "1/3",
+                   "--timeout", "1", "--format", "json")
+    assert cut.returncode == 1, cut.stdout + cut.stderr
+    assert [e["status"] for e in json.loads(cut.stdout)["mutants"]] == ["timed out"]
+
+
+def test_a_kill_counts_only_where_the_checks_pass_without_the_mutant(tmp_path, monkeypatch):
+    """With the reference still the stub, every check fails on the real code too: the mutant
+    is not 'killed' but an error that says so."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "userpkg"\nversion = "0.1"\n')
+    monkeypatch.chdir(root)
+    assert main(["init", "--kernel", "mykernel"]) == 0
+    (root / "userpkg/mykernel.py").write_text(TORCH)
+    proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--shard", "2/3",
+                    "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [e] = json.loads(proc.stdout)["mutants"]
+    assert e["status"] == "error" and "the checks fail without any mutant" in e["detail"]
+
+
+def test_bad_flags_are_usage_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "--kernel", "mykernel"]) == 0
+    (tmp_path / "notes.txt").write_text("")
+    for argv, needle in ((["--module", "notes.txt"], "--module notes.txt: not a Python file"),
+                         (["--shard", "4/3"], "--shard '4/3'"),
+                         (["--budget", "0"], "--budget 0"),
+                         (["--format", "xml"], "invalid choice")):
+        capsys.readouterr()
+        assert main(["mutate", *argv]) == 2, argv
+        assert needle in capsys.readouterr().err, argv

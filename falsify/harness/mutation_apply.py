@@ -74,6 +74,19 @@ if os.environ.get(ENV):
         install(_SPEC)
 
 
+def pytest_configure(config):
+    """No shrinking: a kill needs one failing example, not the smallest, and shrinking a
+    mutant's failure can take minutes. The checks' own settings inherit the phases from the
+    loaded profile (falsify.harness.runtime.check_settings sets none)."""
+    if _SPEC is None:
+        return
+    from hypothesis import Phase, settings
+
+    settings.register_profile("falsify-mutate",
+                              phases=[p for p in Phase if p is not Phase.shrink])
+    settings.load_profile("falsify-mutate")
+
+
 def _key(item) -> tuple[str, str, str] | None:
     mark = item.get_closest_marker("falsify")
     if mark is None:
