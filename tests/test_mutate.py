@@ -276,3 +276,20 @@ def test_bad_flags_are_usage_errors(tmp_path, monkeypatch, capsys):
         capsys.readouterr()
         assert main(["mutate", *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
+
+
+def test_mutations_merge_beside_runs_and_shards_combine(tmp_path):
+    from falsify.harness import ledger
+
+    run = {"contract": "c", "check": "k", "backend": "torch", "variant": "float32",
+           "outcome": "passed"}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    ledger.merge([run], [], a)
+    ledger.merge_mutations({"m:f:arith:0": {"status": "killed", "time": "1"}}, a)
+    ledger.merge_mutations({"m:f:arith:1": {"status": "survived", "time": "1"}}, b)
+    assert ledger.load(a)["runs"] == {ledger.run_key(run): run}
+    both = ledger.combine([a, b])
+    assert set(both["mutations"]) == {"m:f:arith:0", "m:f:arith:1"}
+    ledger.merge_mutations({"m:f:arith:1": {"status": "killed", "time": "2"}}, a)
+    with pytest.raises(ledger.LedgerConflict, match="m:f:arith:1"):
+        ledger.combine([a, b])
