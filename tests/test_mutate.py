@@ -93,6 +93,10 @@ def test_ids_are_stable_unique_and_the_docstring_is_left_alone():
     assert len(set(first)) == len(first)
     assert all(i.startswith("pkg.mod:Trainer.step:") for i in first)
     assert all('"""One step."""' in m.source for m in mutants_of_source("m", STEP))
+    twice = "def f():\n    return 1\n\n\ndef f():\n    return 5\n"
+    assert [m.description for m in mutants_of_source("m", twice)] == ["5 -> 6", "5 -> 4"]
+    assert "1.5 -> 1.515" in {m.description for m in mutants_of_source("m", STEP.replace(
+        "y * n", "y * 1.5"))}
 
 
 def test_splice_replaces_only_the_method_at_its_indentation():
@@ -293,3 +297,24 @@ def test_mutations_merge_beside_runs_and_shards_combine(tmp_path):
     ledger.merge_mutations({"m:f:arith:1": {"status": "killed", "time": "2"}}, a)
     with pytest.raises(ledger.LedgerConflict, match="m:f:arith:1"):
         ledger.combine([a, b])
+
+
+def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(capsys,
+                                                                           monkeypatch):
+    from falsify.cli.mutate_report import report
+
+    monkeypatch.setenv("COLUMNS", "160")
+    base = {"module": "pkg.k", "operator": "arith", "obligations": ["k-v1 K-EQV-001"],
+            "original": "def f(x):\n    return x * 2", "mutated": "def f(x):\n    return x / 2"}
+    report([{**base, "id": "pkg.k:f:arith:0", "function": "f", "status": "survived",
+             "description": "* -> /"},
+            {**base, "id": "pkg.k:f:constant:0", "function": "f", "status": "killed",
+             "description": "2 -> 3"},
+            {**base, "id": "pkg.k:g:arith:0", "function": "g", "status": "not reached",
+             "description": "+ -> -"}], "table")
+    out = capsys.readouterr().out
+    assert "│ pkg.k  │ 3         │ 1      │ 1        │ 0         │ 1           │" in out
+    assert "50%" in out
+    assert "survived: pkg.k:f:arith:0 (* -> /); checks of k-v1 K-EQV-001 ran it" in out
+    assert "-    return x * 2\n+    return x / 2" in out
+    assert "not reached by any check (1 function(s)): pkg.k:g" in out

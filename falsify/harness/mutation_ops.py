@@ -87,7 +87,7 @@ def _constant(node: ast.AST) -> list[Edit]:
         return [(f"{v} -> {v + d}", lambda n, d=d: setattr(n, "value", v + d)) for d in (1, -1)]
     if isinstance(v, float):
         # 1 % is far above any float rounding a correct tolerance allows, and 0.0 has no scale
-        new = v * 1.01 if v else 1.0
+        new = float(f"{v * 1.01:.12g}") if v else 1.0  # 1.515, not 1.5150000000000001
         return [(f"{v!r} -> {new!r}", lambda n: setattr(n, "value", new))]
     return []
 
@@ -194,14 +194,19 @@ def mutate_function(module: str, qualname: str, fn: ast.AST) -> Iterator[Mutant]
 
 def functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
     """(qualified name, node) of each module-level function and each method of a
-    module-level class: what the fingerprint can say a check reaches."""
+    module-level class: what the fingerprint can say a check reaches. Of a name defined twice,
+    the last definition, the one that runs (and one id per mutant)."""
+    found: dict[str, ast.AST] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node.name, node
+            found.pop(node.name, None)
+            found[node.name] = node
         elif isinstance(node, ast.ClassDef):
             for sub in node.body:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    yield f"{node.name}.{sub.name}", sub
+                    found.pop(f"{node.name}.{sub.name}", None)
+                    found[f"{node.name}.{sub.name}"] = sub
+    yield from found.items()
 
 
 def mutants_of_source(module: str, source: str) -> Iterator[Mutant]:
