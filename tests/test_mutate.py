@@ -213,16 +213,24 @@ def _falsify(root: Path, *argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.heavy
-def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
+def _init_project(tmp_path: Path, monkeypatch, reference: str | None = REFERENCE) -> Path:
+    """A fresh `falsify init --kernel mykernel` project with TORCH as its kernel, and the
+    reference written unless `reference` is None (then it stays the stub)."""
     root = tmp_path / "proj"
     root.mkdir()
     (root / "pyproject.toml").write_text('[project]\nname = "userpkg"\nversion = "0.1"\n')
     monkeypatch.chdir(root)
     assert main(["init", "--kernel", "mykernel"]) == 0
-    (root / "userpkg/mykernel_reference.py").write_text(REFERENCE)
+    if reference is not None:
+        (root / "userpkg/mykernel_reference.py").write_text(reference)
+    (root / "userpkg/mykernel.py").write_text(TORCH)
+    return root
+
+
+@pytest.mark.heavy
+def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
+    root = _init_project(tmp_path, monkeypatch)
     kernel = root / "userpkg/mykernel.py"
-    kernel.write_text(TORCH)
     before = kernel.read_bytes()
     proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--budget", "5",
                     "--format", "json")
@@ -256,12 +264,7 @@ def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
 def test_a_kill_counts_only_where_the_checks_pass_without_the_mutant(tmp_path, monkeypatch):
     """With the reference still the stub, every check fails on the real code too: the mutant
     is not 'killed' but an error that says so."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    (root / "pyproject.toml").write_text('[project]\nname = "userpkg"\nversion = "0.1"\n')
-    monkeypatch.chdir(root)
-    assert main(["init", "--kernel", "mykernel"]) == 0
-    (root / "userpkg/mykernel.py").write_text(TORCH)
+    root = _init_project(tmp_path, monkeypatch, reference=None)
     proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--shard", "2/3",
                     "--format", "json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -318,3 +321,14 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
     assert "survived: pkg.k:f:arith:0 (* -> /); checks of k-v1 K-EQV-001 ran it" in out
     assert "-    return x * 2\n+    return x / 2" in out
     assert "not reached by any check (1 function(s)): pkg.k:g" in out
+
+
+def test_a_spent_budget_leaves_mutants_not_run_and_says_so(tmp_path, monkeypatch):
+    root = _init_project(tmp_path, monkeypatch)
+    proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--budget", "0.001")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text  # nothing survived: nothing ran
+    assert "budget spent: 2 mutant(s) not run" in text
+    assert "not reached by any check (1 function(s)): userpkg.mykernel:unused" in text
+    entries = json.loads((root / ".falsify/ledger.json").read_text())["mutations"]
+    assert sorted(e["status"] for e in entries.values()) == ["not reached", "not run", "not run"]

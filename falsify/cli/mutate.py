@@ -113,19 +113,24 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
     for m in mutants:
         keep = reach.checks(m.module, m.top_level)
         obligations = {f"{k[0]} {reach.obligations[k]}" for k in keep}
+        left = None if deadline is None else deadline - time.monotonic()
         if not keep:
             out.append(_record(m, "not reached", keep, obligations))
             continue
-        if deadline is not None and time.monotonic() > deadline:
+        if left is not None and left <= 0:
             out.append(_record(m, "not run", keep, obligations))
             continue
         # only the modules of the contracts concerned: collecting every generated module
         # imports and parses every contract, seconds per run that no selected check needs
         files = [modules[c] for c in sorted({k[0] for k in keep})]
         base = baselines.get(frozenset(keep))
-        if base is None:
+        if base is None:  # the budget bounds the unmutated run too: it may be the long one
             base = baselines[frozenset(keep)] = run_checks(manifest, files, keep, None,
-                                                           None, proj.root)
+                                                           left, proj.root)
+        if base.status == "timed out":
+            out.append(_record(m, "not run", keep, obligations, detail="the budget ran out "
+                               "during the unmutated run of its checks"))
+            continue
         if base.status != "passed":
             out.append(_record(m, "error", keep, obligations, detail="the checks fail without "
                                f"any mutant ({base.status}): {base.failed_check or base.detail}"))
