@@ -279,7 +279,8 @@ def test_bad_flags_are_usage_errors(tmp_path, monkeypatch, capsys):
     for argv, needle in ((["--module", "notes.txt"], "--module notes.txt: not a Python file"),
                          (["--shard", "4/3"], "--shard '4/3'"),
                          (["--budget", "0"], "--budget 0"),
-                         (["--format", "xml"], "invalid choice")):
+                         (["--format", "xml"], "invalid choice"),
+                         (["nosuch-kernel-v1"], "no contract 'nosuch-kernel-v1'")):
         capsys.readouterr()
         assert main(["mutate", *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv
@@ -325,7 +326,8 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
 
 def test_a_spent_budget_leaves_mutants_not_run_and_says_so(tmp_path, monkeypatch):
     root = _init_project(tmp_path, monkeypatch)
-    proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--budget", "0.001")
+    proc = _falsify(root, "mutate", "mykernel-kernel-v1", "--module", "userpkg/mykernel.py",
+                    "--budget", "0.001")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text  # nothing survived: nothing ran
     assert "budget spent: 2 mutant(s) not run" in text

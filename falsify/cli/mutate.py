@@ -1,12 +1,14 @@
 """`falsify mutate`: find the bugs the contracts' checks would miss, by making them.
 
-    falsify mutate [--module PATH ...] [--budget MINUTES] [--changed REF] [--shard K/N]
-                   [--backend LIST] [--timeout SECONDS] [--format table|json]
+    falsify mutate [CONTRACT...] [--module PATH ...] [--budget MINUTES] [--changed REF]
+                   [--shard K/N] [--backend LIST] [--timeout SECONDS] [--format table|json]
 
 Every function of the selected modules (default: every module of the project that a contract's
 check reaches) is mutated one small bug at a time (falsify.harness.mutation_ops). Each mutant
 runs only the checks whose fingerprint reaches its function, stopping at the first failure
-(killed); one no check reaches is a blind spot (not reached) and is not run. The checks run
+(killed); one no check reaches is a blind spot (not reached) and is not run. Naming contracts
+limits the checks to theirs (a kernel's own contract, say, rather than every training loop
+that also calls the kernel). The checks run
 once without any mutant first: a kill only counts where they pass on the real code. The user's
 files are never edited (falsify.harness.mutation_apply). Results go to the ledger's
 `mutations` section, by mutant id.
@@ -168,7 +170,7 @@ def cmd_mutate(args) -> int:
     shard = _shard(args.shard)
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends) + list(SYMBOLIC))
-    contracts = select_contracts([], proj)
+    contracts = select_contracts(args.contracts, proj)
     modules = dict(zip((c.id for c in contracts), ensure_generated(contracts, proj)))
     r = reach(contracts, tuple(backends))
     targets = _target_modules(args.module, r, proj)
@@ -184,6 +186,9 @@ def cmd_mutate(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("mutate", help="make bugs in the code; one the checks miss fails")
+    p.add_argument("contracts", nargs="*",
+                   help="contract ids or files whose checks judge the mutants (default: the "
+                        "project's contracts)")
     p.add_argument("--module", action="append", default=[], metavar="PATH",
                    help="mutate the functions of this file (repeatable; default: every module "
                         "of the project a contract's check reaches)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from collections import Counter
 
 COLUMNS = ("killed", "survived", "timed out", "not reached", "error", "not run")
@@ -41,7 +42,8 @@ def report(results: list[dict], fmt: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # a log (CI) is not an 80-column terminal: module names and nine columns need more
+    console = Console(width=None if sys.stdout.isatty() else 140)
     t = Table(title="falsify mutate")
     for col in ("module", "generated", *COLUMNS, "score"):
         t.add_column(col)
