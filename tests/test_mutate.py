@@ -308,7 +308,8 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
     from falsify.cli.mutate_report import report
 
     monkeypatch.setenv("COLUMNS", "160")
-    base = {"module": "pkg.k", "operator": "arith", "obligations": ["k-v1 K-EQV-001"],
+    base = {"module": "pkg.k", "operator": "arith",
+            "obligations": ["k-v1 K-EQV-001", "k-v1 K-INV-001", "loop-v1 L-001"],
             "original": "def f(x):\n    return x * 2", "mutated": "def f(x):\n    return x / 2"}
     report([{**base, "id": "pkg.k:f:arith:0", "function": "f", "status": "survived",
              "description": "* -> /"},
@@ -319,7 +320,8 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
     out = capsys.readouterr().out
     assert "│ pkg.k  │ 3         │ 1      │ 1        │ 0         │ 1           │" in out
     assert "50%" in out
-    assert "survived: pkg.k:f:arith:0 (* -> /); checks of k-v1 K-EQV-001 ran it" in out
+    assert ("survived: pkg.k:f:arith:0 (* -> /); checks of k-v1 K-EQV-001, K-INV-001; "
+            "loop-v1 L-001 ran it") in " ".join(out.split())
     assert "-    return x * 2\n+    return x / 2" in out
     assert "not reached by any check (1 function(s)): pkg.k:g" in out
 

@@ -34,6 +34,15 @@ def diff(e: dict) -> str:
         fromfile=f"{e['module']}:{e['function']}", tofile=f"mutant {e['id']}"))
 
 
+def _grouped(obligations: list[str]) -> str:
+    """["c1 A", "c1 B", "c2 C"] -> "c1 A, B; c2 C": a contract named once."""
+    by: dict[str, list[str]] = {}
+    for o in obligations:
+        contract, _, oid = o.partition(" ")
+        by.setdefault(contract, []).append(oid)
+    return "; ".join(f"{c} {', '.join(ids)}" for c, ids in by.items())
+
+
 def report(results: list[dict], fmt: str) -> None:
     rows = summary(results)
     if fmt == "json":
@@ -54,7 +63,7 @@ def report(results: list[dict], fmt: str) -> None:
     for e in results:
         if e["status"] in ("survived", "timed out", "error"):
             console.print(f"[bold red]{e['status']}[/]: {e['id']} ({e['description']}); "
-                          f"checks of {', '.join(e['obligations'])} ran it")
+                          f"checks of {_grouped(e['obligations'])} ran it")
             if e.get("detail"):
                 console.print(e["detail"], markup=False, highlight=False)
             console.print(diff(e), markup=False, highlight=False)
