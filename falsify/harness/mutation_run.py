@@ -49,6 +49,9 @@ def run_checks(manifest: dict, modules: list[Path], keep: set[tuple[str, str, st
         spec = {**(mutation or {"module": None}), "keep": sorted(map(list, keep)),
                 "report": str(t / "killed.json")}
         atomic_write(t / "mutation.json", json.dumps(spec))
+        # -x: one failing check kills the mutant, the rest need not run. The project's own
+        # addopts are left out: an `-n auto` there would start workers, each paying the
+        # imports again, for a run that mostly stops at its first failure
         cmd = [sys.executable, "-m", "pytest", *map(str, modules), "--falsify-manifest", str(m),
                "-p", PLUGIN, "-p", "no:cacheprovider", "-x", "-q", "--no-header",
                "-o", "addopts="]
