@@ -32,6 +32,7 @@ HERE = "tests/test_cli_smoke.py"
 SMOKE = {
     "falsify run": f"{HERE}::test_run_mutants_coverage_audit",
     "falsify mutants": f"{HERE}::test_run_mutants_coverage_audit",
+    "falsify mutate": "tests/test_mutate.py::test_mutate_kills_reports_survivors_and_blind_spots",
     "falsify bench kernels": f"{HERE}::test_bench_kernels_quick_with_memory_children",
     "falsify bench train": "tests/test_train_bench.py::test_bench_train_runs_all_sides",
     "falsify bench finetune":

@@ -3,6 +3,7 @@
     falsify run [CONTRACT...] [--backend reference,torch,triton] [--quick|--thorough]
                 [-n WORKERS] [--format table|json|junit] [--bind EQ.BACKEND=module:function]
     falsify mutants [CONTRACT...] [-n WORKERS]
+    falsify mutate [CONTRACT...] [--module PATH ...] [--budget MINUTES] [--shard K/N]
     falsify bench kernels|train|finetune
     falsify train [--config FILE] [--resume [DIR]] [--FIELD VALUE ...]
     falsify parity [--model tiny] [--backend reference,torch,triton] [--bisect] [--train]
@@ -30,6 +31,7 @@ from falsify.helptext import first_paragraph
 
 VERBS = (  # the order of `falsify --help`
     "falsify.cli.run",       # run, mutants
+    "falsify.cli.mutate",    # mutate
     "falsify.cli.bench",     # bench kernels | train | finetune
     "falsify.cli.train",     # train
     "falsify.cli.distill",   # distill
@@ -53,6 +55,7 @@ VERBS = (  # the order of `falsify --help`
 INDEX = {
     "run": ("falsify.cli.run", "run the contracts' checks and mutants, report coverage"),
     "mutants": ("falsify.cli.run", "run every declared mutant; a survivor is a failure"),
+    "mutate": ("falsify.cli.mutate", "make bugs in the code; one the checks miss fails"),
     "bench": ("falsify.cli.bench", "ours vs the baseline; self: falsify's own run times"),
     "train": ("falsify.cli.train", "pretrain a LLaMA-style model (default: tiny, on the stdlib)"),
     "distill": ("falsify.cli.distill", "distill a teacher into a smaller student (KD loss)"),

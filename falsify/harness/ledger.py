@@ -84,8 +84,9 @@ class LedgerConflict(LedgerError):
 
 
 # what makes two entries of one key the same result: the verdict, and the contract text and
-# implementation it judged (times, seeds and durations differ between any two runs)
-_SAME = ("outcome", "sha256", "impl_sha")
+# implementation it judged (times, seeds and durations differ between any two runs); for a
+# `falsify mutate` result, its status and the function it mutated
+_SAME = ("outcome", "sha256", "impl_sha", "status", "function_sha256")
 
 
 def combine(paths: list[Path]) -> dict:
@@ -98,9 +99,11 @@ def combine(paths: list[Path]) -> dict:
         if not path.is_file():
             raise LedgerError(f"{path}: no such ledger")
         data = load(path)
-        for section in ("runs", "mutants"):
+        for section in ("runs", "mutants", "mutations"):
+            if section not in data:  # `mutations`: only where `falsify mutate` wrote some
+                continue
             for key, e in data[section].items():
-                old = out[section].get(key)
+                old = out.setdefault(section, {}).get(key)
                 if old is not None:
                     diff = [f for f in _SAME if old.get(f) != e.get(f)]
                     if diff:
@@ -135,3 +138,14 @@ def set_provenance(path: Path, provenance: dict) -> dict:
         data["provenance"] = dict(provenance)
         _write(data, path)
     return data
+
+
+def merge_mutations(results: dict[str, dict], path: Path) -> Path:
+    """`falsify mutate`'s results, by mutant id, into the ledger's `mutations` section (locked,
+    atomic); the `runs` and `mutants` sections are left as they are."""
+    path = Path(path)
+    with _locked(path):
+        data = load(path)
+        data.setdefault("mutations", {}).update(results)
+        _write(data, path)
+    return path
