@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -106,10 +107,12 @@ def test_alias_bomb_is_bounded(tmp_path, capsys):
 
 def test_recursive_alias_does_not_break_its_neighbours(tmp_path, capsys):
     """Neighbours are read to resolve depends_on: one recursive file is one finding, and every
-    clean contract beside it still validates."""
-    clean = sorted((Path(__file__).parent.parent / "falsify" / "contracts").glob("*.yaml"))
+    clean contract beside it still validates (copied with the data files they declare)."""
+    library = Path(__file__).parent.parent / "falsify" / "contracts"
+    clean = sorted(library.glob("*.yaml"))
     for c in clean:
         (tmp_path / c.name).write_bytes(c.read_bytes())
+    shutil.copytree(library / "fixtures", tmp_path / "fixtures")
     (tmp_path / "zz-self-v1.yaml").write_text("self: &S [*S]\n")
     for verb in ("validate", "status", "graph"):
         rc, out, err = pv(capsys, verb, tmp_path)
