@@ -53,19 +53,6 @@ def announce() -> None:
               file=sys.stderr)
 
 
-def interpreter_patches() -> None:
-    """Under the interpreter, every adjustment below, for every Triton kernel a process runs:
-    ours (falsify/kernels/triton/__init__.py installs them) and a third-party one bound with
-    `--bind` (the check harness installs them, falsify/harness/pytest_plugin.py), so both are
-    judged by the same interpreter at the same speed. Each is idempotent; without the
-    interpreter, nothing is imported."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    pin_interpreter_dot()  # tl.dot's rows independent of their tile position
-    memoize_interpreter_dtypes()  # the same dtype mapping, from a table built once
-    skip_discarded_overflow_checks()  # the interpreter never reads their verdict
-
-
 def pin_interpreter_dot() -> None:
     """Under the interpreter, compute `tl.dot` so that each output row's value does not depend
     on where the row sits in its tile.

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from falsify import triton_env
 from falsify.harness import fingerprint, handover, ledger, project
 
 KEY = "falsify_entry"
@@ -64,9 +63,6 @@ def pytest_configure(config):
     except project.ProjectError as e:
         raise pytest.UsageError(str(e)) from None
     config.pluginmanager.register(_Sink(config), SINK)
-    # a third-party Triton kernel (--bind) runs under the same interpreter as ours, even in a
-    # process that never imports falsify.kernels.triton
-    triton_env.interpreter_patches()
 
 
 def _select(config) -> str:
