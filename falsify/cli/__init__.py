@@ -17,8 +17,8 @@ the config flags, kept for this release (it comes last and wins).
 Exit codes: 0 all passed, 1 a check failed or a mutant survived, 2 usage error (some verbs
 add their own: `falsify train` 3 on an Andon stop, `falsify merge` 4 when its self-check fails).
 
-Every verb is a module with `register(sub)` (see falsify/cli/common.py) named in `VERBS`;
-adding a verb is adding its module to that list, and its name and one-line help to `INDEX`.
+Every verb is a module with `register(sub)` (see falsify/cli/common.py) named in `INDEX`;
+adding a verb is adding its name, module and one-line help there.
 `pv` is built the same way (falsify/cli/pv.py).
 """
 
@@ -28,26 +28,6 @@ import sys
 
 from falsify.cli import common
 from falsify.helptext import first_paragraph
-
-VERBS = (  # the order of `falsify --help`
-    "falsify.cli.run",       # run, mutants
-    "falsify.cli.mutate",    # mutate
-    "falsify.cli.bench",     # bench kernels | train | finetune
-    "falsify.cli.train",     # train
-    "falsify.cli.distill",   # distill
-    "falsify.cli.finetune",  # finetune
-    "falsify.cli.merge",     # merge
-    "falsify.cli.export",    # export
-    "falsify.cli.eval",      # eval
-    "falsify.cli.prune",     # prune
-    "falsify.cli.quantize",  # quantize
-    "falsify.cli.pipeline",  # pipeline
-    "falsify.cli.generate",  # generate
-    "falsify.cli.init",      # init
-    "falsify.cli.soak",      # soak
-    "falsify.cli.parity",    # parity
-)
-
 
 # verb -> (its module, its one-line help), in `--help` order: what a command line shows of the
 # verbs it does not run, without importing their modules (most import torch). It must say what
@@ -73,6 +53,7 @@ INDEX = {
     "soak": ("falsify.cli.soak", "draw fresh seeds over the contracts until the time is up"),
     "parity": ("falsify.cli.parity", "the whole model per backend vs the float64 reference"),
 }
+VERBS = tuple(dict.fromkeys(module for module, _ in INDEX.values()))  # each module once, in order
 
 
 def build_parser(argv: list[str] | None = None) -> common.Parser:
