@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from falsify.harness import fingerprint, stamp_cache
+from falsify.harness import fingerprint, model, stamp_cache
 from falsify.harness.model import load_contract
 from tests import test_fingerprint
 
@@ -112,3 +112,59 @@ def test_schema_check_is_remembered_by_content(proj, monkeypatch):
     path.write_text(path.read_text() + "\n# edited\n")
     load_contract(path)
     assert calls == [1]
+
+
+# ---------------------------------------------------------------- the contract parse cache
+def _fresh_parse_store():
+    model._parse_store.cache_clear()
+
+
+def _located(path):
+    from falsify.harness import yamlio
+
+    return yamlio.load(yamlio.read_text(path), str(path))
+
+
+def test_a_cached_parse_is_the_parse_for_every_library_contract(cache_dir, monkeypatch):
+    """A second process reads every library contract from the cache without parsing it, with
+    the same data, the same line for every value and the same findings as a fresh parse."""
+    from falsify.harness import yamlio
+    from falsify.harness.project import library_dir
+
+    _fresh_parse_store()
+    files = sorted(library_dir().glob("*.yaml"))
+    first = {p: load_contract(p) for p in files}
+    model._parse_store().save()
+    _fresh_parse_store()
+    assert len(model._parse_store().entries) == len(files)
+    parse = yamlio.load
+    monkeypatch.setattr(yamlio, "load", lambda *a, **k: pytest.fail("parsed, not cached"))
+    cached = {p: load_contract(p) for p in files}
+    monkeypatch.setattr(yamlio, "load", parse)
+    for p in files:
+        again, fs = cached[p]
+        assert again.raw == first[p][0].raw and fs == first[p][1]
+        fresh = _located(p)
+        assert again.located.lines == fresh.lines and again.located.data == fresh.data
+
+
+def test_an_edited_contract_is_parsed_afresh_and_a_bad_entry_is_a_miss(tmp_path, cache_dir):
+    from falsify.harness.project import library_dir
+
+    p = tmp_path / "softmax-kernel-v1.yaml"
+    p.write_text((library_dir() / "softmax-kernel-v1.yaml").read_text())
+    _fresh_parse_store()
+    load_contract(p)
+    model._parse_store().save()
+    # the edit moves every line after the first down by one: a stale parse would keep them
+    p.write_text("# a comment\n" + p.read_text())
+    _fresh_parse_store()
+    c, _ = load_contract(p)
+    assert c.located.lines == _located(p).lines
+    assert c.line("metadata") == 2
+    # an entry edited by hand (here: not a parse at all) is read as a miss
+    store = model._parse_store()
+    for e in store.entries.values():
+        e["value"] = {"data": 1}
+    c2, _ = load_contract(p)
+    assert c2.located.lines == _located(p).lines

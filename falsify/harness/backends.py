@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import inspect
 import os
-from contextlib import contextmanager
 
 import numpy as np
 
-from falsify.harness import handover
-from falsify.harness.binding import BindingError, resolve  # noqa: F401  (callers name them here)
+from falsify.harness.binding import (  # noqa: F401  (callers name them here)
+    BindingError, active_overrides, binding_ref, overriding, resolve)
 from falsify.harness.cases import Case, arg_dtype
 from falsify.harness.model import Contract
-
-_overrides: dict[str, str] = {}
-
 
 class ImplementationRaised(AssertionError):
     """The implementation under test raised on a valid input: the check fails (for a mutant,
@@ -38,44 +34,6 @@ def call(fn, *args, **kwargs):
 
 class MarginViolation(AssertionError):
     """A Triton kernel read or wrote outside the tensor view it was given."""
-
-
-def active_overrides() -> dict[str, str]:
-    """The run's `--bind` overrides (from the run manifest), then those set by `overriding`
-    (mutants), which win."""
-    m = handover.active()
-    out = dict(m.binds) if m is not None else {}
-    out.update(_overrides)
-    return out
-
-
-@contextmanager
-def overriding(key: str, ref: str):
-    """Temporarily bind `equation.backend` (or `contract:equation.backend`) to `ref`."""
-    old = _overrides.get(key)
-    _overrides[key] = ref
-    try:
-        yield
-    finally:
-        if old is None:
-            _overrides.pop(key, None)
-        else:
-            _overrides[key] = old
-
-
-def binding_ref(contract: Contract, equation: str, backend: str) -> tuple[str, bool]:
-    """(module:function, overridden?) for an equation on a backend."""
-    ov = active_overrides()
-    for key in (f"{contract.id}:{equation}.{backend}", f"{equation}.{backend}"):
-        if key in ov:
-            return ov[key], True
-    eq = contract.equations.get(equation)
-    if eq is None:
-        raise BindingError(f"{contract.id}: no equation {equation!r}")
-    if backend not in eq.bindings:
-        raise BindingError(f"{contract.id}: equation {equation!r} has no {backend!r} binding "
-                           f"(bound: {', '.join(eq.bindings) or 'none'})")
-    return eq.bindings[backend], False
 
 
 def function(contract: Contract, equation: str, backend: str):

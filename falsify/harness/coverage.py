@@ -24,11 +24,11 @@ from falsify.harness.plan import runs
 
 PRECEDENCE = ("failing", "mutant-survived", "stale", "skipped", "not-run", "covered")
 NEEDS_GPU = "needs-gpu"
+# the prefix of a device check's skip message (falsify/harness/kinds/device.py writes it)
+NO_GPU = "needs a GPU"
 
 
 def skipped_for_gpu(e: dict | None) -> bool:
-    from falsify.harness.kinds.device import NO_GPU
-
     return bool(e) and e.get("outcome") == "skipped" and NO_GPU in (e.get("message") or "")
 
 

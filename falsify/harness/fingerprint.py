@@ -487,7 +487,7 @@ class _Closure:
 
 
 def _bindings(c: Contract, backend: str) -> set[str]:
-    from falsify.harness import backends as be
+    from falsify.harness import binding as be
 
     refs = set()
     for eq_name, eq in c.equations.items():

@@ -418,14 +418,14 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
 
     try:
         text = yamlio.read_text(path)
-        loc = yamlio.load(text, spath)
+        loc = _parse(text, spath)
     except yamlio.YamlError as e:
         # pv files sometimes write `formula: |x| < eps` unquoted. Compat mode re-reads such
         # lines as strings (W110); a native contract must be valid YAML.
         if not e.repairable or mode == "native":
             raise unreadable(e) from None
         try:
-            loc = yamlio.load(text, spath, repair=True)
+            loc = _parse(text, spath, repair=True)
         except yamlio.YamlError:
             raise unreadable(e) from None
         if not isinstance(loc.data, dict) or (mode or detect_mode(loc.data)) == "native":
@@ -445,6 +445,31 @@ def load_contract(path: str | Path, mode: str | None = None) -> tuple[Contract, 
         _remember_schema_clean(text)
     findings += schema_findings(loc, spath, mode, errors)
     return build_contract(path, loc, mode, errors), findings
+
+
+# Parsing is most of loading a contract (libyaml composes the nodes, then every value is
+# built with its line): about 30 ms a file, a second for the library, paid by every `pv`
+# command and every worker. A text parses the same way every time, so the result is kept as
+# JSON in the user's cache directory (falsify/harness/stamp_cache.py), by the sha256 of the
+# text, in the scope of the parser's own source: a change to how YAML is read drops it all.
+# A text that does not parse is not kept; its error is raised afresh.
+@cache
+def _parse_store() -> StampCache:
+    return StampCache("contract-parse", hashlib.sha256(
+        Path(yamlio.__file__).read_bytes()).hexdigest(), max_entries=500)
+
+
+def _parse(text: str, spath: str, repair: bool = False) -> yamlio.Located:
+    key = hashlib.sha256(f"{int(repair)}\0{text}".encode()).hexdigest()
+    hit = _parse_store().get(key)
+    if isinstance(hit, dict):
+        try:
+            return yamlio.Located.from_json(hit)
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry someone edited by hand is a miss, not a crash
+    loc = yamlio.load(text, spath, repair=repair)
+    _parse_store().put(key, loc.to_json(), set())
+    return loc
 
 
 # Checking a contract against the JSON Schema is a third of loading it. A text that passed

@@ -5,7 +5,8 @@ modification times: a checkout, a copy or a coarse clock cannot make an edit loo
 
 It holds fingerprints (falsify/harness/fingerprint.py): walking the AST of every module a
 check reaches costs seconds per process, and `pv coverage` or `falsify run --changed` would
-otherwise pay it on every call. A directory's stamp changes when a file is added to it or
+otherwise pay it on every call. It holds parsed contracts too, by the digest of their text
+(falsify/harness/model.py: `_parse`), and the texts known to pass the schema. A directory's stamp changes when a file is added to it or
 removed, so a new module that would shadow a name also invalidates.
 
 It lives in the user's cache directory (`$FALSIFY_CACHE_DIR`, else `$XDG_CACHE_HOME/falsify`,
@@ -57,9 +58,10 @@ def forget() -> None:
 class StampCache:
     """{key: (value, {path: stamp})} for one purpose and one set of roots."""
 
-    def __init__(self, purpose: str, scope: str):
+    def __init__(self, purpose: str, scope: str, max_entries: int = MAX_ENTRIES):
         digest = hashlib.sha256(f"{FORMAT}\0{scope}".encode()).hexdigest()[:16]
         self.path = cache_dir() / f"{purpose}-{digest}.json"
+        self.max_entries = max_entries  # large values (parsed documents) keep fewer
         self.entries = self._read()
         self.new: dict[str, dict] = {}
         self._registered = False
@@ -97,7 +99,7 @@ class StampCache:
             return
         try:
             merged = {**self._read(), **self.new}
-            merged = dict(list(merged.items())[-MAX_ENTRIES:])
+            merged = dict(list(merged.items())[-self.max_entries:])
             atomic_write(self.path, json.dumps({"format": FORMAT, "entries": merged}))
             self.new = {}
         except OSError:

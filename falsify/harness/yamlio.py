@@ -54,6 +54,19 @@ class Located:
     # (line, message) for every line the compat loader had to re-read (load(repair=True))
     repairs: list[tuple[int, str]] = field(default_factory=list)
 
+    def to_json(self) -> dict:
+        """Plain JSON (a path is a list of keys and indices), for the parse cache
+        (falsify/harness/model.py:_parse): YAML's values are JSON's, so nothing is lost."""
+        return {"data": self.data, "lines": [[list(k), v] for k, v in self.lines.items()],
+                "duplicates": [[list(k), v] for k, v in self.duplicates],
+                "repairs": [list(r) for r in self.repairs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Located:
+        return cls(d["data"], {tuple(k): v for k, v in d["lines"]},
+                   [(tuple(k), v) for k, v in d["duplicates"]],
+                   [(line, msg) for line, msg in d["repairs"]])
+
     def line_of(self, path: tuple | list) -> int:
         """Line of the deepest known prefix of `path` (1-based)."""
         path = tuple(path)

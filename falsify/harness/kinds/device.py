@@ -36,10 +36,10 @@ import unittest
 import numpy as np
 
 from falsify.harness import backends
+from falsify.harness.coverage import NO_GPU  # the skip message's prefix, which coverage reads
 from falsify.harness.kinds.parity import compare
 from falsify.harness.runtime import CheckFailed, Ctx
 
-NO_GPU = "needs a GPU"  # the skip message's prefix; coverage and audit read it
 GPU = "cuda"  # the device the GPU side runs on (tests put "cpu" here to exercise the logic)
 
 
