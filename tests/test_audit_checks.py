@@ -218,7 +218,8 @@ def test_a_training_probe_executes_every_equation_its_obligation_applies_to(tmp_
 
 
 @pytest.mark.parametrize("name", ["attention-kernel-v1", "swiglu-kernel-v1",
-                                  "rmsnorm-kernel-v1", "model-parity-v1", "train-loop-v1"])
+                                  "rmsnorm-kernel-v1", "model-parity-v1", "train-loop-v1",
+                                  "export-v1"])
 def test_repository_contracts_have_no_check_gaps(name):
     c, _ = load_contract(ROOT / "falsify" / "contracts" / f"{name}.yaml")
     assert audit.check_gaps(c) == []

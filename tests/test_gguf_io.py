@@ -12,6 +12,8 @@ import torch
 from falsify.kernels.torch import gguf_quants as GQ
 from falsify.llm import gguf_io as G
 from falsify.llm.gguf_io import lora as GL
+from falsify.probes.export import stored_the_same_way
+from falsify.reference.export import ggml_llama_logits
 from tests.fixtures.gguf import tiny
 
 gguf = pytest.importorskip("gguf")
@@ -105,12 +107,7 @@ def test_quantized_logits_equal_the_source_rounded_the_same_way(model, tok_path,
     visible (the logits differ from the unrounded model's), so the comparison can fail."""
     path = G.write_gguf(model, tmp_path / "m.gguf", tok_path, gtype)
     back, _ = G.load_model(path, "torch")
-    rounded = tiny.model()
-    with torch.no_grad():
-        for p in rounded.parameters():
-            if p.dim() == 2:
-                p.copy_(p.half().float() if gtype == "f16"
-                        else GQ.q8_0_dequantize(GQ.q8_0_quantize(p)))
+    rounded = stored_the_same_way(model, gtype)
     ids = _ids(model.cfg)
     with torch.no_grad():
         got = back(ids)
@@ -132,51 +129,6 @@ def test_quantized_tensors_stay_quantized(model, tok_path, tmp_path):
 
 
 # ------------------------------------------------------------- llama.cpp's graph, in numpy
-def _rms(x, w, eps):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-
-
-def _rope_ggml_norm(x, theta):
-    """GGML rope mode 0 (LLaMA): rotate adjacent pairs (2i, 2i+1) by pos·theta^(-2i/D).
-    x [S, heads, D]."""
-    s, _, d = x.shape
-    ang = np.arange(s)[:, None] * theta ** (-np.arange(0, d, 2) / d)[None, :]
-    c, sn = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    out = np.empty_like(x)
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out[..., 0::2] = x0 * c - x1 * sn
-    out[..., 1::2] = x0 * sn + x1 * c
-    return out
-
-
-def ggml_llama_logits(w: dict, cfg, ids: np.ndarray) -> np.ndarray:
-    """llama.cpp's LLaMA graph (llm_build_llama) in float64 from GGUF-named tensors: q/k roped
-    in GGML's interleaved layout, GQA head h reading kv head h // (n_head / n_head_kv), tied
-    output (no output.weight -> token_embd)."""
-    hq, hkv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    s = len(ids)
-    x = w["token_embd.weight"][ids]
-    mask = np.triu(np.full((s, s), -np.inf), 1)
-    for i in range(cfg.num_layers):
-        def b(n, i=i):
-            return w[f"blk.{i}.{n}.weight"]
-
-        h = _rms(x, b("attn_norm"), eps)
-        q = _rope_ggml_norm((h @ b("attn_q").T).reshape(s, hq, d), cfg.rope_theta)
-        k = _rope_ggml_norm((h @ b("attn_k").T).reshape(s, hkv, d), cfg.rope_theta)
-        v = (h @ b("attn_v").T).reshape(s, hkv, d)
-        kv = np.arange(hq) // (hq // hkv)
-        att = np.einsum("qhd,khd->hqk", q, k[:, kv]) / np.sqrt(d) + mask
-        att = np.exp(att - att.max(-1, keepdims=True))
-        att /= att.sum(-1, keepdims=True)
-        o = np.einsum("hqk,khd->qhd", att, v[:, kv]).reshape(s, hq * d)
-        x = x + o @ b("attn_output").T
-        h = _rms(x, b("ffn_norm"), eps)
-        g = h @ b("ffn_gate").T
-        x = x + ((g / (1 + np.exp(-g))) * (h @ b("ffn_up").T)) @ b("ffn_down").T
-    return _rms(x, w["output_norm.weight"], eps) @ w["token_embd.weight"].T
-
-
 def _tolerance(logits) -> float:
     """Ours is fp32, the reference float64: each of the 2·L + 1 residual/norm stages sees GEMMs
     with reductions ≤ K, typical error √K·u relative; 8 GEMM/softmax stages per layer:

@@ -9,6 +9,7 @@ import torch
 
 from falsify.llm.hf import export_hf, import_hf
 from falsify.llm.model import ModelConfig, build_model
+from falsify.probes.export import transformers_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,14 +41,6 @@ def _tolerance(logits: torch.Tensor) -> float:
     return 8 * (2 * CFG.num_layers + 1) * k ** 0.5 * U32 * float(logits.abs().max())
 
 
-def _hf_logits(path, ids):
-    hf = transformers.LlamaForCausalLM.from_pretrained(
-        path, local_files_only=True, attn_implementation="eager", torch_dtype=torch.float32)
-    hf.eval()
-    with torch.no_grad():
-        return hf(ids).logits
-
-
 def test_export_matches_transformers(tmp_path):
     m = _model()
     out = export_hf(m, tmp_path / "hf")
@@ -57,7 +50,7 @@ def test_export_matches_transformers(tmp_path):
                         generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ours = m(ids)
-    theirs = _hf_logits(out, ids)
+    theirs = transformers_logits(out, ids)
     tol = _tolerance(ours)
     assert float((ours - theirs).abs().max()) <= tol
     assert float(ours.abs().max()) > 1.0  # the comparison is not between near-zero logits
@@ -89,7 +82,7 @@ def test_wrong_rope_pairing_is_caught(tmp_path):
                 w = proj.weight.view(-1, d, CFG.hidden_size)
                 proj.weight.copy_(w[:, perm].reshape(-1, CFG.hidden_size))
     export_hf(bad, tmp_path / "bad")
-    theirs = _hf_logits(tmp_path / "bad", ids)
+    theirs = transformers_logits(tmp_path / "bad", ids)
     assert float((ours - theirs).abs().max()) > 100 * _tolerance(ours)
 
 
