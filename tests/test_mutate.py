@@ -19,7 +19,7 @@ import yaml
 
 import falsify
 from falsify.cli import main
-from falsify.cli.mutate import _changed_functions, _mutants
+from falsify.cli.mutate import _changed_functions, _mutants, _target_modules
 from falsify.cli.mutate_report import summary
 from falsify.errors import UsageError
 from falsify.harness import fingerprint
@@ -182,6 +182,35 @@ def test_changed_keeps_only_functions_edited_since_the_ref(tmp_path):
     targets = {"kern": f}
     kept = [m.id for m in _mutants(targets, "HEAD", None)]
     assert kept and all(i.split(":")[1] in ("g", "k") for i in kept)
+
+
+def test_by_default_the_judge_is_not_mutated_but_a_named_module_is():
+    """On falsify's own checkout every check reaches the harness and the probes on its way to
+    the code it judges: they are not targets unless named; kernels, the loop and the
+    references are."""
+    root = Path(falsify.__file__).resolve().parent.parent
+
+    class Proj:
+        pass
+
+    class Reach:
+        files = {m: root / (m.replace(".", "/") + ".py") for m in (
+            "falsify.harness.runtime", "falsify.probes.train_loop", "falsify.mutants.softmax",
+            "falsify.proofs.rope", "falsify.cli.run", "falsify.bench.train",
+            "falsify.kernels.torch.softmax", "falsify.llm.trainer", "falsify.reference.softmax",
+            "falsify.harnessed")}
+
+        @staticmethod
+        def module_of(f):
+            return next((m for m, p in Reach.files.items() if p == f), None)
+
+    proj = Proj()
+    proj.root = root
+    assert set(_target_modules([], Reach, proj)) == {
+        "falsify.kernels.torch.softmax", "falsify.llm.trainer", "falsify.reference.softmax",
+        "falsify.harnessed"}
+    named = _target_modules([str(Reach.files["falsify.harness.runtime"])], Reach, proj)
+    assert list(named) == ["falsify.harness.runtime"]
 
 
 def test_shards_partition_the_mutants(tmp_path):

@@ -4,7 +4,7 @@
                    [--shard K/N] [--backend LIST] [--timeout SECONDS] [--format table|json]
 
 Every function of the selected modules (default: every module of the project that a contract's
-check reaches) is mutated one small bug at a time (falsify.harness.mutation_ops). Each mutant
+check reaches, but falsify's own harness, probes and mutants) is mutated one small bug at a time (falsify.harness.mutation_ops). Each mutant
 runs only the checks whose fingerprint reaches its function, stopping at the first failure
 (killed); one no check reaches is a blind spot (not reached) and is not run. Naming contracts
 limits the checks to theirs (a kernel's own contract, say, rather than every training loop
@@ -30,13 +30,29 @@ from falsify.errors import UsageError
 STATUSES = ("killed", "survived", "timed out", "not reached", "error", "not run")
 
 
+# falsify's own judging code: the harness that runs checks, the probes that drive the loops
+# for them, the planted mutants, the proof targets, the benches and the command line. A check
+# reaches these modules on its way to the code it judges, so when falsify checks itself they
+# are "reached" by every check; a bug planted in the judge is not a blind spot of a contract.
+# Mutated only when named with --module. (In a user's project falsify is installed, not local,
+# and none of it is a target anyway.)
+JUDGE = ("falsify.harness", "falsify.probes", "falsify.mutants", "falsify.proofs",
+         "falsify.bench", "falsify.cli")
+
+
+def judged(module: str) -> bool:
+    return not any(module == j or module.startswith(j + ".") for j in JUDGE)
+
+
 def _target_modules(paths: list[str], reach, proj) -> dict[str, Path]:
-    """Module name -> file: `--module` files, or every reached module under the project."""
+    """Module name -> file: `--module` files, or every reached module under the project that
+    is not falsify's own judging code (JUDGE)."""
     from falsify.harness.fingerprint import _local
 
     root = proj.root.resolve()
     if not paths:
-        return {m: f for m, f in sorted(reach.files.items()) if _local(f, (root,))}
+        return {m: f for m, f in sorted(reach.files.items())
+                if _local(f, (root,)) and judged(m)}
     out = {}
     for p in paths:
         f = Path(p).resolve()
@@ -191,7 +207,8 @@ def register(sub) -> None:
                         "project's contracts)")
     p.add_argument("--module", action="append", default=[], metavar="PATH",
                    help="mutate the functions of this file (repeatable; default: every module "
-                        "of the project a contract's check reaches)")
+                        "of the project a contract's check reaches, but falsify's own judging code: "
+                        "harness, probes, mutants, proofs, benches, command line)")
     p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
                    help="start no mutant after this many minutes; the rest are 'not run'")
     p.add_argument("--changed", default=None, metavar="REF",
