@@ -198,6 +198,21 @@ def test_clipping_bounds_the_update_norm(tmp_path):
     assert st.grad_norm > 0.01 and clipped == pytest.approx(0.01, rel=1e-4)
 
 
+def test_evaluate_leaves_each_module_in_the_mode_it_had():
+    """Evaluation ended with model.train() whatever the mode before: a model held in eval mode
+    came back in train mode. Mixed modes show that each module gets its own flag back."""
+    cfg = RUN.tiny_config("unused", max_steps=10, warmup_steps=1)
+    model = build_model(LC.model_config(cfg), "torch", seed=0)
+    tr = TR.Trainer(model, cfg, torch.device("cpu"))
+    x = torch.randint(4, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    model.layers[0].train()
+    before = [m.training for m in model.modules()]
+    loss, ppl = tr.evaluate([(x, x.roll(-1, 1))])
+    assert [m.training for m in model.modules()] == before
+    assert math.isfinite(loss) and ppl == math.exp(loss)
+
+
 def test_hyperparameters_propagate_to_every_group():
     """Non-default betas/eps/wd reach the optimizer; decay only on matrices."""
     out = RUN.run_steps(steps=3, beta1=0.8, beta2=0.97, adam_eps=1e-7, weight_decay=0.05)

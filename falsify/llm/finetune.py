@@ -75,7 +75,7 @@ from falsify.llm.gguf_io import lora as gguf_lora
 from falsify.llm.model import Transformer, generate
 from falsify.llm.preflight import PreflightError, check_config, check_config_algebra
 from falsify.llm.run_base import OneProcess, RunBase
-from falsify.llm.trainer import StepStats, Trainer
+from falsify.llm.trainer import StepStats, Trainer, eval_mode
 
 log = logging.getLogger("falsify.finetune")
 
@@ -142,6 +142,46 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     return -F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach()
 
 
+@torch.no_grad()
+def reference_logps(trainer, ch: SD.Batch, rj: SD.Batch):
+    """log π_ref of each pair's chosen and rejected responses: the frozen base, every adapter
+    off, in eval mode (no dropout: the reference is a fixed function). Once the adapters have
+    moved, the policy with its adapters on is not the reference."""
+    with eval_mode(trainer.model), LM.adapters_disabled(trainer.model):
+        return trainer._policy_logps(ch, rj)
+
+
+def evaluate_examples(trainer, batches: list) -> dict:
+    """Validation as inference computes it: eval mode (the score must not depend on a
+    lora_dropout draw), no autograd graph; every module's mode restored afterwards."""
+    with torch.no_grad(), eval_mode(trainer.model):
+        return score_examples(trainer, batches)
+
+
+def score_examples(trainer, batches: list) -> dict:
+    """Response-token mean CE (unweighted) and perplexity for SFT; mean DPO loss and
+    preference accuracy for pairs; in whatever mode and grad state the caller set."""
+    total, n, acc = 0.0, 0, 0.0
+    for m in batches:
+        if trainer.kind == "sft":
+            b = m.to(trainer.device)
+            with trainer._autocast():
+                logits, labels, mask = counted_logits(trainer.model, b)
+            s, c = sft_loss(logits, labels, mask, torch.ones_like(b.weights))
+            total, n = total + float(s), n + int(c)
+        else:
+            s, st = trainer.micro_loss(m)
+            total, n, acc = total + float(s), n + st["pairs"], acc + st["accuracy"]
+    if n == 0:
+        raise ValueError("validation got nothing to score")
+    out = {"val_loss": total / n}
+    if trainer.kind == "sft":
+        out["val_ppl"] = math.exp(min(total / n, 700.0))
+    else:
+        out["val_accuracy"] = acc / n
+    return out
+
+
 @dataclass
 class Objectives:
     """The swappable pieces (contract bindings; mutants replace one at a time)."""
@@ -151,6 +191,8 @@ class Objectives:
     reward_weights: typing.Callable = SD.reward_weights
     lora_init: typing.Callable | None = None  # None: falsify/kernels/torch/lora.py's lora_init
     freeze_base: typing.Callable | None = None  # None: lora_model.freeze_base
+    reference_logps: typing.Callable = reference_logps
+    evaluate_examples: typing.Callable = evaluate_examples
 
 
 # ------------------------------------------------------------------------------ trainer
@@ -205,16 +247,12 @@ class FinetuneTrainer(Trainer):
         idx = [int(i) for i in ch.index]
         todo = [k for k, i in enumerate(idx) if i not in self.ref_cache]
         if todo:
-            was = self.model.training
-            self.model.eval()  # no dropout: the reference is a fixed function
-            with LM.adapters_disabled(self.model):
-                sub = torch.tensor(todo)
-                c = SD.Batch(ch.x[sub], ch.labels[sub], ch.mask[sub], ch.weights[sub],
-                             ch.index[sub])
-                r = SD.Batch(rj.x[sub], rj.labels[sub], rj.mask[sub], rj.weights[sub],
-                             rj.index[sub])
-                pc, pr = self._policy_logps(c, r)
-            self.model.train(was)
+            sub = torch.tensor(todo)
+            c = SD.Batch(ch.x[sub], ch.labels[sub], ch.mask[sub], ch.weights[sub],
+                         ch.index[sub])
+            r = SD.Batch(rj.x[sub], rj.labels[sub], rj.mask[sub], rj.weights[sub],
+                         rj.index[sub])
+            pc, pr = self.obj.reference_logps(self, c, r)
             for j, k in enumerate(todo):
                 self.ref_cache[idx[k]] = (float(pc[j]), float(pr[j]))
         rc = torch.tensor([self.ref_cache[i][0] for i in idx], device=self.device)
@@ -227,31 +265,10 @@ class FinetuneTrainer(Trainer):
             return micro.n_tokens
         return len(micro[0].x)
 
-    @torch.no_grad()
     def evaluate_examples(self, batches: list) -> dict:
         """Validation: response-token mean CE (unweighted) for SFT; mean DPO loss and
-        preference accuracy for pairs."""
-        self.model.eval()
-        total, n, acc = 0.0, 0, 0.0
-        for m in batches:
-            if self.kind == "sft":
-                b = m.to(self.device)
-                with self._autocast():
-                    logits, labels, mask = counted_logits(self.model, b)
-                s, c = sft_loss(logits, labels, mask, torch.ones_like(b.weights))
-                total, n = total + float(s), n + int(c)
-            else:
-                s, st = self.micro_loss(m)
-                total, n, acc = total + float(s), n + st["pairs"], acc + st["accuracy"]
-        self.model.train()
-        if n == 0:
-            raise ValueError("validation got nothing to score")
-        out = {"val_loss": total / n}
-        if self.kind == "sft":
-            out["val_ppl"] = math.exp(min(total / n, 700.0))
-        else:
-            out["val_accuracy"] = acc / n
-        return out
+        preference accuracy for pairs; in eval mode without autograd."""
+        return self.obj.evaluate_examples(self, batches)
 
 
 

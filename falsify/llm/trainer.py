@@ -110,6 +110,44 @@ def restore_position(trainer: Trainer, sampler: data_mod.BatchSampler, state: di
     sampler.load_state_dict(state["data"])
 
 
+# ------------------------------------------------------------------------------ evaluation
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Every submodule of `module` in eval mode (no dropout) for the duration, then each one
+    put back in the mode it had: a model evaluated in the middle of training goes on training,
+    one held in eval mode stays there."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def evaluate(trainer: Trainer, batches) -> tuple[float, float]:
+    """(mean token CE, perplexity) over `batches` as inference computes it: eval mode (the
+    loss must not depend on a dropout draw) and no autograd graph (nothing is trained, and a
+    graph per batch holds every activation alive)."""
+    with torch.no_grad(), eval_mode(trainer.forward_model):
+        return mean_token_ce(trainer, batches)
+
+
+def mean_token_ce(trainer: Trainer, batches) -> tuple[float, float]:
+    """(Σ CE / Σ counted targets, exp of it) of the trainer's forward model over (inputs,
+    targets) batches, in whatever mode and grad state the caller set."""
+    total, n = 0.0, 0
+    for x, y in batches:
+        with trainer._autocast():
+            logits = trainer.forward_model(x.to(trainer.device))
+        s, c = loss_sum(logits, y.to(trainer.device), IGNORE_INDEX)
+        total, n = total + float(s), n + c
+    if n == 0:
+        raise ValueError("evaluation got no tokens")
+    loss = total / n
+    return loss, math.exp(min(loss, 700.0))
+
+
 @dataclass(frozen=True)
 class LoopParts:
     """The loop's swappable pieces. falsify/contracts/train-loop-v1.yaml binds each one, and its
@@ -122,6 +160,7 @@ class LoopParts:
     sampler: Callable = data_mod.BatchSampler
     check_config_algebra: Callable = check_config_algebra
     restore_position: Callable = restore_position
+    evaluate: Callable = evaluate
 
 
 # ------------------------------------------------------------------------------- the step
@@ -238,18 +277,7 @@ class Trainer:
             raise AndonStop(f"Andon: non-finite parameters after step {t}: {bad[:5]}", t)
         return StepStats(t, loss, gn, lr, n, finite, stats)
 
-    @torch.no_grad()
     def evaluate(self, batches) -> tuple[float, float]:
-        """(mean token CE, perplexity = exp(mean CE)) over the given batches."""
-        self.forward_model.eval()
-        total, n = 0.0, 0
-        for x, y in batches:
-            with self._autocast():
-                logits = self.forward_model(x.to(self.device))
-            s, c = loss_sum(logits, y.to(self.device), IGNORE_INDEX)
-            total, n = total + float(s), n + c
-        self.model.train()
-        if n == 0:
-            raise ValueError("evaluation got no tokens")
-        loss = total / n
-        return loss, math.exp(min(loss, 700.0))
+        """(mean token CE, perplexity = exp(mean CE)) over the given batches, in eval mode
+        without autograd; every module's mode is restored afterwards."""
+        return self.parts.evaluate(self, batches)

@@ -88,3 +88,35 @@ def peft_state_our_names(model):
     from falsify.llm.lora_model import adapter_parameters
 
     return {k: v.detach().float().contiguous() for k, v in adapter_parameters(model).items()}
+
+
+def reference_with_adapters(trainer, ch, rj):
+    """MUT: the DPO reference taken from the policy with its adapters on (the adapter-disable
+    context left out): equal to the base while B = 0, the moved policy for every pair first seen
+    after that."""
+    import torch
+
+    from falsify.llm.trainer import eval_mode
+
+    with torch.no_grad(), eval_mode(trainer.model):
+        return trainer._policy_logps(ch, rj)
+
+
+def evaluate_examples_with_grad(trainer, batches):
+    """MUT: validation in eval mode without torch.no_grad(): an autograd graph per batch."""
+    from falsify.llm.finetune import score_examples
+    from falsify.llm.trainer import eval_mode
+
+    with eval_mode(trainer.model):
+        return score_examples(trainer, batches)
+
+
+def evaluate_examples_in_train_mode(trainer, batches):
+    """MUT: validation under no_grad without model.eval(): lora_dropout stays on, the
+    validation loss is a random draw."""
+    import torch
+
+    from falsify.llm.finetune import score_examples
+
+    with torch.no_grad():
+        return score_examples(trainer, batches)

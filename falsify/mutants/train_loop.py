@@ -162,3 +162,31 @@ def load_checkpoint_without_rng(ckpt, model, optimizer, param_names):
     state = load_checkpoint(ckpt, model, optimizer, param_names)
     C.set_rng_state(js, tensors)
     return state
+
+
+# --------------------------------------------------------------------------- evaluation
+def evaluate_with_grad(trainer, batches):
+    """Evaluation in eval mode but without torch.no_grad(): every batch builds an autograd
+    graph (activations held alive, memory of a training step per batch); the value is the
+    same."""
+    with TR.eval_mode(trainer.forward_model):
+        return TR.mean_token_ce(trainer, batches)
+
+
+def evaluate_in_train_mode(trainer, batches):
+    """Evaluation under no_grad but without model.eval(): dropout stays on, so the validation
+    loss is a random draw (invisible while no module draws)."""
+    import torch
+
+    with torch.no_grad():
+        return TR.mean_token_ce(trainer, batches)
+
+
+def evaluate_leaves_eval_mode(trainer, batches):
+    """model.eval() for evaluation and never put back: the run trains on in eval mode after
+    its first evaluation (dropout silently off)."""
+    import torch
+
+    trainer.forward_model.eval()
+    with torch.no_grad():
+        return TR.mean_token_ce(trainer, batches)

@@ -154,6 +154,39 @@ def frozen_reference_run(backend, dtype="float32", method="qlora", steps=4, seed
             "ref0_is_policy0": bool(torch.equal(seen["ref0"], seen["pol0"]))}
 
 
+def reference_base_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
+    """The reference is the frozen base once the policy has moved: after `steps` updates
+    (B ≠ 0), on token sequences the run never sampled, the bound reference log-probs equal
+    those of the un-adapted Transformer on the same base weights (NF4 dequantized by the numpy
+    reference: falsify/probes/qlora_finetune.py's `plain_base`, which shares no layer, kernel or
+    adapter switch with the loop), token by token within the op-order bound, while the policy's
+    own log-probs differ from the base's by more than 10× it.
+
+    Bound: the two models' logits differ by δ ≤ `op_order_tol`; a log-softmax value
+    z_y − logsumexp(z) moves by ≤ 2δ when every logit moves by ≤ δ, and each side rounds its
+    log-softmax over V terms to ≤ (V + 8)·u: tol = 2δ + 2·(V + 8)·u per token."""
+    import torch
+
+    from falsify.llm import lora_model as LM
+    from falsify.llm.grpo import policy_logps, token_logps
+    from falsify.probes.qlora_finetune import U32, op_order_tol, plain_base, tiny_base
+
+    run, _, _, _ = _run(backend, seed, policy=method, max_steps=steps)
+    x = _fixed_tokens(seed + 1)
+    ref = run.parts.reference_logps(run.model, x)
+    pol = policy_logps(run.model, x)
+    base = plain_base(run.model, tiny_base(seed, 0.08, **TINY))
+    with torch.no_grad():
+        logits = base(x[:, :-1])
+        want = token_logps(base, x)
+    tol = 2 * op_order_tol(logits) + 2 * (logits.shape[-1] + 8) * U32
+    b_max = max(float(p.detach().abs().max()) for k, p in LM.adapter_parameters(run.model).items()
+                if ".lora_B." in k)
+    return {"updates": run.trainer.step, "b_max": b_max,
+            "ref_vs_base": float((ref - want).abs().max()),
+            "policy_vs_base": float((pol - want).abs().max()), "tol": tol}
+
+
 def old_logps_run(backend, dtype="float32", batches=2, iterations=2, seed=0):
     """π_old is taken once per batch, before its first update: the first update of every batch
     sees ratio exactly 1 (max |log π − log π_old| = 0 over the completion tokens), a later

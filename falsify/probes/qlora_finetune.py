@@ -45,7 +45,9 @@ def _objectives(backend: str):
     return Objectives(sft_loss=_bound("sft_loss", backend), dpo_loss=_bound("dpo_loss", backend),
                       reward_weights=_bound("reward_weights", backend),
                       lora_init=_bound("lora_init", backend),
-                      freeze_base=_bound("frozen_base", backend))
+                      freeze_base=_bound("frozen_base", backend),
+                      reference_logps=_bound("reference_logps", backend),
+                      evaluate_examples=_bound("evaluation", backend))
 
 
 def tiny_base(seed: int = 0, scale: float = 0.08, **cfg):
@@ -203,36 +205,53 @@ def frozen_base_run(backend, dtype="float32", method="qlora", steps=3, seed=0):
             "optimizer_params": n_opt, "adapter_params": n_adapter}
 
 
-def zero_init_run(backend, dtype="float32", method="qlora", seed=0):
-    """QFT-INI-001. The adapted model before any step vs the un-adapted Transformer on the
-    same base (for QLoRA: the base's weights replaced by the numpy reference's dequantization
-    of their NF4 codes). The two differ only in op order (one GEMM per projection vs the base's
-    concatenated q/k/v and gate/up GEMMs), so the derived fp32 tolerance is the one tests/
-    test_hf.py uses: 8·(2L+1)·√K·u·max|logits|, K = max(hidden, intermediate)."""
+def plain_base(adapted, base):
+    """`base` (the un-adapted Transformer the adapters were applied to, its weights unchanged)
+    with each NF4-quantized projection of `adapted` replaced by the numpy reference's
+    dequantization of its codes: the frozen base the adapters see, computed without the
+    adapted model's layers, kernels or adapter switch."""
     import torch
 
     from falsify.llm import lora_model as LM
     from falsify.reference import nf4 as ref_nf4
 
+    sd = base.state_dict()
+    for name, mod in LM.adapted_layers(adapted):
+        if not mod.quantized:
+            continue
+        st = {k: (v.numpy() if torch.is_tensor(v) else v) for k, v in mod.nf4_state().items()}
+        deq = ref_nf4.nf4_dequantize(st["packed"], st["absmax"], st["shape"], st["blocksize"],
+                                     absmax2=st.get("absmax2"), offset=st.get("offset"))
+        sd[f"{name}.weight"] = torch.from_numpy(np.asarray(deq, np.float64)).float()
+    base.load_state_dict(sd)
+    return base.eval()
+
+
+def op_order_tol(logits) -> float:
+    """fp32 tolerance between the adapted model's layers and the plain Transformer on the same
+    weights (one GEMM per projection vs the concatenated q/k/v and gate/up GEMMs): the one
+    tests/test_hf.py uses, 8·(2L+1)·√K·u·max|logits|, K = max(hidden, intermediate)."""
+    k = max(TINY["hidden_size"], TINY["intermediate_size"])
+    return 8 * (2 * TINY["num_layers"] + 1) * math.sqrt(k) * U32 * float(logits.abs().max())
+
+
+def zero_init_run(backend, dtype="float32", method="qlora", seed=0):
+    """QFT-INI-001. The adapted model before any step vs the un-adapted Transformer on the
+    same base (for QLoRA: the base's weights replaced by the numpy reference's dequantization
+    of their NF4 codes). The two differ only in op order (one GEMM per projection vs the base's
+    concatenated q/k/v and gate/up GEMMs), so the derived fp32 tolerance is `op_order_tol`."""
+    import torch
+
+    from falsify.llm import lora_model as LM
+
     run = Run(backend, synthetic_sft(8, seed), seed=seed, method=method)
-    base = run.base
-    if method == "qlora":
-        sd = base.state_dict()
-        for name, mod in LM.adapted_layers(run.model):
-            st = {k: (v.numpy() if torch.is_tensor(v) else v) for k, v in mod.nf4_state().items()}
-            deq = ref_nf4.nf4_dequantize(st["packed"], st["absmax"], st["shape"],
-                                         st["blocksize"], absmax2=st.get("absmax2"),
-                                         offset=st.get("offset"))
-            sd[f"{name}.weight"] = torch.from_numpy(np.asarray(deq, np.float64)).float()
-        base.load_state_dict(sd)
+    base = plain_base(run.model, run.base)
     x = torch.randint(4, TINY["vocab_size"], (3, TINY["max_seq_len"]),
                       generator=torch.Generator().manual_seed(seed))
     run.model.eval()
-    base.eval()
     with torch.no_grad():
         got, want = run.model(x), base(x)
-    k = max(TINY["hidden_size"], TINY["intermediate_size"])
-    tol = 8 * (2 * TINY["num_layers"] + 1) * math.sqrt(k) * U32 * float(want.abs().max())
+    tol = op_order_tol(want)
     b_max = max(float(p.detach().abs().max()) for n, p in LM.adapter_parameters(run.model).items()
                 if ".lora_B." in n)
     return {"max_diff": _max_abs(got, want), "tol": tol, "logit_max": float(want.abs().max()),
@@ -478,6 +497,115 @@ def dpo_run(backend, dtype="float32", method="qlora", steps=12, seed=0):
             "logratio_first": logratios[0], "logratio_last3": float(np.mean(logratios[-3:])),
             "margin_first": margins[0], "margin_last3": float(np.mean(margins[-3:])),
             "loss_last3": float(np.mean(losses[-3:])), "logp_magnitude": lp_mag}
+
+
+def dpo_reference_run(backend, dtype="float32", method="qlora", steps=4, seed=0):
+    """QFT-DPO-004. DPO for `steps` steps, so the adapters have moved (B ≠ 0), then pairs the
+    run has never seen (no entry in the trainer's reference cache): the trainer's reference
+    log-probs of their chosen and rejected responses equal those of the frozen base computed
+    without the adapted model (`plain_base`: the un-adapted Transformer on the same weights,
+    NF4 dequantized by the numpy reference), within the op-order bound below, while the
+    policy's own log-probs of the same responses differ from the base's by far more.
+
+    Bound: the two models' logits differ by δ ≤ `op_order_tol`; a log-softmax value
+    z_y − logsumexp(z) moves by ≤ 2δ when every logit moves by ≤ δ, and each side rounds its
+    log-softmax over V terms to ≤ (V + 8)·u; a response's log-prob sums n ≤ 32 such tokens,
+    and that fp32 sum adds n·u·|log p|: tol = n·(2δ + 2·(V + 8)·u) + n·u·max|log p|."""
+    import torch
+
+    from falsify.llm import finetune as FT
+    from falsify.llm import lora_model as LM
+
+    run = Run(backend, synthetic_pairs(16, seed), kind="preference", seed=seed, method=method,
+              max_steps=steps, lr=2e-2, lr_min=2e-3, batch_size=4, grad_accum=1)
+    for _ in range(steps):
+        run.step()
+    fresh = synthetic_pairs(4, seed + 1)
+    ch, rj = FT.make_micro(fresh, range(len(fresh)), "preference", 0, None,
+                           key_offset=len(run.examples))
+    unseen = all(int(i) not in run.trainer.ref_cache for i in ch.index)
+    rc, rr = run.trainer.reference_logps(ch, rj)
+    with torch.no_grad():
+        run.model.eval()
+        pc, pr = run.trainer._policy_logps(ch, rj)
+        base = plain_base(run.model, run.base)
+        logits = {k: base(b.x) for k, b in (("chosen", ch), ("rejected", rj))}
+        bc = FT.sequence_logps(logits["chosen"], ch.labels, ch.mask)
+        br = FT.sequence_logps(logits["rejected"], rj.labels, rj.mask)
+    run.model.train()
+    n = max(int(b.mask.sum(1).max()) for b in (ch, rj))
+    delta = max(op_order_tol(v) for v in logits.values())
+    lp_max = float(torch.cat([bc, br]).abs().max())
+    tol = n * (2 * delta + 2 * (TINY["vocab_size"] + 8) * U32) + n * U32 * lp_max
+    b_max = max(float(p.detach().abs().max()) for k, p in LM.adapter_parameters(run.model).items()
+                if ".lora_B." in k)
+    return {"unseen": unseen, "pairs": len(ch.x), "b_max": b_max,
+            "ref_vs_base": max(_max_abs(rc, bc), _max_abs(rr, br)),
+            "policy_vs_base": max(_max_abs(pc, bc), _max_abs(pr, br)), "tol": tol,
+            "response_tokens_max": n}
+
+
+def evaluation_run(backend, dtype="float32", method="qlora", seed=0, dropout=0.1):
+    """QFT-EVL-001. The bound validation (FinetuneTrainer.evaluate_examples) of an SFT run with
+    lora_dropout > 0, after 2 steps (B ≠ 0: before that the dropout on the adapter's input
+    changes nothing), called with the model in train mode as the loop calls it: (a) two calls
+    give the same loss, exactly the response-token CE of the probe's own eval-mode, no_grad
+    forward of the same batches (the same operations in the same order), which a train-mode
+    forward misses; (b) a forward hook sees every forward of the validation run with autograd
+    off, with no module in train mode, and its output outside any graph; (c) every module's
+    mode afterwards is the one it had, from train mode and from eval mode. Global RNG state is
+    left as it was."""
+    import torch
+
+    from falsify.llm import finetune as FT
+
+    run = Run(backend, synthetic_sft(24, seed), seed=seed, method=method, lora_dropout=dropout,
+              batch_size=4, grad_accum=1, max_steps=4)
+    for _ in range(2):
+        run.step()
+    model = run.model
+    batches = run.micro([list(range(16, 20)), list(range(20, 24))])
+
+    def explicit(train: bool) -> float:
+        model.train(train)
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for b in batches:
+                logits, labels, mask = FT.counted_logits(model, b)
+                s, c = FT.sft_loss(logits, labels, mask, torch.ones_like(b.weights))
+                total, n = total + float(s), n + int(c)
+        return total / n
+
+    def modes():
+        return [m.training for m in model.modules()]
+
+    seen = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        want, with_dropout = explicit(False), explicit(True)
+        # counted_logits runs model.hidden and model.head, not model.forward: hook the last
+        # norm (every hidden-state computation ends there)
+        hook = model.norm.register_forward_hook(lambda mod, args, out: seen.append(
+            (torch.is_grad_enabled(), any(modes()), out.grad_fn is not None)))
+        try:
+            model.train()
+            before = modes()
+            first = run.trainer.evaluate_examples(batches)["val_loss"]
+            restored_train = modes() == before
+            second = run.trainer.evaluate_examples(batches)["val_loss"]
+            model.eval()
+            before = modes()
+            run.trainer.evaluate_examples(batches)
+            restored_eval = modes() == before
+        finally:
+            hook.remove()
+            model.train()
+    return {"first": first, "second": second, "explicit": want,
+            "dropout_effect": abs(with_dropout - want), "forwards": len(seen),
+            "expected_forwards": 3 * len(batches),
+            "grad_enabled": sum(s[0] for s in seen), "train_mode": sum(s[1] for s in seen),
+            "graph": sum(s[2] for s in seen), "restored_train": restored_train,
+            "restored_eval": restored_eval}
 
 
 def dpo_reference_parity_run(backend, dtype="float32", seed=0):

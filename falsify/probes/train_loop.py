@@ -47,7 +47,8 @@ def _bound_ref(equation: str) -> str:
 
 LOOP_EQUATIONS = {"optimizer": "build_optimizer", "clip": "clip_gradients",
                   "accumulation": "micro_batch_divisors", "data_order": "sampler",
-                  "config_algebra": "check_config_algebra", "resume": "restore_position"}
+                  "config_algebra": "check_config_algebra", "resume": "restore_position",
+                  "evaluation": "evaluate"}
 
 
 def parts():
@@ -394,6 +395,88 @@ def clipping_run(backend, dtype="float32", seed=0):
             / out["active"]["expected"],
             "inactive_rel_err": abs(out["inactive"]["post"] - out["inactive"]["pre"])
             / out["inactive"]["pre"], "clip": out["active"]["clip"]}
+
+
+# --------------------------------------------------------------------------- evaluation
+def add_dropout(model, p: float) -> None:
+    """Give every block of `model` a dropout on its output: an nn.Dropout child (so train() and
+    eval() reach it, as they reach any dropout of a real model) applied by a forward hook. The
+    loop's Transformer has no dropout of its own, so without this a train-mode evaluation
+    computes the same numbers as an eval-mode one."""
+    import torch
+
+    for block in model.layers:
+        block.probe_dropout = torch.nn.Dropout(p)
+        block.register_forward_hook(lambda mod, args, out: mod.probe_dropout(out))
+
+
+def _modes(model) -> list[bool]:
+    return [m.training for m in model.modules()]
+
+
+def evaluation_run(backend, dtype="float32", seed=0, dropout=0.1):
+    """TL-EVL-001: the bound evaluation (Trainer.evaluate) of the tiny model with a dropout in
+    every block, called with the model in train mode as the loop calls it: (a) two calls give
+    the same loss, equal to the probe's own eval-mode, no_grad forward with the loss_sum of the
+    same batches (the same operations, so exactly equal), which differs from a train-mode
+    forward (the dropout has an effect to hide); (b) a forward hook sees every forward of the
+    evaluation run with autograd off, with no module in train mode, and returning a logits
+    tensor that is not part of a graph; (c) afterwards every module is in the mode it had,
+    whether the model was in train or in eval mode before. Global RNG state is left as it
+    was."""
+    import torch
+
+    from falsify.llm import config as LC
+    from falsify.llm import run as RUN
+    from falsify.llm import trainer as TR
+    from falsify.llm.model import build_model, loss_sum
+
+    cfg = RUN.tiny_config("unused", max_steps=10, warmup_steps=1)
+    model = build_model(LC.model_config(cfg), "torch", seed=seed)
+    add_dropout(model, dropout)
+    tr = TR.Trainer(model, cfg, torch.device("cpu"), parts=parts())
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(2):
+        x = torch.randint(4, 512, (2, 32), generator=g)
+        y = x.roll(-1, 1)
+        y[0, :5] = TR.IGNORE_INDEX
+        batches.append((x, y))
+
+    def explicit(train: bool) -> float:
+        model.train(train)
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for x, y in batches:
+                s, c = loss_sum(model(x), y, TR.IGNORE_INDEX)
+                total, n = total + float(s), n + c
+        return total / n
+
+    seen = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        want, with_dropout = explicit(False), explicit(True)
+        hook = model.register_forward_hook(lambda mod, args, out: seen.append(
+            (torch.is_grad_enabled(), any(_modes(mod)), out.grad_fn is not None)))
+        try:
+            model.train()
+            before = _modes(model)
+            first = tr.evaluate(batches)[0]
+            restored_train = _modes(model) == before
+            second = tr.evaluate(batches)[0]
+            model.eval()
+            before = _modes(model)
+            tr.evaluate(batches)
+            restored_eval = _modes(model) == before
+        finally:
+            hook.remove()
+            model.train()
+    return {"first": first, "second": second, "explicit": want,
+            "dropout_effect": abs(with_dropout - want), "forwards": len(seen),
+            "expected_forwards": 3 * len(batches),
+            "grad_enabled": sum(s[0] for s in seen), "train_mode": sum(s[1] for s in seen),
+            "graph": sum(s[2] for s in seen), "restored_train": restored_train,
+            "restored_eval": restored_eval}
 
 
 # -------------------------------------------------------------------- reference parity

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "46632d64edfdbd5b333e18ee027c6665572e3e46f3f5c6fb53ac2ac6792072bb"
+SHA256 = "7c5d00550a1741bdf10e17682076e6aea4bc14460cb2b5724bd89c3fe2e94344"
 CONTRACT = rt.library_contract("grpo-finetune-v1.yaml", SHA256)
 
 
@@ -44,6 +44,18 @@ def test_falsify_gft_005__torch__float32():
 def test_falsify_gft_006__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-GFT-006", "torch", "float32", None)
 
+# FALSIFY-GFT-007 → GFT-REF-002 (training): Reference is the base after updates (QLoRA policy)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-REF-002", check="FALSIFY-GFT-007", backend="torch", variant="float32")
+def test_falsify_gft_007__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-007", "torch", "float32", None)
+
+# FALSIFY-GFT-008 → GFT-REF-002 (training): Reference is the base after updates (LoRA policy, fp32 base)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-REF-002", check="FALSIFY-GFT-008", backend="torch", variant="float32")
+def test_falsify_gft_008__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-008", "torch", "float32", None)
+
 
 # MUT-GFT-001 → GFT-REF-001: reference = the current policy (adapters left on): the KL term pulls toward itself and is always 0
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-001", obligation="GFT-REF-001", backend="torch")
@@ -79,3 +91,9 @@ def test_mut_gft_005():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-006", obligation="GFT-LRN-001", backend="torch")
 def test_mut_gft_006():
     rt.assert_killed(CONTRACT, "MUT-GFT-006")
+
+
+# MUT-GFT-007 → GFT-REF-002: reference computed with the adapters enabled, checked against the independent base
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-007", obligation="GFT-REF-002", backend="torch")
+def test_mut_gft_007():
+    rt.assert_killed(CONTRACT, "MUT-GFT-007")

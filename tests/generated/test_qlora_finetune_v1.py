@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "d542aedf23352ce36f49dbfbbfe48b421d08bc34a7a770bdae96db7babb4cdd8"
+SHA256 = "feb06aa0dca7e901ea581e4bb2f81773a0c7e7aedaec9986c43a80c005f8d32c"
 CONTRACT = rt.library_contract("qlora-finetune-v1.yaml", SHA256)
 
 
@@ -181,6 +181,24 @@ def test_falsify_qft_022__torch__float32():
 def test_falsify_qft_023__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-QFT-023", "torch", "float32", None)
 
+# FALSIFY-QFT-025 → QFT-DPO-004 (training): DPO reference after the policy moved (QLoRA)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QFT-DPO-004", check="FALSIFY-QFT-025", backend="torch", variant="float32")
+def test_falsify_qft_025__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-QFT-025", "torch", "float32", None)
+
+# FALSIFY-QFT-026 → QFT-DPO-004 (training): DPO reference after the policy moved (LoRA, fp32 base)
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QFT-DPO-004", check="FALSIFY-QFT-026", backend="torch", variant="float32")
+def test_falsify_qft_026__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-QFT-026", "torch", "float32", None)
+
+# FALSIFY-QFT-027 → QFT-EVL-001 (training): Validation in eval mode, without a graph, mode restored
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="QFT-EVL-001", check="FALSIFY-QFT-027", backend="torch", variant="float32")
+def test_falsify_qft_027__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-QFT-027", "torch", "float32", None)
+
 
 # MUT-QFT-001 → QFT-RSP-001: loss on prompt tokens: the response mask is ignored
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-001", obligation="QFT-RSP-001", backend="torch")
@@ -240,3 +258,21 @@ def test_mut_qft_009():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-010", obligation="QFT-MSK-001", backend="torch")
 def test_mut_qft_010():
     rt.assert_killed(CONTRACT, "MUT-QFT-010")
+
+
+# MUT-QFT-011 → QFT-DPO-004: DPO reference taken with the adapters on: the base while B = 0, the moved policy for every pair first seen later
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-011", obligation="QFT-DPO-004", backend="torch")
+def test_mut_qft_011():
+    rt.assert_killed(CONTRACT, "MUT-QFT-011")
+
+
+# MUT-QFT-012 → QFT-EVL-001: validation without torch.no_grad(): an autograd graph per batch, the same value
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-012", obligation="QFT-EVL-001", backend="torch")
+def test_mut_qft_012():
+    rt.assert_killed(CONTRACT, "MUT-QFT-012")
+
+
+# MUT-QFT-013 → QFT-EVL-001: validation without model.eval(): lora_dropout on, the validation loss a random draw
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-QFT-013", obligation="QFT-EVL-001", backend="torch")
+def test_mut_qft_013():
+    rt.assert_killed(CONTRACT, "MUT-QFT-013")

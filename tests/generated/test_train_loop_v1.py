@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "16f1c7abbdaa0fcb0fdf43adb1795d862995e510404ad0d8655693daf217c5e9"
+SHA256 = "524ae276b2864e9b3eb96137e2281c5beccac469154e0f3509d8bdb90494b0e1"
 CONTRACT = rt.library_contract("train-loop-v1.yaml", SHA256)
 
 
@@ -98,6 +98,12 @@ def test_falsify_tl_014__torch__float32():
 def test_falsify_tl_015__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-TL-015", "torch", "float32", None)
 
+# FALSIFY-TL-018 → TL-EVL-001 (training): Evaluation in eval mode, without a graph, mode restored
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="TL-EVL-001", check="FALSIFY-TL-018", backend="torch", variant="float32")
+def test_falsify_tl_018__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-TL-018", "torch", "float32", None)
+
 
 # MUT-TL-001 → TL-HYP-001: β₂ silently AdamW's default 0.999 when 0.95 was configured
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-TL-001", obligation="TL-HYP-001", backend="torch")
@@ -187,3 +193,21 @@ def test_mut_tl_014():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-TL-015", obligation="TL-RES-002", backend="torch")
 def test_mut_tl_015():
     rt.assert_killed(CONTRACT, "MUT-TL-015")
+
+
+# MUT-TL-016 → TL-EVL-001: evaluation without torch.no_grad(): an autograd graph per batch, the same value
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-TL-016", obligation="TL-EVL-001", backend="torch")
+def test_mut_tl_016():
+    rt.assert_killed(CONTRACT, "MUT-TL-016")
+
+
+# MUT-TL-017 → TL-EVL-001: evaluation without model.eval(): dropout on, the validation loss a random draw (invisible while the model has no dropout)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-TL-017", obligation="TL-EVL-001", backend="torch")
+def test_mut_tl_017():
+    rt.assert_killed(CONTRACT, "MUT-TL-017")
+
+
+# MUT-TL-018 → TL-EVL-001: model.eval() for evaluation and never undone: training goes on in eval mode
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-TL-018", obligation="TL-EVL-001", backend="torch")
+def test_mut_tl_018():
+    rt.assert_killed(CONTRACT, "MUT-TL-018")
