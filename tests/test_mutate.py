@@ -267,8 +267,8 @@ def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
     assert kernel.read_bytes() == before
     out = json.loads(proc.stdout)
     assert out["modules"]["userpkg.mykernel"] | {"score": None} == {
-        "generated": 3, "killed": 1, "survived": 1, "timed out": 0, "not reached": 1,
-        "error": 0, "not run": 0, "score": None}
+        "generated": 3, "killed": 1, "survived": 1, "timed out": 0, "equivalent": 0,
+        "not reached": 1, "error": 0, "not run": 0, "score": None}
     assert out["modules"]["userpkg.mykernel"]["score"] == 0.5
     by = {e["id"]: e for e in out["mutants"]}
     killed = by["userpkg.mykernel:mykernel:constant:0"]
@@ -288,6 +288,51 @@ def test_mutate_kills_reports_survivors_and_blind_spots(tmp_path, monkeypatch):
                    "--timeout", "1", "--format", "json")
     assert cut.returncode == 1, cut.stdout + cut.stderr
     assert [e["status"] for e in json.loads(cut.stdout)["mutants"]] == ["timed out"]
+
+    # judged equivalent by a person, declared with the function's digest: reported as such,
+    # not run, not scored, and no longer a failure
+    (root / "equivalent-mutants.yaml").write_text(
+        f"- mutant: {survivor['id']}\n  function_sha256: {survivor['function_sha256']}\n"
+        "  reason: \"x / 1.0 and x * 1.0 are both x, exactly, in IEEE arithmetic\"\n")
+    eq = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--shard", "1/3",
+                  "--format", "json")
+    assert eq.returncode == 0, eq.stdout + eq.stderr
+    [e] = json.loads(eq.stdout)["mutants"]
+    assert e["status"] == "equivalent" and e["reason"].startswith("x / 1.0 and x * 1.0")
+    assert json.loads(eq.stdout)["modules"]["userpkg.mykernel"]["score"] is None
+    # the function changes (here only its docstring): the judgement was about the old text,
+    # so the mutant runs again, survives, and the report says whose declaration lapsed
+    kernel.write_text(TORCH.replace("def mykernel(x):\n", 'def mykernel(x):\n    """tanh."""\n'))
+    again = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--shard", "1/3")
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "survived: userpkg.mykernel:mykernel:arith:0" in again.stdout
+    assert "declared equivalent at equivalent-mutants.yaml:1 for another version" in again.stdout
+    assert "function_sha256: " in again.stdout  # the entry to paste, with the new digest
+
+
+def test_equivalent_declarations_are_checked_field_by_field(tmp_path):
+    from falsify.harness import equivalents
+
+    f = tmp_path / "eq.yaml"
+    assert equivalents.load(f, required=False) == {}
+    with pytest.raises(UsageError, match="no such file"):
+        equivalents.load(f, required=True)
+    sha = "ab" * 32
+    good = f"- mutant: m:f:arith:0\n  function_sha256: {sha}\n  reason: same\n"
+    f.write_text(good)
+    assert equivalents.load(f, required=True)["m:f:arith:0"].reason == "same"
+    for text, why in [
+            ("{a: 1}\n", r"eq.yaml:1: a list of declarations"),
+            ("- 3\n", r"eq.yaml:1: entry 0: a mapping"),
+            (good.replace("reason: same", "why: same"), r"eq.yaml:1: entry 0: unknown field 'why'"),
+            (good.replace("  reason: same\n", ""), r"entry 0: no 'reason'"),
+            (good.replace("reason: same", "reason: 3"), r"eq.yaml:3: entry 0: reason must be"),
+            (good.replace(sha, "abc"), r"eq.yaml:2: entry 0: function_sha256 must be 64"),
+            (good + good, r"eq.yaml:4: entry 1: m:f:arith:0 is declared twice \(first at line 1"),
+            ("- [\n", r"eq.yaml:\d+: ")]:
+        f.write_text(text)
+        with pytest.raises(UsageError, match=why):
+            equivalents.load(f, required=False)
 
 
 def test_a_kill_counts_only_where_the_checks_pass_without_the_mutant(tmp_path, monkeypatch):
@@ -339,7 +384,8 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
     monkeypatch.setenv("COLUMNS", "160")
     base = {"module": "pkg.k", "operator": "arith",
             "obligations": ["k-v1 K-EQV-001", "k-v1 K-INV-001", "loop-v1 L-001"],
-            "original": "def f(x):\n    return x * 2", "mutated": "def f(x):\n    return x / 2"}
+            "original": "def f(x):\n    return x * 2", "mutated": "def f(x):\n    return x / 2",
+            "function_sha256": "cd" * 32}
     report([{**base, "id": "pkg.k:f:arith:0", "function": "f", "status": "survived",
              "description": "* -> /"},
             {**base, "id": "pkg.k:f:constant:0", "function": "f", "status": "killed",
@@ -347,11 +393,13 @@ def test_the_table_shows_counts_each_survivor_as_a_diff_and_the_blind_spots(caps
             {**base, "id": "pkg.k:g:arith:0", "function": "g", "status": "not reached",
              "description": "+ -> -"}], "table")
     out = capsys.readouterr().out
-    assert "│ pkg.k  │ 3         │ 1      │ 1        │ 0         │ 1           │" in out
+    assert ("│ pkg.k  │ 3         │ 1      │ 1        │ 0         │ 0          │ 1           │"
+            in out)
     assert "50%" in out
     assert ("survived: pkg.k:f:arith:0 (* -> /); checks of k-v1 K-EQV-001, K-INV-001; "
             "loop-v1 L-001 ran it") in " ".join(out.split())
     assert "-    return x * 2\n+    return x / 2" in out
+    assert f"- mutant: pkg.k:f:arith:0\n  function_sha256: {'cd' * 32}\n  reason: " in out
     assert "not reached by any check (1 function(s)): pkg.k:g" in out
 
 

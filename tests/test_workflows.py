@@ -133,10 +133,14 @@ def test_ci_run_is_the_readme_test_command_then_the_gates():
     assert f"```bash\n{test_cmd}\n```" in readme
     assert "```bash\nbash scripts/install.sh && .venv/bin/falsify run\n```" in readme
     gates = [w for w in cmds if Path(w[0]).name in ("pv", "falsify")]
-    # validate, generate --check, the commit-seeded run with mutants, coverage, the soak
-    assert len(gates) == 5 and all(w[0].startswith(".venv/bin/") for w in gates)
+    # validate, generate --check, the commit-seeded run with mutants, coverage, the last
+    # commit's changed functions mutated, the soak
+    assert len(gates) == 6 and all(w[0].startswith(".venv/bin/") for w in gates)
     assert [Path(w[0]).name + " " + w[1] for w in gates] == [
-        "pv validate", "pv generate", "falsify run", "pv coverage", "falsify soak"]
+        "pv validate", "pv generate", "falsify run", "pv coverage", "falsify mutate",
+        "falsify soak"]
+    mutate = next(w for w in gates if w[1] == "mutate")
+    assert mutate[2:] == ["--changed", "HEAD~1", "--budget", "5"]
     assert all(_accepted(w) for w in gates)
     assert os.access(ROOT / ".ci/run", os.X_OK)
 

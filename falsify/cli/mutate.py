@@ -27,7 +27,7 @@ from pathlib import Path
 
 from falsify.errors import UsageError
 
-STATUSES = ("killed", "survived", "timed out", "not reached", "error", "not run")
+STATUSES = ("killed", "survived", "timed out", "equivalent", "not reached", "error", "not run")
 
 
 # falsify's own judging code: the harness that runs checks, the probes that drive the loops
@@ -122,7 +122,7 @@ def _record(m, status: str, checks, obligations, **extra) -> dict:
 
 
 def _run_all(mutants, targets: dict[str, Path], reach, manifest,
-             modules: dict[str, Path], proj, args) -> list[dict]:
+             modules: dict[str, Path], proj, args, declared_equivalent: dict) -> list[dict]:
     from falsify.harness.mutation_run import run_checks
 
     deadline = time.monotonic() + args.budget * 60 if args.budget is not None else None
@@ -132,6 +132,15 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
         keep = reach.checks(m.module, m.top_level)
         obligations = {f"{k[0]} {reach.obligations[k]}" for k in keep}
         left = None if deadline is None else deadline - time.monotonic()
+        declared = declared_equivalent.get(m.id)
+        sha = hashlib.sha256(m.original.encode()).hexdigest()
+        if declared is not None and declared.function_sha256 == sha:
+            # judged by a person for this very function text: not run, not scored
+            out.append(_record(m, "equivalent", keep, obligations, reason=declared.reason))
+            continue
+        if declared is not None:  # declared for another version: judged again, and said
+            obligations.add(f"(declared equivalent at {proj.equivalents_path.name}:"
+                            f"{declared.line} for another version of the function)")
         if not keep:
             out.append(_record(m, "not reached", keep, obligations))
             continue
@@ -174,7 +183,7 @@ def _mutation(m, path: Path) -> dict:
 def cmd_mutate(args) -> int:
     from falsify.cli.mutate_report import report
     from falsify.cli.session import ensure_generated, run_manifest, select_contracts
-    from falsify.harness import ledger
+    from falsify.harness import equivalents, ledger
     from falsify.harness.mutation_select import SYMBOLIC, reach
     from falsify.harness.project import require_project
 
@@ -193,7 +202,9 @@ def cmd_mutate(args) -> int:
     mutants = _mutants(targets, args.changed, shard)
     manifest = run_manifest(proj, contracts, "checks", proj.profile, backends, {},
                             proj.ledger_path)
-    results = _run_all(mutants, targets, r, manifest, modules, proj, args)
+    declared = equivalents.load(proj.equivalents_path,
+                                required=proj.equivalent_mutants is not None)
+    results = _run_all(mutants, targets, r, manifest, modules, proj, args, declared)
     ledger.merge_mutations({e["id"]: e for e in results}, proj.ledger_path)
     report(results, args.format)
     bad = {"survived", "timed out", "error"}

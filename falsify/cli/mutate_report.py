@@ -9,7 +9,9 @@ import json
 import sys
 from collections import Counter
 
-COLUMNS = ("killed", "survived", "timed out", "not reached", "error", "not run")
+from falsify.harness.equivalents import entry
+
+COLUMNS = ("killed", "survived", "timed out", "equivalent", "not reached", "error", "not run")
 
 
 def score(counts: Counter) -> float | None:
@@ -67,6 +69,15 @@ def report(results: list[dict], fmt: str) -> None:
             if e.get("detail"):
                 console.print(e["detail"], markup=False, highlight=False)
             console.print(diff(e), markup=False, highlight=False)
+            if e["status"] == "survived":
+                console.print("if no input can tell it from the code, declare it equivalent "
+                              "(the project's equivalent_mutants file):\n"
+                              + entry(e["id"], e["function_sha256"]),
+                              markup=False, highlight=False)
+    for e in results:
+        if e["status"] == "equivalent":
+            console.print(f"equivalent: {e['id']} ({e['description']}): {e['reason']}",
+                          markup=False, highlight=False)
     left = sum(e["status"] == "not run" for e in results)
     if left:
         console.print(f"budget spent: {left} mutant(s) not run")

@@ -14,6 +14,7 @@ nearest directory that declares one wins; within one directory `falsify.toml` wi
     profile = "fast"                    # default hypothesis profile (fast | ci | thorough)
     overrides = []                      # project contract ids that replace library ids
     evidence = []                       # committed ledgers (paths or globs) the docs publish
+    equivalent_mutants = "equivalent-mutants.yaml"  # `falsify mutate`'s declared equivalents
 
 `evidence` names ledgers committed with the project, each carrying its provenance (commit,
 profile, date): `pv generate` builds the docs pages from them (falsify.harness.evidence), not
@@ -45,7 +46,8 @@ PROFILES = ("fast", "ci", "thorough")
 BACKENDS = ("reference", "torch", "triton")
 DEFAULTS = {"contracts": ["contracts"], "generated": "tests/generated",
             "ledger": ".falsify/ledger.json", "docs": "site/docs/contracts",
-            "backends": list(BACKENDS), "profile": "fast", "overrides": [], "evidence": []}
+            "backends": list(BACKENDS), "profile": "fast", "overrides": [], "evidence": [],
+            "equivalent_mutants": "equivalent-mutants.yaml"}
 
 _STR_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
 SCHEMA = {
@@ -61,6 +63,7 @@ SCHEMA = {
         "profile": {"enum": list(PROFILES)},
         "overrides": {**_STR_LIST, "uniqueItems": True},
         "evidence": {**_STR_LIST, "uniqueItems": True},
+        "equivalent_mutants": {"type": "string", "minLength": 1},
     },
 }
 
@@ -81,12 +84,19 @@ class Project:
     overrides: tuple[str, ...]
     source: Path  # the falsify.toml or pyproject.toml it came from
     evidence: tuple[str, ...] = ()  # paths or globs relative to `root`, as declared
+    # mutants `falsify mutate` made that cannot change what the code computes, each with why
+    # (falsify/harness/equivalents.py); None: the default file, which may be absent
+    equivalent_mutants: Path | None = None
 
     @property
     def state_dir(self) -> Path:
         """Local state, never committed (`falsify init` adds it to .gitignore): hypothesis'
         examples, caches, and the modules of `scratch_generated_dir`."""
         return self.root / ".falsify"
+
+    @property
+    def equivalents_path(self) -> Path:
+        return self.equivalent_mutants or self.root / DEFAULTS["equivalent_mutants"]
 
     @property
     def scratch_generated_dir(self) -> Path:
@@ -170,7 +180,9 @@ def _load(path: Path, text: str) -> Project | None:
                    generated_dir=at(cfg["generated"]), ledger_path=at(cfg["ledger"]),
                    docs_dir=at(cfg["docs"]), backends=tuple(cfg["backends"]),
                    profile=cfg["profile"], overrides=tuple(cfg["overrides"]), source=path,
-                   evidence=tuple(cfg["evidence"]))
+                   evidence=tuple(cfg["evidence"]),
+                   equivalent_mutants=(at(table["equivalent_mutants"])
+                                       if "equivalent_mutants" in table else None))
 
 
 def find_project(start: Path | None = None) -> Project | None:
