@@ -4,7 +4,8 @@
                    [--shard K/N] [--backend LIST] [--timeout SECONDS] [--format table|json]
 
 Every function of the selected modules (default: every module of the project that a contract's
-check reaches, but falsify's own harness, probes and mutants) is mutated one small bug at a time (falsify.harness.mutation_ops). Each mutant
+check reaches, but falsify's own harness, probes and mutants) is mutated one small bug at a
+time (falsify.harness.mutation_ops). Each mutant
 runs only the checks whose fingerprint reaches its function, stopping at the first failure
 (killed); one no check reaches is a blind spot (not reached) and is not run. Naming contracts
 limits the checks to theirs (a kernel's own contract, say, rather than every training loop
@@ -218,8 +219,8 @@ def register(sub) -> None:
                         "project's contracts)")
     p.add_argument("--module", action="append", default=[], metavar="PATH",
                    help="mutate the functions of this file (repeatable; default: every module "
-                        "of the project a contract's check reaches, but falsify's own judging code: "
-                        "harness, probes, mutants, proofs, benches, command line)")
+                        "of the project a contract's check reaches, but falsify's own judging "
+                        "code: harness, probes, mutants, proofs, benches, command line)")
     p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
                    help="start no mutant after this many minutes; the rest are 'not run'")
     p.add_argument("--changed", default=None, metavar="REF",

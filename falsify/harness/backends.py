@@ -12,10 +12,10 @@ import os
 
 import numpy as np
 
-from falsify.harness.binding import (  # noqa: F401  (callers name them here)
-    BindingError, active_overrides, binding_ref, overriding, resolve)
+from falsify.harness.binding import BindingError, active_overrides, binding_ref, overriding, resolve  # noqa: F401  (callers name them here)
 from falsify.harness.cases import Case, arg_dtype
 from falsify.harness.model import Contract
+
 
 class ImplementationRaised(AssertionError):
     """The implementation under test raised on a valid input: the check fails (for a mutant,
