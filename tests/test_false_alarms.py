@@ -10,6 +10,10 @@
 - kd-loss FALSIFY-KD-017 (jvp, found by the clean-clone CI) and FALSIFY-KD-016 (gradgrad,
   found by fresh seeds): the same all-ignored row in forward mode and under double backward;
   its tangent and ∂S/∂dy are NaN, so undefined outputs are left out of both sides.
+- grpo-loss FALSIFY-GRPO-006 (found by a fresh seed in `falsify bench self`): an fp16 logp whose
+  ratio to old_logp lies 1e-6 from the clip boundary 1 − ε, closer than a finite-difference
+  step: the central difference averages the two slopes and Richardson's widening does not
+  cover a kink that close. The one-sided difference on the side without the kink does.
 - rope FALSIFY-ROPE-001/003 (found by the thorough profile): subnormal inputs. A rounding that
   lands on the fp32 subnormal grid errs by up to 2^-150 absolutely, whatever the relative
   bound says; an fp16 output below 6.1e-5 by up to 2^-25.
@@ -173,3 +177,36 @@ def _rope_minus(x, pos, theta):
     from falsify.kernels.torch.rope import rope
 
     return rope(x, -pos, theta)
+
+
+def _grpo_clip_boundary_case():
+    """The falsifying example: logp[14] − old_logp = −0.22314453 in fp16, log(0.8) − 9.8e-7."""
+    lp = [-2.303, -1.865, -2.816, -2.275, -0.838, -0.1534, -2.738, -3.64, -0.9346, -2.559,
+          -0.1333, -0.6387, -1.072, -2.412, -0.7344]
+    return cases.Case("float16", {"B": 1, "T": 15}, dict(
+        logp=np.array([lp], np.float16), old_logp=np.full((1, 15), -0.511, np.float16),
+        ref_logp=np.zeros((1, 15), np.float16), advantages=np.array([-1.0], np.float16),
+        mask=np.ones((1, 15), np.int64), clip_eps=0.2, beta=0.04), {}, 0)
+
+
+def test_grpo_clip_boundary_within_a_step_is_judged_on_the_kink_free_side():
+    runtime.execute("grpo-loss-kernel-v1", "FALSIFY-GRPO-006", "reference", "float16",
+                    _grpo_clip_boundary_case())
+
+
+@pytest.mark.parametrize("bwd, passes", [
+    ("floor_at_kink_backward", True),                # the slope of x's own side
+    ("floor_at_kink_backward_other_side", False),    # the far side's slope: wrong at x
+    ("floor_at_kink_backward_doubled", False)])      # a wrong formula
+def test_a_kink_closer_than_a_step_passes_the_right_slope_only(tmp_path, bwd, passes):
+    """x = 0.3 + 1e-6 sits 1e-6 above the kink of max(x, 0.3), closer than 3h/4 (h ≈ 6e-6):
+    the central difference averages slopes 0 and 1 there; the one-sided difference above the
+    kink is exact."""
+    c, _ = _fd_contract(tmp_path, "floor_at_kink", bwd, (-1.0, 1.0))
+    case = cases.Case("float64", {"m": 3},
+                      {"x": np.array([0.3 + 1e-6, 0.9, -0.5])}, {}, 0)
+    if passes:
+        run_check(c, 0, "reference", "float64", case)
+    else:
+        with pytest.raises(runtime.CheckFailed):
+            run_check(c, 0, "reference", "float64", case)
