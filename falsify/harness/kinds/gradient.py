@@ -35,9 +35,9 @@
   central difference averages the two slopes, and Richardson's widening covers that only
   when the kink is farther than 3h/4 from x; closer, a correct backward (the slope of x's own
   side) would fail. So a central disagreement is then put to the one-sided differences,
-  (L(x ± h·v) − L(x))/h against ⟨g, ±h·v⟩/h, with their own Richardson bound
-  (`one_sided_agrees`): the side without the kink agrees with the slope of x's side, and the
-  check passes. A wrong formula errs by O(|g|) on both sides and still fails; so does a
+  L(x ± k·h·v) − L(x) for k = 1, 2, 4 against ⟨g, ±k·h·v⟩, extrapolated to O(h²) and
+  bounded as the central one is (`one_sided_agrees`): the side without the kink agrees with
+  the slope of x's side, and the check passes. A wrong formula errs by O(|g|) on both sides and still fails; so does a
   backward that gives the other side's slope.
   An output element that is not finite at x (a mean over no counted token is NaN by
   definition) has no derivative: it is left out of L, so the reference backward must pass it
@@ -242,33 +242,38 @@ def _directional_error(fwd, args64, w, v, g, dys, finite, rho, g_round):
 
 
 def one_sided_agrees(fwd, args64, w, v, g, dys, finite, rho, g_round) -> bool:
-    """Whether ⟨g, s⟩ agrees with the one-sided difference L(x + s) − L(x) on one side of x,
-    s = ±h·v (the step actually taken), within that side's bound. Asked only after the central
-    difference disagreed: near a kink one side is linear and agrees.
+    """Whether ⟨g, ·⟩ agrees with the one-sided differences of L on one side of x, within that
+    side's bound. Asked only after the central difference disagreed: near a kink the side that
+    does not cross it is smooth and agrees.
 
-    Truncation: for a smooth L, e(h) = c·h + O(h²), so e(2h) − e(h) = c·h + O(h²) ≈ e(h);
-    1.5·|e(2h) − e(h)| covers it with room for the O(h²) rest. On the side that crosses a kink
-    at distance δ < h (slopes jumping by J), e(h) = J·δ/h and e(2h) − e(h) = −J·δ/2h, so the
-    bound is 0.75·|e(h)|: the crossing side never vouches for the other side's slope. Rounding:
-    6·ρ/h for two evaluations one step apart (the central bound's 3·ρ/h per 2h), and the
-    backward's own over s."""
+    On a side (steps s_k = ±k·h·v, k = 1, 2, 4, as actually taken), e(k) = (L(x + s_k) − L(x) −
+    ⟨g, s_k⟩)/(k·h) is c·k·h + d·(k·h)² + O(h³) for a smooth L and a right g, and a g off by Δ
+    along v adds −Δ to every e(k), which the extrapolation keeps. Richardson removes
+    the O(h) term: R(1) = 2·e(1) − e(2) and R(2) = 2·e(2) − e(4) are −2d·h² and −8d·h², so
+    R(1) is as sharp as the central difference and 2·|R(2) − R(1)|/3 bounds it (with room for
+    the rest, as in `fd_tolerance`). On the side that crosses a kink at distance δ < h (slopes
+    jumping by J): e(k) = J·δ/(k·h), R(1) = 1.5·J·δ/h, R(2) = 0.75·J·δ/h, so the bound is
+    0.5·J·δ/h < |R(1)|: the crossing side never vouches for the other side's slope. Rounding:
+    R(1) carries ≤ 5·ρ/h from its evaluations (each L within ρ), taken 3 times as the central
+    bound does; the backward's own over the steps, 3 times one step's."""
     u = EPS64 / 2
     levels = math.ceil(math.log2(max(int(g.size), 1))) + 1
     x = args64[w]
     base = _loss(fwd, args64, dys, finite)
     for sign in (1.0, -1.0):
         errs, bound = [], 0.0
-        for h in (H0, 2 * H0):
-            xs = x + sign * h * v
+        for k in (1, 2, 4):
+            xs = x + sign * k * H0 * v
             s = np.where(v == 0, 0.0, xs - x)
             gs = g * s
             diff = _loss(fwd, dict(args64, **{w: xs}), dys, finite) - base
-            errs.append((diff - float(gs.sum())) / h)
-            if h == H0:
+            errs.append((diff - float(gs.sum())) / (k * H0))
+            if k == 1:
                 bound = (g_round * float(np.abs(s).sum())
-                         + levels * u * float(np.abs(gs).sum())) / h
-        tol = 1.5 * abs(errs[1] - errs[0]) + 6.0 * rho / H0 + bound
-        if all(map(math.isfinite, (*errs, tol))) and abs(errs[0]) <= tol:
+                         + levels * u * float(np.abs(gs).sum())) / H0
+        r1, r2 = 2 * errs[0] - errs[1], 2 * errs[1] - errs[2]
+        tol = 2.0 * abs(r2 - r1) / 3.0 + 15.0 * rho / H0 + 3.0 * bound
+        if all(map(math.isfinite, (r1, r2, tol))) and abs(r1) <= tol:
             return True
     return False
 
