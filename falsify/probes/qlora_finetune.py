@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from falsify.probes import watch_evaluation
 from falsify.reference.finetune import (
     dpo_loss_reference,
     reward_weights_reference,
@@ -576,36 +577,11 @@ def evaluation_run(backend, dtype="float32", method="qlora", seed=0, dropout=0.1
                 total, n = total + float(s), n + int(c)
         return total / n
 
-    def modes():
-        return [m.training for m in model.modules()]
-
-    seen = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        want, with_dropout = explicit(False), explicit(True)
-        # counted_logits runs model.hidden and model.head, not model.forward: hook the last
-        # norm (every hidden-state computation ends there)
-        hook = model.norm.register_forward_hook(lambda mod, args, out: seen.append(
-            (torch.is_grad_enabled(), any(modes()), out.grad_fn is not None)))
-        try:
-            model.train()
-            before = modes()
-            first = run.trainer.evaluate_examples(batches)["val_loss"]
-            restored_train = modes() == before
-            second = run.trainer.evaluate_examples(batches)["val_loss"]
-            model.eval()
-            before = modes()
-            run.trainer.evaluate_examples(batches)
-            restored_eval = modes() == before
-        finally:
-            hook.remove()
-            model.train()
-    return {"first": first, "second": second, "explicit": want,
-            "dropout_effect": abs(with_dropout - want), "forwards": len(seen),
-            "expected_forwards": 3 * len(batches),
-            "grad_enabled": sum(s[0] for s in seen), "train_mode": sum(s[1] for s in seen),
-            "graph": sum(s[2] for s in seen), "restored_train": restored_train,
-            "restored_eval": restored_eval}
+    # counted_logits runs model.hidden and model.head, not model.forward: hook the last
+    # norm (every hidden-state computation ends there)
+    return watch_evaluation(model, model.norm,
+                            lambda: run.trainer.evaluate_examples(batches)["val_loss"],
+                            explicit, len(batches), seed)
 
 
 def dpo_reference_parity_run(backend, dtype="float32", seed=0):

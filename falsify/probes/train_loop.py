@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from falsify.probes import device
+from falsify.probes import device, watch_evaluation
 
 CONTRACT = "train-loop-v1"
 
@@ -410,10 +410,6 @@ def add_dropout(model, p: float) -> None:
         block.register_forward_hook(lambda mod, args, out: mod.probe_dropout(out))
 
 
-def _modes(model) -> list[bool]:
-    return [m.training for m in model.modules()]
-
-
 def evaluation_run(backend, dtype="float32", seed=0, dropout=0.1):
     """TL-EVL-001: the bound evaluation (Trainer.evaluate) of the tiny model with a dropout in
     every block, called with the model in train mode as the loop calls it: (a) two calls give
@@ -452,31 +448,8 @@ def evaluation_run(backend, dtype="float32", seed=0, dropout=0.1):
                 total, n = total + float(s), n + c
         return total / n
 
-    seen = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        want, with_dropout = explicit(False), explicit(True)
-        hook = model.register_forward_hook(lambda mod, args, out: seen.append(
-            (torch.is_grad_enabled(), any(_modes(mod)), out.grad_fn is not None)))
-        try:
-            model.train()
-            before = _modes(model)
-            first = tr.evaluate(batches)[0]
-            restored_train = _modes(model) == before
-            second = tr.evaluate(batches)[0]
-            model.eval()
-            before = _modes(model)
-            tr.evaluate(batches)
-            restored_eval = _modes(model) == before
-        finally:
-            hook.remove()
-            model.train()
-    return {"first": first, "second": second, "explicit": want,
-            "dropout_effect": abs(with_dropout - want), "forwards": len(seen),
-            "expected_forwards": 3 * len(batches),
-            "grad_enabled": sum(s[0] for s in seen), "train_mode": sum(s[1] for s in seen),
-            "graph": sum(s[2] for s in seen), "restored_train": restored_train,
-            "restored_eval": restored_eval}
+    return watch_evaluation(model, model, lambda: tr.evaluate(batches)[0], explicit,
+                            len(batches), seed)
 
 
 # -------------------------------------------------------------------- reference parity
