@@ -129,6 +129,7 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
     deadline = time.monotonic() + args.budget * 60 if args.budget is not None else None
     baselines: dict[frozenset, object] = {}
     out = []
+    lapsed: dict[str, str] = {}
     for m in mutants:
         keep = reach.checks(m.module, m.top_level)
         obligations = {f"{k[0]} {reach.obligations[k]}" for k in keep}
@@ -140,8 +141,8 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
             out.append(_record(m, "equivalent", keep, obligations, reason=declared.reason))
             continue
         if declared is not None:  # declared for another version: judged again, and said
-            obligations.add(f"(declared equivalent at {proj.equivalents_path.name}:"
-                            f"{declared.line} for another version of the function)")
+            lapsed[m.id] = (f"declared equivalent at {proj.equivalents_path.name}:"
+                            f"{declared.line} for another version of the function")
         if not keep:
             out.append(_record(m, "not reached", keep, obligations))
             continue
@@ -169,6 +170,9 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
         status = {"failed": "killed", "passed": "survived"}.get(r.status, r.status)
         out.append(_record(m, status, keep, obligations, seconds=round(r.seconds, 2),
                            killed_by=r.failed_check, detail=r.detail))
+    for e in out:
+        if e["id"] in lapsed:
+            e["lapsed"] = lapsed[e["id"]]
     return out
 
 

@@ -66,6 +66,8 @@ def report(results: list[dict], fmt: str) -> None:
         if e["status"] in ("survived", "timed out", "error"):
             console.print(f"[bold red]{e['status']}[/]: {e['id']} ({e['description']}); "
                           f"checks of {_grouped(e['obligations'])} ran it")
+            if e.get("lapsed"):
+                console.print(e["lapsed"], markup=False, highlight=False)
             if e.get("detail"):
                 console.print(e["detail"], markup=False, highlight=False)
             console.print(diff(e), markup=False, highlight=False)
