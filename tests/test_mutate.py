@@ -415,3 +415,29 @@ def test_a_spent_budget_leaves_mutants_not_run_and_says_so(tmp_path, monkeypatch
     entries = json.loads((root / ".falsify/ledger.json").read_text())["mutations"]
     assert sorted(e["status"] for e in entries.values()) == ["not reached", "not run", "not run"]
     assert {e["module"] for e in entries.values()} == {"userpkg.mykernel"}
+
+
+def test_pv_audit_shows_the_mutation_score_beside_coverage_and_each_survivor():
+    from falsify.harness import audit
+
+    c, _ = load_contract(library_dir() / "softmax-kernel-v1.yaml")
+
+    def rec(i, status, contract="softmax-kernel-v1"):
+        return {"id": f"falsify.kernels.torch.softmax:softmax:arith:{i}", "status": status,
+                "description": "- -> +",
+                "checks": [f"{contract} FALSIFY-SM-001 torch float32"],
+                "obligations": [f"{contract} SM-EQV-001"]}
+
+    ledger = {"runs": {}, "mutants": {}, "mutations": {
+        str(i): rec(i, s) for i, s in enumerate(
+            ("killed", "killed", "killed", "survived", "equivalent", "not run"))}}
+    ledger["mutations"]["other"] = rec(9, "survived", contract="rmsnorm-kernel-v1")
+    lines, warnings = audit.mutation_lines(c, ledger)
+    assert lines == ["mutation (falsify mutate): 6 mutant(s) its checks ran: 1 equivalent, "
+                     "3 killed, 1 not run, 1 survived; score 75%"]
+    assert warnings == ["mutant falsify.kernels.torch.softmax:softmax:arith:3 survived "
+                        "(- -> +): SM-EQV-001 ran it and missed it"]
+    full = audit.audit(c, ledger)
+    assert lines[0] in full.chain and warnings[0] in full.warnings
+    assert audit.mutation_lines(c, {"runs": {}})[0] == [
+        "mutation (falsify mutate): no results for this contract's checks"]

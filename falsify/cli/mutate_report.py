@@ -10,15 +10,14 @@ import sys
 from collections import Counter
 
 from falsify.harness.equivalents import entry
+from falsify.harness.ledger import mutation_score
 
 COLUMNS = ("killed", "survived", "timed out", "equivalent", "not reached", "error", "not run")
 
 
 def score(counts: Counter) -> float | None:
-    """killed / (killed + survived + timed out): of the mutants the checks ran to the end, the
-    share they caught; None where there were none."""
-    judged = counts["killed"] + counts["survived"] + counts["timed out"]
-    return counts["killed"] / judged if judged else None
+    """The mutation score of these counts (falsify.harness.ledger.mutation_score)."""
+    return mutation_score(counts.elements())
 
 
 def summary(results: list[dict]) -> dict[str, dict]:

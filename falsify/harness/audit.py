@@ -37,7 +37,7 @@ import types
 from dataclasses import dataclass, field
 
 from falsify.harness.coverage import NEEDS_GPU, obligation_status, run_state, skipped_for_gpu
-from falsify.harness.ledger import run_key
+from falsify.harness.ledger import mutation_score, run_key
 from falsify.harness.model import Contract
 from falsify.harness.plan import backends_of, equation_of, runs
 
@@ -513,7 +513,31 @@ def audit(c: Contract, ledger: dict) -> Audit:
     a.warnings += warnings + export_findings(c)
     fp_lines, a.fingerprint_fallbacks = fingerprint_lines(c)
     a.chain += fp_lines
+    lines, warnings = mutation_lines(c, ledger)
+    a.chain += lines
+    a.warnings += warnings
     return a
+
+
+def mutation_lines(c: Contract, ledger: dict) -> tuple[list[str], list[str]]:
+    """Beside coverage, what `falsify mutate` recorded (the ledger's `mutations` section) for
+    the mutants this contract's checks ran: the count of each outcome and the mutation score,
+    and a warning per survivor, as the obligations that ran it and missed it. A survivor is a
+    finding to judge (sharpen a check, or declare it equivalent), not yet a gap."""
+    mine = [e for e in (ledger.get("mutations") or {}).values()
+            if any(k.split(" ", 1)[0] == c.id for k in e.get("checks") or ())]
+    if not mine:
+        return ["mutation (falsify mutate): no results for this contract's checks"], []
+    statuses = [e.get("status") for e in mine]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(sorted(statuses)))
+    sc = mutation_score(statuses)
+    line = (f"mutation (falsify mutate): {len(mine)} mutant(s) its checks ran: {counts}; "
+            f"score {'-' if sc is None else f'{sc:.0%}'}")
+    warnings = [f"mutant {e['id']} survived ({e.get('description', '')}): "
+                + ", ".join(o.split(" ", 1)[-1] for o in e.get("obligations") or ()
+                            if o.split(" ", 1)[0] == c.id) + " ran it and missed it"
+                for e in mine if e.get("status") == "survived"]
+    return [line], warnings
 
 
 def audit_checks(c: Contract) -> Audit:

@@ -140,6 +140,15 @@ def set_provenance(path: Path, provenance: dict) -> dict:
     return data
 
 
+def mutation_score(statuses) -> float | None:
+    """killed / (killed + survived + timed out) over `falsify mutate` statuses: of the mutants
+    the checks ran to the end, the share they caught; None where there were none. Equivalent,
+    not reached, error and not run do not count."""
+    statuses = list(statuses)
+    judged = sum(s in ("killed", "survived", "timed out") for s in statuses)
+    return statuses.count("killed") / judged if judged else None
+
+
 def merge_mutations(results: dict[str, dict], path: Path) -> Path:
     """`falsify mutate`'s results, by mutant id, into the ledger's `mutations` section (locked,
     atomic); the `runs` and `mutants` sections are left as they are."""

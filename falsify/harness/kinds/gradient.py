@@ -37,8 +37,8 @@
   side) would fail. So a central disagreement is then put to the one-sided differences,
   L(x ± k·h·v) − L(x) for k = 1, 2, 4 against ⟨g, ±k·h·v⟩, extrapolated to O(h²) and
   bounded as the central one is (`one_sided_agrees`): the side without the kink agrees with
-  the slope of x's side, and the check passes. A wrong formula errs by O(|g|) on both sides and still fails; so does a
-  backward that gives the other side's slope.
+  the slope of x's side, and the check passes. A wrong formula errs by O(|g|) on both sides
+  and still fails; so does a backward that gives the other side's slope.
   An output element that is not finite at x (a mean over no counted token is NaN by
   definition) has no derivative: it is left out of L, so the reference backward must pass it
   no gradient (torch's rule too). A non-finite D(h), D(2h) or tolerance after that is a
