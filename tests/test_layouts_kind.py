@@ -38,9 +38,10 @@ def _run(c, backend="torch"):
 def test_honest_backend_passes_every_layout_and_rule(tmp_path):
     c = _contract(tmp_path, "honest")
     assert _run(c) == {"zero_size": {"m": "empty", "n": "empty"},
-                       "views": ["transposed", "strided", "expanded"]}
+                       "views": ["transposed", "strided", "expanded"], "leading": []}
     # the reference runs the size-0 rules only: views of a float64 array are not its subject
-    assert _run(c, "reference") == {"zero_size": {"m": "empty", "n": "empty"}, "views": []}
+    assert _run(c, "reference") == {"zero_size": {"m": "empty", "n": "empty"}, "views": [],
+                                    "leading": []}
 
 
 def test_error_rule_passes_a_clear_refusal(tmp_path):
@@ -62,6 +63,27 @@ def test_dishonest_backends_fail(tmp_path, fn, zero_size, message):
     c = _contract(tmp_path, fn, zero_size)
     with pytest.raises(runtime.CheckFailed, match=message):
         _run(c)
+
+
+def test_leading_batch_axis_dropped_and_added(tmp_path):
+    """`leading: [m]`: one row as a 1-D x and a batch with a leading axis of 1 must give the
+    reference's result; a wrapper refusing any rank but 2, or one that flattens the batch and
+    returns the wrong shape, fails; a reference that cannot take them is a contract error."""
+    c = _contract(tmp_path, "honest", leading=["m"])
+    assert _run(c)["leading"] == ["m dropped", "m unsqueezed"]
+    assert _run(c, "reference")["leading"] == []  # the reference is the judge, not judged
+    c = _contract(tmp_path, "rows_2d_only", leading=["m"])
+    with pytest.raises(runtime.CheckFailed, match=r"m dropped .*raised ValueError.*\(m, n\)"):
+        _run(c)
+    c = _contract(tmp_path, "flattens_the_batch", leading=["m"])
+    with pytest.raises(runtime.CheckFailed, match=r"m dropped .*shape \(1,\) != "
+                                                  r"reference \(\)"):
+        _run(c)
+    c = _contract(tmp_path, "honest", ref="reference_2d_only", leading=["m"])
+    with pytest.raises(ValueError, match="the reference cannot take the arguments with m "
+                                         "dropped") as e:
+        _run(c)
+    assert not isinstance(e.value, runtime.CheckFailed)
 
 
 def test_the_strided_view_alone_catches_a_unit_column_stride(tmp_path):
@@ -117,6 +139,10 @@ def test_v025_parity_and_zero_size_must_fit_the_input(tmp_path):
     assert any(f.rule == "V025" and "not a parity check" in f.message for f in rep.errors)
     rep = _contract(tmp_path, "honest", no_expand=["y"], expect_errors=True)
     assert any(f.rule == "V025" and "no_expand names 'y'" in f.message for f in rep.errors)
+    for bad in ("n", "k"):  # n is x's last axis, k no dim at all
+        rep = _contract(tmp_path, "honest", leading=[bad], expect_errors=True)
+        assert any(f.rule == "V025" and f"leading names {bad!r}" in f.message
+                   for f in rep.errors), bad
 
 
 # ---------------------------------------------------------------- the library mutants
@@ -124,6 +150,7 @@ def test_v025_parity_and_zero_size_must_fit_the_input(tmp_path):
 MUTANTS = {
     "MUT-SM-006": ("softmax-kernel-v1", "FALSIFY-SM-014"),
     "MUT-SM-007": ("softmax-kernel-v1", "FALSIFY-SM-014"),
+    "MUT-SM-009": ("softmax-kernel-v1", "FALSIFY-SM-014"),
     "MUT-GELU-006": ("gelu-kernel-v1", "FALSIFY-GELU-025"),
 }
 # what the earlier checks run; the symbolic, static and training kinds never call the binding

@@ -775,6 +775,15 @@ def _check_layouts(ctx, c, t, base, fname, inp: dict) -> None:
                     f"sizing an argument of input {spec.get('input')!r} "
                     f"(those: {', '.join(want) or 'none'})")
     arrays = [k for k, a in (inp.get("args") or {}).items() if isinstance(a, dict) and "shape" in a]
+    for j, d in enumerate(spec.get("leading") or []):
+        shapes = [a["shape"] for a in (inp.get("args") or {}).values()
+                  if isinstance(a, dict) and isinstance(a.get("shape"), list)]
+        elsewhere = [sh for sh in shapes if d in sh[1:]]
+        if d not in sized_dims(inp) or not any(sh[:1] == [d] for sh in shapes) or elsewhere:
+            ctx.add("V025", base + ("check", "leading", j), f"{fname}.check.leading[{j}]",
+                    f"{t.id}: leading names {d!r}, which must be a dim of input "
+                    f"{spec.get('input')!r} that is the first axis of every argument it sizes"
+                    + (f" (it is not first in {elsewhere[0]})" if elsewhere else ""))
     for key in ("no_expand", "writes"):
         for j, k in enumerate(spec.get(key) or []):
             if k not in arrays:

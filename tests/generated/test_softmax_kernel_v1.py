@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "08a75fae1a1883af2d8ec7e4d29fc438bf723d70eb30c87c8f25891dc2032c31"
+SHA256 = "624688cbda855b326341f0ee34a6c5119fe184eb9b4de8032b604a018c72d988"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -519,3 +519,9 @@ def test_mut_sm_007():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-008", obligation="SM-CMP-001", backend="torch")
 def test_mut_sm_008():
     rt.assert_killed(CONTRACT, "MUT-SM-008")
+
+
+# MUT-SM-009 → SM-LAY-001: the wrapper refuses any x but a 2-D batch of rows (a `x.dim() < 2` guard where `< 1` is due): one row passed as a 1-D tensor raises, as `falsify mutate` found the contract could not see
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-009", obligation="SM-LAY-001", backend="torch")
+def test_mut_sm_009():
+    rt.assert_killed(CONTRACT, "MUT-SM-009")

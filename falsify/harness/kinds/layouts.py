@@ -27,6 +27,13 @@ here as:
   survives) and values (an empty sum is 0) — without raising; `error`: it raises a ValueError
   whose message names the dim as `<dim> = 0` before any work (inputs untouched). A kernel that
   launches a zero-size grid and crashes, or returns an output of the wrong shape, fails.
+- leading (optimized backends): for each dim listed, a batch axis that comes first in every
+  argument it sizes, the case with that axis dropped (every such argument taken at index 0:
+  one dimension fewer, a softmax over one row) and with a leading axis of 1 added (one more
+  dimension). The outputs must agree with the reference's on the same arguments within the
+  parity tolerance: a wrapper that accepts only the rank it was tested at (`x.dim() < 2`
+  refused, or `x.view(-1, n)` without restoring the shape) fails. A reference that cannot
+  take the arguments is an error of the contract, not a verdict.
 
 The cases are small by construction: the library caps the kind at MAX_EXAMPLES examples per
 run and replays no pinned example (layout bugs show on any shape; cost grows with the number of
@@ -288,9 +295,46 @@ def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str) -> str:
     return "empty"
 
 
+# ---------------------------------------------------------------- rank of the batch axes
+def leading_case(ctx, case: cases.Case, dim: str, how: str) -> cases.Case:
+    """The case with `dim`, the first axis of every argument it sizes, dropped (index 0) or
+    with a leading axis of 1 added in front of it."""
+    args = dict(case.args)
+    for k, a in (ctx.input_spec.get("args") or {}).items():
+        v = case.args.get(k)
+        shape = a.get("shape") if isinstance(a, dict) else None
+        if isinstance(v, np.ndarray) and isinstance(shape, list) and shape and shape[0] == dim:
+            args[k] = np.ascontiguousarray(v[0] if how == "dropped" else v[None])
+    return cases.Case(case.dtype, case.dims, args, case.params, case.seed, case.label)
+
+
+def _run_leading(ctx, pctx, case: cases.Case, dim: str, how: str) -> None:
+    variant = leading_case(ctx, case, dim, how)
+    label = f"{dim} {how} ({'one dimension fewer' if how == 'dropped' else 'a leading 1'})"
+    try:
+        ref = backends.outputs(backends.call(pctx.fn(backend="reference"),
+                                             **pctx.ref_args(variant)))
+    except Exception as e:  # the contract's reference, not the implementation under test
+        raise ValueError(f"{ctx.contract.id}: check {ctx.check.id}: leading {dim!r}: the "
+                         f"reference cannot take the arguments with {label}: "
+                         f"{type(e).__name__}: {e}") from e
+    try:
+        got = backends.outputs(pctx.fn()(**pctx.args(variant)))
+    except Exception as e:  # noqa: BLE001 - refusing a rank the equation covers is the finding
+        raise CheckFailed(f"{label}: raised {type(e).__name__}: {e}; the reference returns "
+                          f"shape(s) {[tuple(np.shape(r)) for r in ref]}") from e
+    if len(got) < len(ref):
+        raise CheckFailed(f"{label}: backend returned {len(got)} output(s), reference "
+                          f"{len(ref)}")
+    for i in pctx.output_indices(range(len(ref))):
+        finite = ref[i][np.isfinite(ref[i])]
+        atol, rtol = pctx.tol(case, float(np.abs(finite).max()) if finite.size else 0.0)
+        compare(got[i], ref[i], atol, rtol, f"{label}: output {i}")
+
+
 def run(ctx, case):
     pctx = parity_ctx(ctx)
-    detail = {"zero_size": {}, "views": []}
+    detail = {"zero_size": {}, "views": [], "leading": []}
     for dim, rule in (ctx.spec.get("zero_size") or {}).items():
         if dim not in case.dims:
             raise ValueError(f"{ctx.contract.id}: check {ctx.check.id}: zero_size names {dim!r}, "
@@ -300,4 +344,8 @@ def run(ctx, case):
         for layout in ctx.spec.get("views") or VIEWS:
             if _run_view(ctx, pctx, case, layout):
                 detail["views"].append(layout)
+        for dim in ctx.spec.get("leading") or ():
+            for how in ("dropped", "unsqueezed"):
+                _run_leading(ctx, pctx, case, dim, how)
+                detail["leading"].append(f"{dim} {how}")
     return detail
