@@ -76,3 +76,38 @@ def test_rmsnorm_float64_in_float32_mutant_passes_every_earlier_kind():
         for check_id in EARLIER:
             for variant in ("float32", "float16"):
                 runtime.run_with_hypothesis(c, check_id, "torch", variant)
+
+
+# ---------------------------------------------------------------- keeps_dtype (parity)
+def _keeps_contract(tmp_path, fn, keeps, outputs=None, **kw):
+    rows = dict(ROWS, dtypes=["float32", "float16"])
+    data = contract_dict({"f": {"reference": f"{FNS}:reference", "torch": f"{FNS}:{fn}"}},
+                         {"rows": rows}, [PARITY])
+    data["equations"]["f"]["keeps_dtype"] = keeps
+    if outputs:
+        data["equations"]["f"]["outputs"] = outputs
+    return load(tmp_path, data, **kw)
+
+
+def test_keeps_dtype_fails_a_result_in_a_wider_dtype_that_values_cannot_tell(tmp_path):
+    """float16 inputs: a float32 result is within every tolerance (it is more accurate), so
+    only the declared dtype catches it; float32 inputs are unaffected."""
+    from falsify.harness.cases import Case
+
+    def case(dtype):
+        import numpy as np
+        return Case(dtype, {"m": 3}, {"x": np.array([0.5, -1.0, 0.25], dtype)}, {}, 0)
+
+    run_check(_keeps_contract(tmp_path, "keeps", True), 0, "torch", "float16", case("float16"))
+    c = _keeps_contract(tmp_path, "widens", True)
+    run_check(c, 0, "torch", "float32", case("float32"))
+    with pytest.raises(runtime.CheckFailed, match=r"output 0 has dtype torch.float32; the "
+                                                  r"equation keeps the inputs' dtype "
+                                                  r"\(torch.float16\)"):
+        run_check(c, 0, "torch", "float16", case("float16"))
+    # not declared: the same result passes (the rule is the contract's, not a default)
+    run_check(_keeps_contract(tmp_path, "widens", False), 0, "torch", "float16",
+              case("float16"))
+    rep = _keeps_contract(tmp_path, "keeps", ["z"], outputs=["y"], expect_errors=True)
+    assert any(f.rule == "V022" and "'z' is not one of the outputs" in f.message
+               for f in rep.errors)

@@ -62,6 +62,9 @@ class Equation:
     outputs: list[str] = field(default_factory=list)  # names of a tuple's outputs, in order
     # outputs that are saved statistics, returned without an autograd graph
     non_differentiable: list[str] = field(default_factory=list)
+    # floating outputs the optimized backends return in the dtype the inputs came in (True:
+    # every output); the parity kind checks it
+    keeps_dtype: bool | list[str] = False
 
 
 @dataclass
@@ -344,6 +347,9 @@ def _build_equations(data: dict) -> dict[str, Equation]:
             if isinstance(e.get("outputs"), list) else [],
             non_differentiable=[o for o in e["non_differentiable"] if isinstance(o, str)]
             if isinstance(e.get("non_differentiable"), list) else [],
+            keeps_dtype=(e["keeps_dtype"] is True if isinstance(e.get("keeps_dtype"), bool)
+                         else [o for o in e["keeps_dtype"] if isinstance(o, str)]
+                         if isinstance(e.get("keeps_dtype"), list) else False),
         )
     return eqs
 

@@ -402,6 +402,12 @@ def _binding_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
     # Bindings
     has_binding = False
     for name, eq in c.equations.items():
+        for j, o in enumerate(eq.keeps_dtype if isinstance(eq.keeps_dtype, list) else []):
+            if o not in eq.outputs:
+                ctx.add("V022", ("equations", name, "keeps_dtype", j),
+                        f"equations.{name}.keeps_dtype[{j}]",
+                        f"{o!r} is not one of the outputs equation {name!r} declares "
+                        f"({', '.join(eq.outputs) or 'none: list them in outputs'})")
         for j, o in enumerate(eq.non_differentiable):
             if o not in eq.outputs:
                 ctx.add("V022", ("equations", name, "non_differentiable", j),

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "624688cbda855b326341f0ee34a6c5119fe184eb9b4de8032b604a018c72d988"
+SHA256 = "cf281bf7f92753ccbf3d679e5470f24cb42da82752c409335f0455af52e277dd"
 CONTRACT = rt.library_contract("softmax-kernel-v1.yaml", SHA256)
 
 
@@ -519,6 +519,12 @@ def test_mut_sm_007():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-008", obligation="SM-CMP-001", backend="torch")
 def test_mut_sm_008():
     rt.assert_killed(CONTRACT, "MUT-SM-008")
+
+
+# MUT-SM-010 → SM-EQV-001: the fp32 accumulator returned without the final cast: float16 logits give float32 probabilities, closer to the reference than asked, so only the dtype shows it (found by falsify mutate)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-SM-010", obligation="SM-EQV-001", backend="torch")
+def test_mut_sm_010():
+    rt.assert_killed(CONTRACT, "MUT-SM-010")
 
 
 # MUT-SM-009 → SM-LAY-001: the wrapper refuses any x but a 2-D batch of rows (a `x.dim() < 2` guard where `< 1` is due): one row passed as a 1-D tensor raises, as `falsify mutate` found the contract could not see

@@ -79,6 +79,28 @@ def tolerance_terms(ctx, case, atol: float, rtol: float) -> str:
     return "; ".join(parts) + (f" (why: {why})" if why else "")
 
 
+def _check_kept_dtype(ctx, case, raw, selected) -> None:
+    """The equation's `keeps_dtype` outputs come back, on torch and Triton, in the case's
+    floating dtype: values alone cannot tell a float16 result from a float32 one that is more
+    accurate than asked, and a caller pays for it in memory and a dtype clash downstream."""
+    eq = ctx.contract.equations.get(ctx.equation)
+    keep = eq.keeps_dtype if eq is not None else False
+    if not keep or ctx.backend == "reference" or case.dtype not in FLOAT_DTYPES:
+        return
+    import torch
+
+    outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+    want = backends.torch_dtype(case.dtype)
+    for i in selected:
+        name = eq.outputs[i] if i < len(eq.outputs) else None
+        if keep is not True and name not in keep:
+            continue
+        o = outs[i] if i < len(outs) else None
+        if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != want:
+            raise CheckFailed(f"output {i}{f' ({name})' if name else ''} has dtype {o.dtype}; "
+                              f"the equation keeps the inputs' dtype ({want})")
+
+
 def run(ctx, case):
     ref_fn = ctx.fn(backend="reference")
     ref = backends.outputs(backends.call(ref_fn, **ctx.ref_args(case)))
@@ -102,9 +124,11 @@ def run(ctx, case):
                 guards.append(("out", g))
             else:  # a 0-d output has no margin to poison; NaN still shows an unwritten `out`
                 out.fill_(backends._sentinel(out.dtype))
-    got = backends.outputs(backends.call(fn, **args))
+    raw = backends.call(fn, **args)
+    got = backends.outputs(raw)
     backends.check_margins(guards)
     selected = ctx.output_indices(range(len(ref)))
+    _check_kept_dtype(ctx, case, raw, selected)
     if len(got) < len(ref):
         raise CheckFailed(f"backend returned {len(got)} output(s), reference {len(ref)}")
     for i in selected:
