@@ -5,7 +5,7 @@ modification times: a checkout, a copy or a coarse clock cannot make an edit loo
 
 It holds fingerprints (falsify/harness/fingerprint.py): walking the AST of every module a
 check reaches costs seconds per process, and `pv coverage` or `falsify run --changed` would
-otherwise pay it on every call. It holds parsed contracts too, by the digest of their text
+otherwise pay it on every call. It holds parsed contracts too, by the sha256 of their text
 (falsify/harness/model.py: `_parse`), and the texts known to pass the schema. A directory's
 stamp changes when a file is added to it or removed, so a new module that would shadow a name
 also invalidates.
