@@ -196,3 +196,31 @@ def patch_language_once_per_launch() -> None:
 
     __call__._falsify_once = True
     cls.__call__ = __call__
+
+
+_launches = 0  # grids launched under the interpreter since the counter was installed
+
+
+def interpreted_launches() -> int:
+    """How many Triton grids this process has launched under the interpreter, counted from
+    the first call of this function (which installs the counter on Triton's `GridExecutor`);
+    always 0 when not interpreting. A check compares two readings to tell whether the function
+    it calls runs interpreted Triton kernels, whatever backend the function is bound as: a
+    third-party Triton kernel bound as `torch` (Liger's, in the third-party guide) runs
+    interpreted as ours do, and costs what ours cost."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return 0
+    from triton.runtime import interpreter
+
+    cls = interpreter.GridExecutor
+    if not getattr(cls.__call__, "_falsify_counted", False):
+        original = cls.__call__
+
+        def __call__(self, *args, **kwargs):
+            global _launches
+            _launches += 1
+            return original(self, *args, **kwargs)
+
+        __call__._falsify_counted = True
+        cls.__call__ = __call__
+    return _launches

@@ -49,6 +49,27 @@ def test_row_wise_function_is_batch_invariant(tmp_path):
     assert detail == {"invariant": True, "max_diff": 0.0, "sizes": [7, 300]}
 
 
+def test_a_function_that_runs_interpreted_triton_is_capped_whatever_its_backend(tmp_path):
+    """The interpreter's batch cap follows what the call launches, not the backend's name: a
+    Triton kernel bound as `reference` (as Liger's are bound as `torch`) runs at most
+    INTERPRETED_MAX_ROWS rows per batch, and the same sums in numpy run the declared sizes."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the cap exists only under the Triton interpreter")
+    from falsify.harness.kinds.batch_invariance import INTERPRETED_MAX_ROWS
+
+    eqs = {"f": {"reference": "tests.fixtures.triton_rowwise:row_sums"}}
+    check = {"kind": "batch_invariance", "input": "rows", "batch": "m", "sizes": [7, 300]}
+    c = load(tmp_path, contract_dict(eqs, {"rows": ROWS}, [check]))
+    detail = run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))
+    assert detail["invariant"] and detail["sizes"] == [7, INTERPRETED_MAX_ROWS]
+    (tmp_path / "numpy").mkdir()
+    c = _contract(tmp_path / "numpy", "row_sums", check)
+    assert run_check(c, 0, "reference", "float64", first_case(c, 0, "float64"))["sizes"] \
+        == [7, 300]
+
+
 def test_a_row_that_depends_on_its_batch_fails(tmp_path):
     c = _contract(tmp_path, "batch_mean", {"kind": "batch_invariance", "input": "rows",
                                            "batch": "m"})

@@ -67,13 +67,18 @@ def test_second_writer_on_a_live_run_is_refused_with_the_holders_pid(tmp_path, s
 
 
 @pytest.mark.parametrize("verb", ["train", "distill", "finetune"])
-def test_every_run_type_takes_the_lock(tmp_path, verb):
-    """A fresh run of each kind on a held directory is refused before it reads anything."""
+def test_every_run_type_takes_the_lock(tmp_path, verb, monkeypatch):
+    """A fresh run of each kind on a held directory is refused before it reads anything:
+    distill before it loads its teacher (with none given, training the built-in base)."""
     from falsify.llm import distill as D
     from falsify.llm import finetune as FT
     from falsify.llm import run_lock as L
     from falsify.llm.finetune_stage import finetune
 
+    def no_teacher(*a, **k):
+        raise AssertionError("the teacher was loaded before the run directory was locked")
+
+    monkeypatch.setattr(D, "load_teacher", no_teacher)
     run = tmp_path / "run"
     proc = _hold(run)
     try:

@@ -385,20 +385,29 @@ class DistillTrainer(Trainer):
 
 # ------------------------------------------------------------------------------- the run
 class DistillRun(R.PretrainRun):
-    """PretrainRun with a teacher: loaded and frozen before the data, checked against the
-    student's vocabulary and tokenizer in the preflight (before step 1), fingerprinted before
-    and after training."""
+    """PretrainRun with a teacher: loaded and frozen once the run directory is locked and
+    before the data, checked against the student's vocabulary and tokenizer in the preflight
+    (before step 1), fingerprinted before and after training."""
 
     def __init__(self, cfg: DistillConfig, parts: LoopParts, dparts: DistillParts,
                  teacher: Teacher | None = None, console=None):
         super().__init__(cfg, parts)
         self.dparts = dparts
-        self.teacher = teacher or load_teacher(cfg.teacher, cfg.backend, console,
-                                               {k: getattr(cfg, k) for k in DATA_FIELDS})
-        self.teacher.module.to(self.device)
-        dparts.freeze(self.teacher.module)
-        self.teacher.fingerprint = weights_fingerprint(self.teacher.module)
+        self.teacher = teacher
+        self.console = console
         self.cache: TopkCache | None = None
+
+    def open(self, resume) -> None:
+        # after the lock: loading the teacher can mean training the built-in base (a minute),
+        # which a run refused for a live directory must not spend
+        super().open(resume)
+        cfg = self.cfg
+        if self.teacher is None:
+            self.teacher = load_teacher(cfg.teacher, cfg.backend, self.console,
+                                        {k: getattr(cfg, k) for k in DATA_FIELDS})
+        self.teacher.module.to(self.device)
+        self.dparts.freeze(self.teacher.module)
+        self.teacher.fingerprint = weights_fingerprint(self.teacher.module)
 
     def prepare(self, data) -> None:
         super().prepare(data)
