@@ -31,6 +31,8 @@ from falsify.cli.session import (
 from falsify.errors import UsageError
 
 SYMBOLIC = ("z3", "crosshair")
+WORKERS_HELP = ("parallel pytest workers (default: up to 2 cores); a run whose tests the ledger "
+                "expects to take under 12 s stays in this process and says so")
 
 
 
@@ -146,16 +148,22 @@ class _Progress:
             self.view.__exit__(None, None, None)
 
 
-def _expected_seconds(ledger_path) -> dict[str, float]:
-    """Node id -> the seconds its last result took, for the progress display's ETA."""
+def _expected_seconds(ledger_path, profile: str | None = None) -> dict[str, float]:
+    """Node id -> the seconds its last result took, for the progress display's ETA; with
+    `profile`, only results of a profile that draws as many examples (a thorough result's
+    seconds say nothing about a fast run's)."""
     from falsify.harness import ledger
+    from falsify.harness.runtime import PROFILE_STRENGTH
 
     try:
         data = ledger.load(ledger_path)
     except ledger.LedgerError:
         return {}  # the run itself reports an unreadable ledger; the ETA only goes unknown
+    strength = PROFILE_STRENGTH.get(profile) if profile else None
     return {e["nodeid"]: float(e["duration_s"]) for s in ("runs", "mutants")
-            for e in data[s].values() if e.get("nodeid") and e.get("duration_s") is not None}
+            for e in data[s].values() if e.get("nodeid") and e.get("duration_s") is not None
+            and (strength is None
+                 or PROFILE_STRENGTH.get(e.get("profile", "fast"), 0) == strength)}
 
 
 def _durations(manifest: dict) -> dict[str, float]:
@@ -181,18 +189,28 @@ def _durations(manifest: dict) -> dict[str, float]:
     return out
 
 
-def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
-            console) -> tuple[int, dict]:
+def _pytest(modules: list[Path], manifest, extra: list[str], asked: int, console,
+            tests: list[tuple]) -> tuple[int, dict]:
     """pytest in-process with its terminal reporter off: the progress display and our own
-    summary replace it; collection errors are printed by _Progress. Returns (exit code, this
-    session's entries), handed over through the manifest and its results file."""
+    summary replace it; collection errors are printed by _Progress. `tests` are the generated
+    tests the run keeps (falsify.harness.worker_plan.planned), which decide whether the `asked`
+    workers start or the run stays in this process. Returns (exit code, this session's
+    entries), handed over through the manifest and its results file."""
     import pytest
 
-    from falsify.harness import handover
+    from falsify.harness import handover, worker_plan
     from falsify.harness.generate import module_name
 
     tmp = Path(tempfile.mkdtemp(prefix="falsify-run-"))
     durations = _durations(manifest)
+    k = extra[extra.index("-k") + 1] if "-k" in extra else None
+    work = worker_plan.expected(worker_plan.selected(tests, k),
+                                _expected_seconds(manifest["ledger"], manifest["profile"]))
+    workers = worker_plan.workers_for(asked, work)
+    if workers < asked:
+        console.print(f"falsify: {work.tests} test(s), about {work.seconds:.0f} s of work: run "
+                      f"in this process, not on {asked} workers (starting them would cost more "
+                      "than they save)", markup=False)
     try:
         path = handover.write(tmp / "manifest.json", handover.Manifest(
             **{**manifest, "results": str(tmp / "results.json"), "durations": durations}))
@@ -209,7 +227,9 @@ def _pytest(modules: list[Path], manifest, extra: list[str], workers: int,
         progress = _Progress(console, names, durations, workers)
         from falsify.harness import threads
 
-        with threads.for_workers(workers):
+        # in this process, torch gets the share of the cores one of the asked workers would
+        # have: the same thread count, so the same results, whichever way the run went
+        with threads.for_workers(workers), threads.as_one_of(asked if workers == 1 else 1):
             rc = int(pytest.main(args + extra, plugins=[progress]))
         return rc, handover.read_results(tmp / "results.json")
     finally:
@@ -441,28 +461,6 @@ def _reuse(args, contracts, ledger_path, keep, select, profile, console) -> list
     return []
 
 
-def _all_reused(contracts, keep: list[str], select: str, reuse: list[str]) -> bool:
-    """Whether every test the run would keep (the generated tests are exactly the plan's runs
-    and mutants, filtered by backend and `select` as the pytest plugin does) is reused, so
-    that there is nothing to start workers for."""
-    from falsify.harness.ledger import mutant_key, run_key
-    from falsify.harness.plan import runs
-
-    reused = set(reuse)
-    for c in contracts:
-        for t in c.checks if select != "mutants" else []:
-            for r in runs(c, t):
-                key = run_key(dict(contract=c.id, check=t.id, backend=r.backend,
-                                   variant=r.variant))
-                if r.backend in keep and "run:" + key not in reused:
-                    return False
-        for m in c.mutants if select != "checks" else []:
-            if m.backend in keep and \
-                    "mutant:" + mutant_key(dict(contract=c.id, mutant=m.id)) not in reused:
-                return False
-    return True
-
-
 def _report(args, contracts, session, rc, ctx, console) -> int:
     """Failures, survivors, the table (or JSON) and the summary line; the exit code."""
     from falsify.harness import ledger
@@ -504,7 +502,7 @@ def _empty_shard(args, ledger_path, console) -> int:
 def cmd_run(args) -> int:
     from rich.console import Console
 
-    from falsify.harness import shard
+    from falsify.harness import shard, worker_plan
     from falsify.harness.project import require_project
 
     if args.shard:
@@ -539,11 +537,12 @@ def cmd_run(args) -> int:
     start = time.time()
     reuse = _reuse(args, contracts, ledger_path, keep, select, profile, console)
     manifest = run_manifest(proj, contracts, select, profile, keep, binds, ledger_path, reuse)
-    if reuse and not junit and _all_reused(contracts, keep, select, reuse):
+    tests = worker_plan.planned(contracts, keep, select, reuse)
+    if reuse and not junit and not tests:
         rc, session = 5, {"runs": [], "mutants": []}  # starting pytest would only deselect
     else:
         with _seeded(seed):
-            rc, session = _pytest(modules, manifest, extra, args.workers, console)
+            rc, session = _pytest(modules, manifest, extra, args.workers, console, tests)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
         rc = 0
     ctx = dict(ledger=ledger_path, seed=seed, flags=flags, keep=keep, select=select,
@@ -569,6 +568,7 @@ def cmd_mutants(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from falsify.harness import worker_plan
     from falsify.harness.project import require_project
 
     proj = require_project("falsify mutants")
@@ -580,7 +580,8 @@ def cmd_mutants(args) -> int:
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
     manifest = run_manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
-    rc, session = _pytest(modules, manifest, [], args.workers, console)
+    rc, session = _pytest(modules, manifest, [], args.workers, console,
+                          worker_plan.planned(contracts, backends, "mutants", []))
     t = Table(title="falsify mutants")
     for col in ("contract", "mutant", "obligation", "backend", "result", "killed by"):
         t.add_column(col)
@@ -616,7 +617,8 @@ def register(sub) -> None:
                         "(--quick is the same)")
     r.add_argument("--thorough", action="store_true",
                    help=">= 1000 examples per check; 10,000 for critical kernels")
-    r.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1))
+    r.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help=WORKERS_HELP)
     r.add_argument("--format", choices=["table", "json", "junit"], default="table")
     r.add_argument("--junit-file", default="falsify-junit.xml")
     r.add_argument("--bind", action="append", default=[],
@@ -650,6 +652,7 @@ def register(sub) -> None:
     m.add_argument("--backend", default=None,
                    help="comma-separated: reference,torch,triton (default: the project's "
                         "`backends`)")
-    m.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1))
+    m.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help=WORKERS_HELP)
     m.add_argument("--ledger", default=None)
     m.set_defaults(func=cmd_mutants)

@@ -33,6 +33,12 @@ def _ident(*parts: str) -> str:
     return "__".join(re.sub(r"[^0-9a-zA-Z]+", "_", p).strip("_").lower() for p in parts)
 
 
+def generated_test_name(*parts: str) -> str:
+    """The generated test's function name for a check's run (check id, backend, variant) or a
+    mutant (its id): node ids, and so ledger durations, carry it."""
+    return "test_" + _ident(*parts)
+
+
 def _one_line(s: str | None) -> str:
     return " ".join((s or "").split())
 
@@ -71,7 +77,7 @@ def render(c: Contract, out_dir: Path) -> str:
         lines.append("")
         lines.append(f"# {t.id} → {t.obligation} ({kind}): {_one_line(t.rule)}")
         for r in runs(c, t):
-            name = "test_" + _ident(t.id, r.backend, r.variant)
+            name = generated_test_name(t.id, r.backend, r.variant)
             mark = (f'@pytest.mark.falsify(contract=CONTRACT, obligation="{t.obligation}", '
                     f'check="{t.id}", backend="{r.backend}", variant="{r.variant}")')
             call = f'rt.execute(CONTRACT, "{t.id}", "{r.backend}", "{r.variant}", case)'
@@ -99,7 +105,7 @@ def render(c: Contract, out_dir: Path) -> str:
         lines.append(f"# {m.id} → {m.obligation}: {_one_line(m.description)}")
         lines.append(f'@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="{m.id}", '
                      f'obligation="{m.obligation}", backend="{m.backend}")')
-        lines.append(f"def test_{_ident(m.id)}():")
+        lines.append(f"def {generated_test_name(m.id)}():")
         lines.append(f'    rt.assert_killed(CONTRACT, "{m.id}")')
     return "\n".join(lines).rstrip() + "\n"
 

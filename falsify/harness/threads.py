@@ -42,3 +42,30 @@ def for_workers(workers: int):
     finally:
         if changed:
             os.environ.pop(ENV, None)
+
+
+@contextlib.contextmanager
+def as_one_of(workers: int):
+    """This process runs, itself, work planned for `workers` workers (falsify run's small
+    runs): torch gets one worker's share of the cores, as a worker process would through
+    OMP_NUM_THREADS, so a result does not depend on whether workers were started (a CPU
+    reduction may split over threads). The process's own setting comes back afterwards."""
+    import sys
+
+    if workers <= 1 or os.environ.get(ENV):
+        yield
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:  # imported during the run: it reads the variable then
+        os.environ[ENV] = str(share(workers))
+        try:
+            yield
+        finally:
+            os.environ.pop(ENV, None)
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(share(workers))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
