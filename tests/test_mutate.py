@@ -441,3 +441,18 @@ def test_pv_audit_shows_the_mutation_score_beside_coverage_and_each_survivor():
     assert lines[0] in full.chain and warnings[0] in full.warnings
     assert audit.mutation_lines(c, {"runs": {}})[0] == [
         "mutation (falsify mutate): no results for this contract's checks"]
+
+
+def test_nothing_changed_since_the_ref_says_so_instead_of_an_empty_table(tmp_path):
+    """CI's `falsify mutate --changed HEAD~1` after a commit that touched no judged function."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "falsify.toml").write_text('backends = ["reference"]\n')
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    r = subprocess.run([sys.executable, "-m", "falsify.cli", "mutate", "softmax-kernel-v1",
+                        "--changed", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, FALSIFY_QUIET="1"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "falsify mutate: nothing to mutate:" in r.stdout and "since HEAD" in r.stdout, r.stdout
+    assert "┏" not in r.stdout  # no empty table

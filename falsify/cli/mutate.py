@@ -211,6 +211,11 @@ def cmd_mutate(args) -> int:
                                 required=proj.equivalent_mutants is not None)
     results = _run_all(mutants, targets, r, manifest, modules, proj, args, declared)
     ledger.merge_mutations({e["id"]: e for e in results}, proj.ledger_path)
+    if not mutants and args.format == "table":  # say why, rather than print an empty table
+        why = (f"no function of them changed since {args.changed}" if args.changed
+               else "none has a function to mutate")
+        print(f"falsify mutate: nothing to mutate: {len(targets)} module(s) judged, {why}")
+        return 0
     report(results, args.format)
     bad = {"survived", "timed out", "error"}
     return 1 if any(e["status"] in bad for e in results) else 0
