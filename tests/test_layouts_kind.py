@@ -185,3 +185,24 @@ def test_mutant_passes_every_earlier_check_of_its_equation(mid):
                     runtime.run_with_hypothesis(c, t.id, r.backend, r.variant)
                     ran.append(t.id)
     assert ran
+
+
+def test_a_built_argument_is_expanded_along_its_leading_axis_only():
+    """Packed blocks (an input with `build`) repeat whole rows, never their first byte along
+    the row: for a GGUF q4_k row that made d = fp16(114, 114) ≈ 13,000, outputs of 1.6e7, and a
+    false alarm against a bound derived for the builder's |W| < 2 (FALSIFY-GQ-031, n = 1)."""
+    import numpy as np
+
+    from falsify.harness import cases
+    from falsify.harness.kinds.layouts import _expanded_case
+
+    x = np.arange(6.0).reshape(2, 3)
+    one = np.array([[114, 18, 7, 9]], dtype=np.uint8)
+    rows = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.uint8)
+    case = cases.Case("float32", {}, {"x": x, "one": one, "rows": rows}, {}, 0, "")
+    got, axes = _expanded_case(case, ["x", "one", "rows"], built={"one", "rows"})
+    assert axes == {"x": 0, "rows": 0}  # `one` has no leading axis to repeat: kept as it is
+    assert (got.args["one"] == one).all()
+    assert (got.args["rows"] == rows[:1]).all() and got.args["rows"].shape == rows.shape
+    plain, axes = _expanded_case(case, ["one"])
+    assert axes == {"one": 1} and (plain.args["one"] == 114).all()  # unbuilt: the first axis > 1
