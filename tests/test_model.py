@@ -161,11 +161,14 @@ def test_unknown_backend_is_an_error():
         ops_mod.get_ops("cuda")
 
 
-def test_auto_without_gpu_picks_torch_and_logs(monkeypatch, caplog):
+def test_auto_without_gpu_picks_torch_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(ops_mod, "gpu_available", lambda: False)
+    monkeypatch.setattr(ops_mod, "_SAID", set())
     with caplog.at_level(logging.INFO, logger="falsify.llm.ops"):
         assert ops_mod.resolve_backend("auto") == "torch"
-    assert "backend=auto -> torch" in caplog.text
+        assert ops_mod.resolve_backend("auto") == "torch"  # a run resolves it twice
+    said = [r for r in caplog.records if "backend=auto -> torch (no CUDA GPU)" in r.message]
+    assert len(said) == 1
 
 
 def test_requested_triton_that_cannot_run_is_an_error_not_a_fallback(monkeypatch):

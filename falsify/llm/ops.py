@@ -92,8 +92,10 @@ def resolve_backend(requested: str) -> str:
     """Map a requested backend to the one that will run; errors name the problem.
 
     `auto` picks triton only when a GPU is present (the interpreter is for tests, far too slow to
-    train with), otherwise torch, and logs the choice at INFO level. A dispatch policy is
-    returned as it is: it chooses per kernel (falsify/llm/dispatch.configure)."""
+    train with), otherwise torch, and logs the choice at INFO level once per process (a run
+    resolves its backend for the check before any work and again when it builds the model; the
+    answer cannot change in between). A dispatch policy is returned as it is: it chooses per
+    kernel (falsify/llm/dispatch.configure)."""
     bad = backend_error(requested)
     if bad:
         raise ValueError(f"backend={requested!r}: {bad}")
@@ -103,12 +105,12 @@ def resolve_backend(requested: str) -> str:
         if gpu_available():
             missing = [k for k in KERNELS if _find_module("triton", k) is None]
             if not missing:
-                log.info("backend=auto -> triton (CUDA GPU present, all triton kernels import)")
+                _say_once("backend=auto -> triton (CUDA GPU present, all triton kernels import)")
                 return "triton"
-            log.info("backend=auto -> torch (CUDA GPU present but triton kernels missing: %s)",
-                     ", ".join(missing))
+            _say_once("backend=auto -> torch (CUDA GPU present but triton kernels missing: "
+                      + ", ".join(missing) + ")")
             return "torch"
-        log.info("backend=auto -> torch (no CUDA GPU)")
+        _say_once("backend=auto -> torch (no CUDA GPU)")
         return "torch"
     if requested == "triton":
         ok, why = _triton_runnable()
@@ -117,6 +119,15 @@ def resolve_backend(requested: str) -> str:
                 f"backend='triton' was requested but cannot run: {why}. Use backend=torch, "
                 "or backend=auto to choose automatically.")
     return requested
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        log.info(message)
 
 
 def _find_module(backend: str, kernel: str):
