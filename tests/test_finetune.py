@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -580,3 +581,43 @@ def test_counted_logits_give_the_loss_of_the_full_logits(seed):
                                            labels.clamp_min(0).reshape(-1), reduction="none")
     mag = float((ce.view(b, s) * mask * weights[:, None]).sum())
     assert abs(float(s_cnt) - float(s_full)) <= 2 * (int(n_full) + b) * U32 * mag + moved
+
+
+def test_runs_without_out_dir_get_their_own_directories_and_resume_finds_their_kind(
+        tmp_path, base_dir, monkeypatch, capsys):
+    """`falsify finetune` twice with no out_dir, as the README shows it: each run gets a
+    runs/<method>-<time> of its own (as `falsify train` does) instead of the second one
+    refusing the first one's checkpoints. `--resume auto` without out_dir continues the newest
+    run of its own loop: `falsify train` the pretraining run and `falsify finetune` the
+    fine-tuning run, whichever was written last."""
+    from falsify.cli import main
+    from falsify.llm import run as RUN
+
+    monkeypatch.chdir(tmp_path)
+    data = write_jsonl(tmp_path / "d.jsonl", shipped_records(24))
+    flags = ["--model", str(base_dir), "--data", str(data), "--max-steps", "3", "--batch-size",
+             "2", "--lora-r", "4", "--val-split", "0.2", "--sample-count", "0", "--no-progress",
+             "--backend", "torch"]
+    assert main(["finetune", *flags]) == 0
+    first = {p.name for p in Path("runs").iterdir()}
+    assert main(["finetune", *flags]) == 0, capsys.readouterr().out
+    runs = {p.name for p in Path("runs").iterdir()}
+    assert len(first) == 1 and len(runs) == 2
+    assert all(n.startswith("qlora-") for n in runs)
+
+    # a fine-tuning run stopped at step 2, then a pretraining run stopped at step 2 after it
+    cfg = FT.config_from_dict({"model": str(base_dir), "data": [str(data)], "max_steps": 3,
+                               "batch_size": 2, "lora_r": 4, "val_split": 0.2,
+                               "sample_count": 0, "progress": False, "backend": "torch",
+                               "save_every": 1})
+    ft = finetune(cfg, stop_after=2)
+    assert Path(ft.out_dir).parent == Path("runs") and Path(ft.out_dir).name not in runs
+    pre = RUN.new_run_dir("tiny")
+    tiny = RUN.tiny_config(pre, max_steps=4, warmup_steps=0)
+    RUN.train(tiny, stop_after=2)
+    capsys.readouterr()
+    assert main(["finetune", "--resume", *flags]) == 0  # newest run is pretraining: not it
+    assert f"resumed from {ft.out_dir}/checkpoints/step-00000002" in \
+        " ".join(capsys.readouterr().out.split())
+    r = RUN.train(replace(tiny, out_dir=None), resume="auto")  # the newest run: fine-tuning
+    assert r.resumed_from == str(pre / "checkpoints" / "step-00000002") and r.final_step == 4

@@ -170,10 +170,11 @@ def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
     from falsify.cli import main
 
     base, adapter, _ = trained["qlora"]
-    main(["merge", "--adapter", str(adapter), "--out", str(tmp_path / "m"), "--layout", "ours"])
+    # as the README chains them: merge's output directory (ours/ and hf/) is what --merged takes
+    main(["merge", "--adapter", str(adapter), "--out", str(tmp_path / "m")])
     capsys.readouterr()
     prompt = 'def f(x):\n    """Return x."""'
-    rc = main(["generate", "--adapter", str(adapter), "--merged", str(tmp_path / "m" / "ours"),
+    rc = main(["generate", "--adapter", str(adapter), "--merged", str(tmp_path / "m"),
                    "--prompt", prompt, "--max-new-tokens", "12"])
     assert rc == 0
     text = capsys.readouterr().out
@@ -183,7 +184,8 @@ def test_generate_cli_adapter_and_merged_agree(trained, tmp_path, capsys):
 
     args = build_parser().parse_args(["generate", "--prompt", prompt, "--max-new-tokens", "12"])
     model = _ours(base, adapter)
-    merged = FT.load_base(tmp_path / "m" / "ours", "torch")
+    merged = FT.load_base(tmp_path / "m", "torch")
+    assert Path(merged.path) == tmp_path / "m" / "ours"
     assert sample(model, merged.tokenizer, prompt, args) == \
         sample(merged.model, merged.tokenizer, prompt, args)
 

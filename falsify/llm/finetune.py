@@ -358,6 +358,18 @@ def resolve_steps(cfg: FinetuneConfig, n_train: int) -> FinetuneConfig:
     return replace(cfg, max_steps=max_steps, warmup_steps=warmup)
 
 
+def run_dir(cfg: FinetuneConfig, resume=None) -> Path:
+    """The directory a fine-tuning run writes: `out_dir` when set; on a resume, the resumed
+    run's (with "auto", the newest fine-tuning run under runs/); else a new
+    runs/<method>-<UTC time>, named as `falsify train` names its runs, so that a second
+    `falsify finetune` never meets the first one's checkpoints."""
+    if cfg.out_dir is not None:
+        return Path(cfg.out_dir)
+    if resume is not None:
+        return R.resume_run_dir(resume, None, kind=R.FINETUNING)
+    return R.new_run_dir(cfg.method)
+
+
 class FinetuneRun(RunBase):
     """One fine-tuning run's state, built in stages (open -> load -> build -> loop); the loop,
     cadences and files are RunBase's (falsify/llm/run_base.py). What is ours: the base and
@@ -370,7 +382,7 @@ class FinetuneRun(RunBase):
         check_config(cfg)  # before any base or data work
         self.cfg, self.obj = cfg, obj
         self.device, self.autocast = R.resolve_device(cfg)
-        self.out = Path(cfg.out_dir)
+        self.out: Path | None = None  # open(): the run directory
         self.bad_evals = 0
         self.console = None
         self.val_batches: list = []
@@ -381,6 +393,7 @@ class FinetuneRun(RunBase):
         return self.rcfg.max_steps  # resolved from the data (resolve_steps)
 
     def open(self, resume) -> None:
+        self.out = self.parallel.agree(lambda: run_dir(self.cfg, resume))
         self.lock_run(self.out)  # one writer per run directory, before its checkpoints are read
         if resume is not None:
             self.ckpt_path = ckpt_mod.find_checkpoint(self.out if str(resume) == "auto"

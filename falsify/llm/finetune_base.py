@@ -54,8 +54,9 @@ def _find_tokenizer(paths: list[Path]) -> Path | None:
 
 def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = True,
               tokenizer: str | Path | None = None) -> Base:
-    """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or `falsify merge`
-    output), an HF LLaMA directory (config.json + model.safetensors, falsify/llm/hf.py) or a
+    """Our checkpoint (a checkpoint dir, a run dir = its latest checkpoint, or the directory
+    `falsify merge`, `prune` or `quantize` wrote: its ours/ layout, the same weights as its
+    hf/ copy), an HF LLaMA directory (config.json + model.safetensors, falsify/llm/hf.py) or a
     llama.cpp GGUF LLaMA file (falsify/llm/gguf_io/read.py: quantized projections stay
     quantized). Its tokenizer is found (or, for a pretraining checkpoint, recovered) whenever it
     has one; `need_tokenizer`: one that has none is an error (a synthetic-corpus run has none).
@@ -69,6 +70,8 @@ def load_base(path: str | Path, backend: str = "auto", need_tokenizer: bool = Tr
         raise FinetuneConfigError(f"config field model={str(path)!r}: no such file or directory")
     if p.is_file():
         return _gguf_base(p, backend, need_tokenizer, tokenizer)
+    if not (p / "config.json").is_file() and (p / "ours" / ckpt_mod.STATE).is_file():
+        p = p / "ours"
     if (p / "config.json").is_file() and (p / "model.safetensors").is_file() and \
             json.loads((p / "config.json").read_text()).get("model_type") == "llama":
         model = hf.import_hf(p, backend)

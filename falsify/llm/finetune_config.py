@@ -75,7 +75,7 @@ class FinetuneConfig(LoopConfig):
     eval_interval: int | None = None  # null: at the end of every epoch and of the run
     early_stopping_patience: int | None = None  # evaluations without a new best val loss
     save_every: int = 0  # 0: only at the end (and on early stop)
-    out_dir: str = "runs/finetune"
+    out_dir: str | None = None  # null: a new runs/<method>-<UTC time> per fresh run
     # the built-in base (only when model is null): steps of the pretraining loop on the stdlib
     base_steps: int = 200
     # sample at the end (base vs base+adapter on held-out prompts)

@@ -27,6 +27,7 @@ from falsify.harness.project import find_project
 from falsify.llm import charts, distributed
 from falsify.llm import checkpoint as ckpt_mod
 from falsify.llm import finetune as FT
+from falsify.llm import run as R
 from falsify.llm import sft_data as SD
 from falsify.llm.config import (
     ConfigError,
@@ -64,7 +65,8 @@ DEMO_GRPO = {"max_steps": 40, "group_size": 8, "prompts_per_step": 8, "max_new_t
 @dataclass
 class FinetuneArgs:
     """What a fine-tuning run is asked for: `--config FILE`, `--resume [DIR]` ("auto": the
-    newest intact checkpoint in out_dir; resolved in place to the checkpoint used), `key=value`
+    newest intact checkpoint in out_dir, or with none set, of the newest fine-tuning run under
+    runs/; resolved in place to the checkpoint used), `key=value`
     overrides (the command's flags first, as `key=value`) and `--allow-any-import`."""
     config: str | None = None
     resume: str | None = None
@@ -163,7 +165,8 @@ def resolve_config(args, console: Console) -> FT.FinetuneConfig:
     if args.resume:
         base = load_config(args.config, []) if args.config else FT.FinetuneConfig()
         out_dir = parse_overrides(overrides).get("out_dir", base.out_dir)
-        target = out_dir if args.resume == "auto" else args.resume
+        target = (R.resume_run_dir("auto", out_dir, kind=R.FINETUNING)
+                  if args.resume == "auto" else args.resume)
         # resolved once: "auto" takes the newest intact checkpoint, finetune() resumes that one
         args.resume = str(ckpt_mod.find_checkpoint(target, fallback=args.resume == "auto",
                                                    for_resume=True))
@@ -315,6 +318,13 @@ def finetune(cfg: FT.FinetuneConfig, *, resume: str | Path | None = None,
                      stop_after, keep_model)
 
 
+def _run_dir_said(cfg: FT.FinetuneConfig, resume: str | None) -> str:
+    """The run directory as the run's first line names it (FT.run_dir decides it)."""
+    if cfg.out_dir is None and resume is None:
+        return f"runs/{cfg.method}-<time> (new)"
+    return str(FT.run_dir(cfg, resume))
+
+
 def run_finetune(args, console: Console) -> int:
     """`falsify finetune` in this process: the config, the run, the report; the exit code."""
     cfg = None
@@ -327,14 +337,15 @@ def run_finetune(args, console: Console) -> int:
         console.print(f"[bold]falsify finetune[/]: method={cfg.method} base="
                       f"{cfg.model or 'built-in'} data={','.join(cfg.data) or shipped} "
                       f"r={cfg.lora_r} alpha={cfg.lora_alpha} targets={','.join(cfg.targets)} "
-                      f"out_dir={cfg.out_dir}")
+                      f"out_dir={_run_dir_said(cfg, args.resume)}")
         result = finetune(cfg, resume=args.resume, console=console)
     except (ConfigError, PreflightError, DataError, LoraConfigError,
             ckpt_mod.CheckpointError, RewardConfigError, RewardFailed, OSError) as e:
         return report_error(console, e)
     except AndonStop as e:
+        where = e.result.out_dir if e.result is not None else cfg.out_dir
         console.print(f"[bold red]{e}[/]\nlast good checkpoint kept: "
-                      f"{ckpt_mod.latest_checkpoint(cfg.out_dir)}")
+                      f"{ckpt_mod.latest_checkpoint(where) if where else None}")
         return 3
     if result.resumed_from:
         console.print(f"resumed from {result.resumed_from}")

@@ -190,33 +190,61 @@ def new_run_dir(model: str, root: Path = RUNS_ROOT) -> Path:
     return path
 
 
+# The loops that write runs under runs/: a checkpoint's config says which one wrote it (the
+# fine-tuning loop records the config it was asked for, the pretraining loop its `train`).
+PRETRAINING, FINETUNING = "pretraining", "fine-tuning"
+
+
+def run_kind(checkpoint: Path) -> str:
+    """Which loop wrote this checkpoint (PRETRAINING covers distillation: the same loop)."""
+    config = ckpt_mod.read_state(checkpoint)["config"]
+    return FINETUNING if "finetune_requested" in config else PRETRAINING
+
+
 def find_resume_checkpoint(resume: str | Path, out_dir: str | None,
-                           root: Path = RUNS_ROOT) -> Path:
+                           root: Path = RUNS_ROOT, kind: str = PRETRAINING) -> Path:
     """`resume`: a checkpoint or run directory, or "auto": the latest checkpoint of out_dir, or
-    with out_dir unset, of the most recently written run under runs/. The checkpoint is verified
-    (checkpoint.verify_checkpoint); "auto" falls back to the newest intact one with a warning,
-    a named one that is damaged is an error offering it. Orphaned temp dirs are removed."""
+    with out_dir unset, of the most recently written `kind` run under runs/. The checkpoint is
+    verified (checkpoint.verify_checkpoint); "auto" falls back to the newest intact one with a
+    warning, a named one that is damaged is an error offering it. Orphaned temp dirs are
+    removed."""
     if str(resume) != "auto":  # a named checkpoint/run: a damaged one is refused, never swapped
         found = ckpt_mod.find_checkpoint(resume, for_resume=True)
     else:
-        run = resume_run_dir(resume, out_dir, root)
+        run = resume_run_dir(resume, out_dir, root, kind)
         found = ckpt_mod.find_checkpoint(run, fallback=True, for_resume=True)
     ckpt_mod.remove_orphans(found.parent.parent)
     return found
 
 
-def resume_run_dir(resume: str | Path, out_dir: str | None, root: Path = RUNS_ROOT) -> Path:
+def resume_run_dir(resume: str | Path, out_dir: str | None, root: Path = RUNS_ROOT,
+                   kind: str = PRETRAINING) -> Path:
     """The run directory a resume writes, found without verifying or touching anything: the
-    run lock is taken on it before its checkpoints are read."""
+    run lock is taken on it before its checkpoints are read. With out_dir unset, "auto" is the
+    most recently written run of this `kind` under `root`: `falsify train --resume auto` after
+    a fine-tuning run still continues the pretraining run, and the other way round."""
     if str(resume) != "auto":
         return ckpt_mod.run_dir_of(resume)
     if out_dir is not None:
         return Path(out_dir)
-    latest = [c for r in (root.iterdir() if root.is_dir() else [])
-              if (c := ckpt_mod.latest_checkpoint(r)) is not None]
+    latest = [c for r in (sorted(root.iterdir()) if root.is_dir() else [])
+              if (c := ckpt_mod.latest_checkpoint(r)) is not None and _run_kind(r) == kind]
     if not latest:
-        raise ckpt_mod.CheckpointError(f"--resume: no run with a checkpoint under {root}/")
+        raise ckpt_mod.CheckpointError(f"--resume: no {kind} run with a checkpoint under "
+                                       f"{root}/")
     return max(latest, key=lambda c: (c / ckpt_mod.STATE).stat().st_mtime).parent.parent
+
+
+def _run_kind(run: Path) -> str | None:
+    """The kind of the run's newest checkpoint whose state can be read (a damaged latest one
+    leaves the run a candidate: the resume then offers its newest intact checkpoint); None
+    when none can."""
+    for c in reversed(ckpt_mod.list_checkpoints(run)):
+        try:
+            return run_kind(c)
+        except ckpt_mod.CheckpointError:
+            continue
+    return None
 
 
 # -------------------------------------------------------------------------------- the run
