@@ -46,7 +46,7 @@ SMOKE = {
     "falsify pipeline":
         "tests/test_pipeline.py::test_pipeline_runs_resumes_and_reruns_what_changed",
     "falsify finetune":
-        "tests/test_finetune_default.py::test_default_finetune_completes_and_the_loss_falls",
+        "tests/test_defaults.py::test_the_verbs_on_the_built_in_base",
     "falsify merge": "tests/test_finetune_peft.py::"
                      "test_merge_cli_writes_both_layouts_that_match_base_plus_adapter",
     "falsify generate": "tests/test_finetune_peft.py::test_generate_cli_adapter_and_merged_agree",
