@@ -6,6 +6,13 @@ and preempt one another. Measured on 2 cores, a torch-only slice of the generate
 `-n 2` took 34 to 40 s with torch's default and 23 to 24 s with one thread per worker. So each
 worker gets its share of the cores, cores // workers (at least 1), through OMP_NUM_THREADS in
 the environment the workers inherit. A value the user set wins.
+
+Inductor's compile workers (the compile kind's torch.compile) follow the same share through
+TORCHINDUCTOR_COMPILE_THREADS: by default each process would start a pool of one compile
+process per core, each importing torch, so two workers on 2 cores kept four compile processes
+for two cores. The pool changes how fast a graph compiles, never the code it produces.
+Measured on 2 cores, three compile checks in one process: 40.7 s with torch's default pool of
+2, 36.1 s with 1.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import os
 
 ENV = "OMP_NUM_THREADS"
+COMPILE_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
 def share(workers: int, cores: int | None = None) -> int:
@@ -24,13 +32,16 @@ def share(workers: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, workers))
 
 
-def set_for_workers(workers: int) -> bool:
-    """Set OMP_NUM_THREADS for worker processes started from now on; False (nothing set)
-    for a single process or when the user chose a value."""
-    if workers <= 1 or os.environ.get(ENV):
-        return False
-    os.environ[ENV] = str(share(workers))
-    return True
+def set_for_workers(workers: int) -> list[str]:
+    """Set OMP_NUM_THREADS and TORCHINDUCTOR_COMPILE_THREADS to one worker's share for worker
+    processes started from now on; the variables set (none for a single process; a variable
+    the user set is left as it is)."""
+    if workers <= 1:
+        return []
+    changed = [name for name in (ENV, COMPILE_ENV) if not os.environ.get(name)]
+    for name in changed:
+        os.environ[name] = str(share(workers))
+    return changed
 
 
 @contextlib.contextmanager
@@ -40,8 +51,8 @@ def for_workers(workers: int):
     try:
         yield
     finally:
-        if changed:
-            os.environ.pop(ENV, None)
+        for name in changed:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager
