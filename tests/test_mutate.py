@@ -456,3 +456,38 @@ def test_nothing_changed_since_the_ref_says_so_instead_of_an_empty_table(tmp_pat
     assert r.returncode == 0, r.stdout + r.stderr
     assert "falsify mutate: nothing to mutate:" in r.stdout and "since HEAD" in r.stdout, r.stdout
     assert "┏" not in r.stdout  # no empty table
+
+
+def test_a_mutant_runs_its_likeliest_killers_first():
+    """-x stops a mutant at its first failing check, so the order decides how long a kill
+    takes: the checks that killed this function's earlier mutants, then the ones that call it
+    by name, then the rest; within each, fastest first."""
+    from falsify.cli.mutate import kill_order
+
+    own = [("softmax-kernel-v1", f"FALSIFY-SM-00{i}", "torch") for i in (1, 2, 3)]
+    other = [("attention-kernel-v1", f"FALSIFY-ATT-00{i}", "torch") for i in (1, 2)]
+    seconds = {own[0]: 3.0, own[1]: 0.5, own[2]: 9.0, other[0]: 0.1, other[1]: 0.2}
+    keep = set(own + other)
+    assert kill_order(keep, [], set(own), seconds) == [own[1], own[0], own[2], *other]
+    assert kill_order(keep, [own[2]], set(own), seconds) == [own[2], own[1], own[0], *other]
+    assert kill_order(keep, [], set(), {}) == sorted(keep)  # nothing known: a stable order
+
+
+@pytest.mark.heavy
+def test_after_a_run_the_unmutated_checks_are_taken_from_the_ledger(tmp_path, monkeypatch):
+    """`falsify run` just wrote current passes of every check the mutants need (as in CI, where
+    the main job runs first): the unmutated run is not repeated, and the verdicts are those of
+    a mutate run without that evidence (the heavy test above: one kill, one survivor)."""
+    root = _init_project(tmp_path, monkeypatch)
+    run = _falsify(root, "run", "mykernel-kernel-v1", "--no-mutants")
+    assert run.returncode == 0, run.stdout + run.stderr
+    proc = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    ran = [e for e in json.loads(proc.stdout)["mutants"] if e["status"] != "not reached"]
+    assert sorted(e["status"] for e in ran) == ["killed", "survived"]
+    assert {e["baseline"] for e in ran} == {"ledger"}
+    # an edit to the kernel's code makes that evidence stale: the unmutated run happens again
+    (root / "userpkg/mykernel.py").write_text(TORCH.replace("torch.tanh(x)", "torch.tanh(+x)"))
+    again = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--format", "json")
+    ran = [e for e in json.loads(again.stdout)["mutants"] if "baseline" in e]
+    assert ran and {e["baseline"] for e in ran} == {"run"}, again.stdout + again.stderr

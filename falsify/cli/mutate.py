@@ -122,12 +122,45 @@ def _record(m, status: str, checks, obligations, **extra) -> dict:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
 
+def ledger_baseline(contracts, data: dict, profile: str, backends: list[str]):
+    """The unmutated run of a set of checks, as the ledger already knows it: a function of
+    `keep` giving a passed Outcome with the recorded seconds when every run of every check in
+    it (each dtype) has a current passing result there (this code, this contract text, a
+    profile as strong: `falsify run --changed`'s own test), else None. After `falsify run`
+    (CI runs it just before) the unmutated runs need not be repeated; each took most of a
+    small budget (softmax's kernel: ~130 s of 180)."""
+    from falsify.cli.run import _reusable
+    from falsify.harness.ledger import run_key
+    from falsify.harness.mutation_run import Outcome
+    from falsify.harness.plan import runs
+
+    passed = set(_reusable(contracts, data, backends, "checks", profile))
+    by_id = {c.id: c for c in contracts}
+
+    def baseline(keep):
+        seconds = {}
+        for cid, check, backend in keep:
+            c = by_id[cid]
+            keys = [run_key(dict(contract=cid, check=check, backend=r.backend,
+                                 variant=r.variant))
+                    for r in runs(c, c.check(check)) if r.backend == backend]
+            if not keys or any("run:" + k not in passed for k in keys):
+                return None
+            seconds[(cid, check, backend)] = sum(
+                float(data["runs"][k].get("duration_s") or 0.0) for k in keys)
+        return Outcome("passed", sum(seconds.values()), durations=seconds, source="ledger")
+
+    return baseline
+
+
 def _run_all(mutants, targets: dict[str, Path], reach, manifest,
-             modules: dict[str, Path], proj, args, declared_equivalent: dict) -> list[dict]:
+             modules: dict[str, Path], proj, args, declared_equivalent: dict,
+             known=lambda keep: None) -> list[dict]:
     from falsify.harness.mutation_run import run_checks
 
     deadline = time.monotonic() + args.budget * 60 if args.budget is not None else None
     baselines: dict[frozenset, object] = {}
+    killers: dict[tuple[str, str], list] = {}  # function -> checks that killed its mutants
     out = []
     lapsed: dict[str, str] = {}
     for m in mutants:
@@ -153,9 +186,11 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
         # imports and parses every contract, seconds per run that no selected check needs
         files = [modules[c] for c in sorted({k[0] for k in keep})]
         base = baselines.get(frozenset(keep))
+        if base is None:
+            base = known(keep)
         if base is None:  # the budget bounds the unmutated run too: it may be the long one
-            base = baselines[frozenset(keep)] = run_checks(manifest, files, keep, None,
-                                                           left, proj.root)
+            base = run_checks(manifest, files, keep, None, left, proj.root)
+        baselines[frozenset(keep)] = base
         if base.status == "timed out":
             out.append(_record(m, "not run", keep, obligations, detail="the budget ran out "
                                "during the unmutated run of its checks"))
@@ -165,15 +200,35 @@ def _run_all(mutants, targets: dict[str, Path], reach, manifest,
                                f"any mutant ({base.status}): {base.failed_check or base.detail}"))
             continue
         timeout = args.timeout if args.timeout is not None else base.seconds * 3 + 30
+        fn = (m.module, m.top_level)
+        order = kill_order(keep, killers.get(fn, []), reach.direct.get(fn, set()),
+                           base.durations)
         r = run_checks(manifest, files, keep, _mutation(m, targets[m.module]), timeout,
-                       proj.root)
+                       proj.root, order)
+        if r.status == "failed" and r.failed_check:
+            killer = tuple(r.failed_check.split(" (")[0].split(" "))
+            if killer in keep and killer not in killers.setdefault(fn, []):
+                killers[fn].insert(0, killer)
         status = {"failed": "killed", "passed": "survived"}.get(r.status, r.status)
         out.append(_record(m, status, keep, obligations, seconds=round(r.seconds, 2),
-                           killed_by=r.failed_check, detail=r.detail))
+                           killed_by=r.failed_check, detail=r.detail, baseline=base.source))
     for e in out:
         if e["id"] in lapsed:
             e["lapsed"] = lapsed[e["id"]]
     return out
+
+
+def kill_order(keep, killers: list, direct: set, seconds: dict) -> list:
+    """The order a mutant's checks run in, to reach the first failure soonest (-x stops there):
+    the checks that killed earlier mutants of the same function, newest first; then those that
+    call the function by name; then the rest; each group fastest first by the unmutated run.
+    The checks that reach a function only through another contract's code (an attention check
+    for softmax's kernel) are many and rarely the ones that fail, so file order, which sorts
+    them by contract name, made every softmax mutant wait ~80 s for its own contract's checks."""
+    first = [k for k in killers if k in keep]
+    rest = sorted(set(keep) - set(first),
+                  key=lambda k: (k not in direct, seconds.get(k, float("inf")), k))
+    return first + rest
 
 
 def _mutation(m, path: Path) -> dict:
@@ -209,7 +264,8 @@ def cmd_mutate(args) -> int:
                             proj.ledger_path)
     declared = equivalents.load(proj.equivalents_path,
                                 required=proj.equivalent_mutants is not None)
-    results = _run_all(mutants, targets, r, manifest, modules, proj, args, declared)
+    known = ledger_baseline(contracts, ledger.load(proj.ledger_path), proj.profile, backends)
+    results = _run_all(mutants, targets, r, manifest, modules, proj, args, declared, known)
     ledger.merge_mutations({e["id"]: e for e in results}, proj.ledger_path)
     if not mutants and args.format == "table":  # say why, rather than print an empty table
         why = (f"no function of them changed since {args.changed}" if args.changed

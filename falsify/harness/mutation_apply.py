@@ -4,6 +4,7 @@ mutant, served by the import system; the file on disk is never edited.
 `falsify mutate` starts pytest in a subprocess with FALSIFY_MUTATION naming a JSON file:
     {"module": "pkg.kern", "path": "/abs/pkg/kern.py", "source": "<the mutated module>",
      "keep": [["<contract id>", "<check id>", "<backend>"], ...],
+     "order": [["<contract id>", "<check id>", "<backend>"], ...],  # run first, in this order
      "report": "<file this plugin writes: the first failing check>"}
 `-p` plugins load before pytest's entry-point plugins, the conftests and the test modules, so
 the finder is first on sys.meta_path before anything imports the module. A module imported
@@ -100,7 +101,10 @@ def pytest_collection_modifyitems(config, items):
     if _SPEC is None:
         return
     keep = {tuple(k) for k in _SPEC["keep"]}
-    kept = [i for i in items if _key(i) in keep]
+    rank = {tuple(k): n for n, k in enumerate(_SPEC.get("order") or ())}
+    # the likeliest killers first (mutate's order); a stable sort keeps each check's dtypes
+    kept = sorted((i for i in items if _key(i) in keep), key=lambda i: rank.get(_key(i),
+                                                                                 len(rank)))
     _NAMES.update({i.nodeid: " ".join(_key(i)) + f" ({i.name})" for i in kept})
     dropped = [i for i in items if _key(i) not in keep]
     if dropped:

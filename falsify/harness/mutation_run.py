@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from falsify.harness import handover
@@ -34,12 +34,17 @@ class Outcome:
     seconds: float
     failed_check: str = ""  # the first failing check, for a kill
     detail: str = ""  # the tail of pytest's output, for an error
+    # seconds per (contract, check, backend), every dtype summed, of the checks that ran
+    durations: dict = field(default_factory=dict)
+    source: str = "run"  # "ledger": an unmutated run's result taken from current evidence
 
 
 def run_checks(manifest: dict, modules: list[Path], keep: set[tuple[str, str, str]],
-               mutation: dict | None, timeout: float | None, cwd: Path) -> Outcome:
+               mutation: dict | None, timeout: float | None, cwd: Path,
+               order: list[tuple[str, str, str]] | None = None) -> Outcome:
     """`keep` checks (contract, check, backend) of `modules`, stopping at the first failure,
-    under `mutation` ({module, path, source}) or none; `timeout` seconds at most."""
+    under `mutation` ({module, path, source}) or none; `timeout` seconds at most. `order`: the
+    checks to run first, in that order (the rest follow in collection order)."""
     with tempfile.TemporaryDirectory(prefix="falsify-mutate-") as tmp:
         t = Path(tmp)
         m = handover.write(t / "manifest.json", handover.Manifest(**{
@@ -47,7 +52,7 @@ def run_checks(manifest: dict, modules: list[Path], keep: set[tuple[str, str, st
             "example_db": str(t / "examples"), "select": "checks",
             "backends": sorted({k[2] for k in keep})}))
         spec = {**(mutation or {"module": None}), "keep": sorted(map(list, keep)),
-                "report": str(t / "killed.json")}
+                "order": [list(k) for k in order or ()], "report": str(t / "killed.json")}
         atomic_write(t / "mutation.json", json.dumps(spec))
         # -x: one failing check kills the mutant, the rest need not run. The project's own
         # addopts are left out: an `-n auto` there would start workers, each paying the
@@ -71,6 +76,17 @@ def run_checks(manifest: dict, modules: list[Path], keep: set[tuple[str, str, st
             what = json.loads(killed.read_text(encoding="utf-8"))["killed_by"]
             return Outcome("failed", seconds, failed_check=what)
         if proc.returncode == 0:
-            return Outcome("passed", seconds)
+            return Outcome("passed", seconds, durations=_durations(t / "ledger.json"))
         return Outcome("error", seconds, detail=f"pytest exit {proc.returncode}:\n"
                                                 + "\n".join(out.splitlines()[-15:]))
+
+
+def _durations(ledger: Path) -> dict[tuple[str, str, str], float]:
+    """Seconds per (contract, check, backend) in a run's ledger, its dtypes summed."""
+    if not ledger.is_file():
+        return {}
+    out: dict[tuple[str, str, str], float] = {}
+    for e in json.loads(ledger.read_text(encoding="utf-8")).get("runs", {}).values():
+        k = (e["contract"], e["check"], e["backend"])
+        out[k] = out.get(k, 0.0) + float(e.get("duration_s") or 0.0)
+    return out

@@ -28,6 +28,10 @@ class Reach:
     whole: dict[str, set[CheckKey]] = field(default_factory=lambda: defaultdict(set))
     files: dict[str, Path] = field(default_factory=dict)
     obligations: dict[CheckKey, str] = field(default_factory=dict)
+    # (module, top-level name) -> the checks that call it by name (their binding or `run:`),
+    # not only through something else: a mutant of it is likeliest to fail those
+    direct: dict[tuple[str, str], set[CheckKey]] = field(
+        default_factory=lambda: defaultdict(set))
 
     def checks(self, module: str, top_level: str) -> set[CheckKey]:
         return self.names.get((module, top_level), set()) | self.whole.get(module, set())
@@ -56,7 +60,11 @@ def reach(contracts: list[Contract], backends: tuple[str, ...]) -> Reach:
             for b in _backends(c, check, backends):
                 key = (c.id, check.id, b)
                 out.obligations[key] = check.obligation or ""
-                parts = fingerprint._Closure(roots).run(fingerprint._refs(c, b, check, None))
+                refs = fingerprint._refs(c, b, check, None)
+                for ref in refs:
+                    module, _, name = ref.partition(":")
+                    out.direct[(module, name.split(".")[0])].add(key)
+                parts = fingerprint._Closure(roots).run(refs)
                 for module, name in parts:
                     if name == "*":
                         out.whole[module].add(key)
