@@ -491,3 +491,17 @@ def test_after_a_run_the_unmutated_checks_are_taken_from_the_ledger(tmp_path, mo
     again = _falsify(root, "mutate", "--module", "userpkg/mykernel.py", "--format", "json")
     ran = [e for e in json.loads(again.stdout)["mutants"] if "baseline" in e]
     assert ran and {e["baseline"] for e in ran} == {"run"}, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("name", ["qlora-finetune-v1", "softmax-kernel-v1",
+                                  "attention-kernel-v1"])
+def test_the_selection_names_exactly_the_tests_the_generator_writes(name):
+    """A check key is a generated test group: none for a backend its kind does not run on (a
+    parity check on the reference, a training probe on triton), or no unmutated result in the
+    ledger could ever stand for it."""
+    from falsify.harness.plan import runs
+
+    c, _ = load_contract(library_dir() / f"{name}.yaml")
+    r = reach([c], ("reference", "torch", "triton", "z3", "crosshair"))
+    keys = set().union(*r.names.values(), *r.whole.values())
+    assert keys == {(c.id, t.id, x.backend) for t in c.checks if t.spec for x in runs(c, t)}

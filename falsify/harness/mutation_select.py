@@ -15,6 +15,7 @@ from pathlib import Path
 
 from falsify.harness import fingerprint
 from falsify.harness.model import Contract
+from falsify.harness.plan import backends_of
 
 CheckKey = tuple[str, str, str]  # (contract id, check id, backend): one generated test group
 SYMBOLIC = ("z3", "crosshair")
@@ -42,11 +43,11 @@ class Reach:
 
 
 def _backends(c: Contract, check, backends: tuple[str, ...]) -> list[str]:
-    """The backends the generator writes a test of `check` for, among `backends`."""
-    if check.kind == "symbolic":
-        return [b for b in SYMBOLIC if b in backends or not backends]
-    bound = sorted({b for eq in c.equations.values() for b in eq.bindings})
-    return [b for b in bound if b in backends]
+    """The backends the generator writes a test of `check` for (plan.backends_of: a parity
+    check has none on the reference, a training probe only torch), among `backends`. Every
+    backend an equation binds would name tests that do not exist, so no unmutated result could
+    ever stand for them."""
+    return [b for b in backends_of(c, check) if b in backends]
 
 
 def reach(contracts: list[Contract], backends: tuple[str, ...]) -> Reach:
