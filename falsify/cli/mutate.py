@@ -129,12 +129,12 @@ def ledger_baseline(contracts, data: dict, profile: str, backends: list[str]):
     profile as strong: `falsify run --changed`'s own test), else None. After `falsify run`
     (CI runs it just before) the unmutated runs need not be repeated; each took most of a
     small budget (softmax's kernel: ~130 s of 180)."""
-    from falsify.cli.run import _reusable
+    from falsify.cli.run import reusable
     from falsify.harness.ledger import run_key
     from falsify.harness.mutation_run import Outcome
     from falsify.harness.plan import runs
 
-    passed = set(_reusable(contracts, data, backends, "checks", profile))
+    passed = set(reusable(contracts, data, backends, "checks", profile))
     by_id = {c.id: c for c in contracts}
 
     def baseline(keep):

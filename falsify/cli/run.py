@@ -254,7 +254,7 @@ def _seeded(seed: int | None):
             os.environ[SEED_ENV] = old
 
 
-def _reusable(contracts, data: dict, keep: list[str], select: str, profile: str,
+def reusable(contracts, data: dict, keep: list[str], select: str, profile: str,
               seedless_only: bool = False) -> list[str]:
     """`--changed`: the tests whose last result passed (a mutant: was killed) against the
     current contract text and implementation source, under a profile that searched at least as
@@ -445,13 +445,13 @@ def _reuse(args, contracts, ledger_path, keep, select, profile, console) -> list
     from falsify.harness import ledger
 
     if args.changed:
-        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile)
+        reuse = reusable(contracts, ledger.load(ledger_path), keep, select, profile)
         console.print(f"falsify: --changed: reused {len(reuse)} passing result(s) whose contract "
                       f"and implementation are unchanged, searched under the {profile} profile "
                       "or a harder one", markup=False)
         return reuse
     if args.reuse_seedless:
-        reuse = _reusable(contracts, ledger.load(ledger_path), keep, select, profile,
+        reuse = reusable(contracts, ledger.load(ledger_path), keep, select, profile,
                           seedless_only=True)
         console.print(f"falsify: --reuse-seedless: reused {len(reuse)} passing result(s) of "
                       "checks that draw no examples (training probes, proofs, compiles) and whose "
