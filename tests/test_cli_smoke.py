@@ -33,6 +33,8 @@ SMOKE = {
     "falsify run": f"{HERE}::test_run_mutants_coverage_audit",
     "falsify mutants": f"{HERE}::test_run_mutants_coverage_audit",
     "falsify mutate": "tests/test_mutate.py::test_mutate_kills_reports_survivors_and_blind_spots",
+    "falsify conformance":
+        "tests/test_conformance.py::test_math_apart_from_policy_judged_as_declared",
     "falsify bench kernels": f"{HERE}::test_bench_kernels_quick_with_memory_children",
     "falsify bench train": "tests/test_train_bench.py::test_bench_train_runs_all_sides",
     "falsify bench finetune":

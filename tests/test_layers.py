@@ -7,6 +7,7 @@ included, and `importlib.import_module` of a literal or an f-string with a liter
     llm (the application)         -> kernels, harness, reference
     probes, mutants, proofs       -> llm, kernels, harness, reference
     bench                         -> the above
+    conformance                   -> harness, contracts (adapters wrap third-party libraries)
     cli                           -> everything; nothing imports cli but falsify/__main__.py
     errors, triton_env, arguments -> leaves anyone may import (arguments: the argument checks a
                                      kernel shares with its reference; validation only, no math)
@@ -33,7 +34,8 @@ ALLOWED = {
                "leaf"},
     "bench": {"checks", "llm", "kernels", "harness", "reference", "reference-constant",
               "contracts", "leaf"},
-    "cli": {"package", "bench", "checks", "llm", "kernels", "harness", "reference",
+    "conformance": {"harness", "contracts", "leaf"},
+    "cli": {"package", "bench", "conformance", "checks", "llm", "kernels", "harness", "reference",
             "reference-constant", "contracts", "leaf"},
     "main": {"package", "cli", "leaf"},
 }
@@ -53,7 +55,8 @@ def layer(module: str) -> str | None:
         return "main"
     if top in ("probes", "mutants", "proofs"):
         return "checks"
-    if top in ("contracts", "reference", "kernels", "harness", "llm", "bench", "cli"):
+    if top in ("contracts", "reference", "kernels", "harness", "llm", "bench", "conformance",
+               "cli"):
         return top
     return None
 

@@ -4,6 +4,7 @@
                 [-n WORKERS] [--format table|json|junit] [--bind EQ.BACKEND=module:function]
     falsify mutants [CONTRACT...] [-n WORKERS]
     falsify mutate [CONTRACT...] [--module PATH ...] [--budget MINUTES] [--shard K/N]
+    falsify conformance [LIB...] [--binding LIB/NAME] [--against LEDGER]
     falsify bench kernels|train|finetune
     falsify train [--config FILE] [--resume [DIR]] [--FIELD VALUE ...]
     falsify parity [--model tiny] [--backend reference,torch,triton] [--bisect] [--train]
@@ -36,14 +37,16 @@ INDEX = {
     "run": ("falsify.cli.run", "run the contracts' checks and mutants, report coverage"),
     "mutants": ("falsify.cli.run", "run every declared mutant; a survivor is a failure"),
     "mutate": ("falsify.cli.mutate", "make bugs in the code; one the checks miss fails"),
+    "conformance": ("falsify.cli.conformance",
+                    "the contracts judged against third-party libraries"),
     "bench": ("falsify.cli.bench", "ours vs the baseline; self: falsify's own run times"),
     "train": ("falsify.cli.train", "pretrain a LLaMA-style model (default: tiny, on the stdlib)"),
     "distill": ("falsify.cli.distill", "distill a teacher into a smaller student (KD loss)"),
     "finetune": ("falsify.cli.finetune",
-                 "LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO, GRPO)"),
+                 "LoRA / QLoRA fine-tuning (SFT, reward-weighted, DPO, GRPO)"),
     "merge": ("falsify.cli.merge", "merge an adapter into its base, or models with each other"),
     "export": ("falsify.cli.export",
-               "write a checkpoint or adapter in a layout others load (HF, GGUF)"),
+               "write a checkpoint or adapter as HF or GGUF files"),
     "eval": ("falsify.cli.eval", "perplexity and pass@k on code problems, run in a sandbox"),
     "prune": ("falsify.cli.prune", "prune projections: magnitude or WANDA, per row or N:M"),
     "quantize": ("falsify.cli.quantize", "weight-only int8, int4 or NF4 quantization"),

@@ -39,8 +39,8 @@ GGUF_TYPES = ("f32", "f16", "q8_0")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint or adapter in a layout others load "
-                       "(HF, GGUF)", description="export a checkpoint or adapter in the Hugging "
+    p = sub.add_parser("export", help="write a checkpoint or adapter as HF or GGUF files",
+                       description="export a checkpoint or adapter in the Hugging "
                        "Face layout, or a model as a llama.cpp GGUF file")
     p.add_argument("src", metavar="SRC",
                    help="a run dir, a checkpoint dir, `falsify merge` output, an HF or GGUF "

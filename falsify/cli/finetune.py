@@ -58,7 +58,7 @@ FLAG_HELP = {
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO, GRPO)",
+        "finetune", help="LoRA / QLoRA fine-tuning (SFT, reward-weighted, DPO, GRPO)",
         description="LoRA / QLoRA fine-tuning (SFT, reward-weighted SFT, DPO; GRPO with "
                     "--method grpo on code problems) of our checkpoints or an HF LLaMA "
                     "directory; the adapter is written in the PEFT format. DPO: --data a "

@@ -85,7 +85,26 @@ def _write_docs(contracts, proj, results=None):
             print(f"warning: {e}; docs show every obligation as not-run")
             data, sources = None, []
     cov = coverage.compute(contracts, data) if data is not None else None
-    return docs.write_site(contracts, cov, pages_dir=proj.docs_dir, sources=sources)
+    return docs.write_site(contracts, cov, pages_dir=proj.docs_dir, sources=sources,
+                           conformance=_conformance(proj))
+
+
+def _conformance(proj):
+    """(path as the project names it, data) of the project's committed conformance ledger;
+    None when it names none. A named ledger that is missing or unreadable is an error."""
+    from falsify.harness import conformance
+
+    if proj.conformance is None:
+        return None
+    rel = proj.conformance.relative_to(proj.root).as_posix() if proj.conformance.is_relative_to(
+        proj.root) else str(proj.conformance)
+    if not proj.conformance.is_file():
+        raise UsageError(f"{proj.source}: conformance = {rel!r}: no such file (write it with "
+                         f"`falsify conformance --ledger {rel}`, or remove the key)")
+    try:
+        return rel, conformance.load(proj.conformance)
+    except conformance.ConformanceLedgerError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_coverage(args) -> int:

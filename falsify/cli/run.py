@@ -189,7 +189,7 @@ def _durations(manifest: dict) -> dict[str, float]:
     return out
 
 
-def _pytest(modules: list[Path], manifest, extra: list[str], asked: int, console,
+def run_pytest(modules: list[Path], manifest, extra: list[str], asked: int, console,
             tests: list[tuple]) -> tuple[int, dict]:
     """pytest in-process with its terminal reporter off: the progress display and our own
     summary replace it; collection errors are printed by _Progress. `tests` are the generated
@@ -542,7 +542,7 @@ def cmd_run(args) -> int:
         rc, session = 5, {"runs": [], "mutants": []}  # starting pytest would only deselect
     else:
         with _seeded(seed):
-            rc, session = _pytest(modules, manifest, extra, args.workers, console, tests)
+            rc, session = run_pytest(modules, manifest, extra, args.workers, console, tests)
     if rc == 5 and reuse:  # everything selected was reused: nothing left to run
         rc = 0
     ctx = dict(ledger=ledger_path, seed=seed, flags=flags, keep=keep, select=select,
@@ -580,7 +580,7 @@ def cmd_mutants(args) -> int:
     backends = ([b.strip() for b in args.backend.split(",")] if args.backend
                 else list(proj.backends))
     manifest = run_manifest(proj, contracts, "mutants", profile, backends, {}, ledger_path)
-    rc, session = _pytest(modules, manifest, [], args.workers, console,
+    rc, session = run_pytest(modules, manifest, [], args.workers, console,
                           worker_plan.planned(contracts, backends, "mutants", []))
     t = Table(title="falsify mutants")
     for col in ("contract", "mutant", "obligation", "backend", "result", "killed by"):

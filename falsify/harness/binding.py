@@ -56,6 +56,19 @@ def overriding(key: str, ref: str):
             _overrides[key] = old
 
 
+def active_policy(contract: Contract, equation: str, backend: str) -> dict:
+    """The API policy a bound third-party function declares for `equation` on `backend` (the
+    run manifest's `policy`, keyed as `binds` are): `dtypes` it accepts beyond the contract's,
+    `zero_size` rules that replace the contract's. Empty for the contract's own functions."""
+    m = handover.active()
+    if m is None or not m.policy:
+        return {}
+    for key in (f"{contract.id}:{equation}.{backend}", f"{equation}.{backend}"):
+        if key in m.policy:
+            return m.policy[key]
+    return {}
+
+
 def binding_ref(contract: Contract, equation: str, backend: str) -> tuple[str, bool]:
     """(module:function, overridden?) for an equation on a backend."""
     ov = active_overrides()

@@ -809,10 +809,12 @@ def _counts(d: dict[str, int] | None) -> str:
 # writing
 
 
-def render_site(contracts: list[Contract], coverage=None, sources=()) -> dict[str, str]:
+def render_site(contracts: list[Contract], coverage=None, sources=(),
+                conformance: tuple[str, dict] | None = None) -> dict[str, str]:
     """Page path (relative to the site dir) -> text. Pure: no files touched. `sources`: the
     ledgers `coverage` was computed from (falsify.harness.evidence.Source), named on every
-    page beside the figures."""
+    page beside the figures. `conformance`: (its path as the project names it, the data) of a
+    committed conformance ledger, for the conformance page."""
     contracts = sorted(contracts, key=lambda c: c.id)
     views = {c.id: adapt_coverage(coverage, c) for c in contracts}
     pages = {(PAGES_SUBDIR / "index.md").as_posix(): index_page(contracts, views, coverage,
@@ -820,6 +822,12 @@ def render_site(contracts: list[Contract], coverage=None, sources=()) -> dict[st
     for c in contracts:
         pages[(PAGES_SUBDIR / f"{c.id}.md").as_posix()] = contract_page(c, contracts, views[c.id],
                                                                         sources)
+    if conformance is not None:
+        from falsify.harness import conformance as conf
+
+        body = conf.page(conformance[1], conformance[0], {c.id for c in contracts})
+        pages[(PAGES_SUBDIR / "conformance.md").as_posix()] = "\n".join(
+            _head("Conformance", hide_toc=True) + body[1:]) + "\n"
     return dict(sorted(pages.items()))
 
 
@@ -833,12 +841,12 @@ def write_atomic(path: Path, content: str) -> bool:
 
 
 def write_site(contracts: list[Contract], coverage, site_dir: str | Path | None = None,
-               pages_dir: str | Path | None = None, sources=()) -> list[Path]:
+               pages_dir: str | Path | None = None, sources=(), conformance=None) -> list[Path]:
     """Write every contract page and the index into `pages_dir` (default
     `<site_dir>/docs/contracts/`); remove generated pages of contracts that no longer exist.
     Returns the page paths (sorted)."""
     pages_dir = Path(pages_dir) if pages_dir is not None else Path(site_dir) / PAGES_SUBDIR
-    pages = render_site(contracts, coverage, sources)
+    pages = render_site(contracts, coverage, sources, conformance)
     out = []
     for rel, content in pages.items():
         p = pages_dir / Path(rel).relative_to(PAGES_SUBDIR)

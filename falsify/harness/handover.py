@@ -9,6 +9,9 @@ holds everything the pytest plugin and the runtime need to know about the run:
      "project_root": "<project>",             # put on sys.path: the project's own modules
      "contracts": {"<id>": {"path": "<absolute path>.yaml", "sha256": "..."}},
      "binds": {"softmax.torch": "mymod:fn"},   # `--bind` overrides (EQUATION.BACKEND)
+     "policy": {"softmax.torch": {"dtypes": ["float64"], "zero_size": {"n": "empty"}}},
+                                               # a bound function's own API policy (conformance)
+     "only": ["run:<ledger key>", ...],        # when given, the only checks kept
      "profile": "fast",                        # hypothesis profile (fast | ci | thorough)
      "backends": ["reference", "torch", ...],  # backends whose tests are kept
      "select": "checks",                       # checks | mutants | all
@@ -47,6 +50,8 @@ class Manifest:
     project_root: str
     contracts: dict[str, dict] = field(default_factory=dict)
     binds: dict[str, str] = field(default_factory=dict)
+    policy: dict[str, dict] = field(default_factory=dict)
+    only: list[str] = field(default_factory=list)
     profile: str = "fast"
     backends: list[str] = field(default_factory=list)
     select: str = "checks"

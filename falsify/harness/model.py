@@ -77,6 +77,7 @@ class Obligation:
     applies_to: list[str] = field(default_factory=list)
     derived_id: bool = False
     index: int = 0
+    judges: str | None = None  # math | policy, when the contract says; see plan.judges
 
 
 @dataclass
@@ -374,7 +375,7 @@ def _build_obligations(data: dict, prefix: str) -> list[Obligation]:
                                                                                        list) else []
         obligations.append(Obligation(oid, otype, _str(o.get("property")) or "",
                                       _str(o.get("formal")), o.get("tolerance"), applies, derived,
-                                      i))
+                                      i, _str(o.get("judges"))))
     return obligations
 
 

@@ -31,6 +31,24 @@ INPUT_KINDS = {"parity", "property", "metamorphic", "gradient", "roundtrip", "st
                "determinism", "batch_invariance", "dtypes", "gradgrad", "jvp", "layouts",
                "device", "compile"}
 
+# Kinds that judge an implementation's API and resource promises rather than the equation's
+# values: which dtypes it accepts, how it takes views, ranks and empty dims, what it refuses,
+# whether it repeats itself bit for bit, compiles, and agrees across devices. Two correct
+# implementations of one equation may differ on every one of these by design; they may not
+# differ on the values and derivatives the other kinds judge.
+POLICY_KINDS = {"dtypes", "layouts", "jvp", "compile", "static", "device", "determinism",
+                "batch_invariance"}
+
+
+def judges(contract: Contract, check: Check) -> str:
+    """`math` or `policy`: what a check's verdict is about. The obligation's `judges:` when the
+    contract gives it (a training probe of saved memory or of refusals is policy), else from
+    the check's kind (POLICY_KINDS)."""
+    ob = contract.obligation(check.obligation) if check.obligation else None
+    if ob is not None and ob.judges:
+        return ob.judges
+    return "policy" if check.kind in POLICY_KINDS else "math"
+
 
 @dataclass(frozen=True)
 class Run:

@@ -15,14 +15,18 @@ nearest directory that declares one wins; within one directory `falsify.toml` wi
     overrides = []                      # project contract ids that replace library ids
     evidence = []                       # committed ledgers (paths or globs) the docs publish
     equivalent_mutants = "equivalent-mutants.yaml"  # `falsify mutate`'s declared equivalents
+    conformance = "evidence/conformance.json"  # a committed conformance ledger: its page
 
 `evidence` names ledgers committed with the project, each carrying its provenance (commit,
 profile, date): `pv generate` builds the docs pages from them (falsify.harness.evidence), not
-from the local `ledger`, whose results nobody else can see.
+from the local `ledger`, whose results nobody else can see. `conformance` names a committed
+conformance ledger (`falsify conformance --ledger`): `pv generate` writes the conformance
+page from it; none (the default), no page.
 
-Every key is optional (the defaults are shown). Commands that write (run, mutants, generate)
-need a project; read-only verbs work on the files they are given without one. Nothing is ever
-written inside the installed package: the contract library (`library_dir()`) is read-only.
+Every key is optional (the defaults are shown; `conformance` has none: an example). Commands
+that write (run, mutants, generate) need a project; read-only verbs work on the files they are
+given without one. Nothing is ever written inside the installed package: the contract library
+(`library_dir()`) is read-only.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ SCHEMA = {
         "overrides": {**_STR_LIST, "uniqueItems": True},
         "evidence": {**_STR_LIST, "uniqueItems": True},
         "equivalent_mutants": {"type": "string", "minLength": 1},
+        "conformance": {"type": "string", "minLength": 1},
     },
 }
 
@@ -87,6 +92,7 @@ class Project:
     # mutants `falsify mutate` made that cannot change what the code computes, each with why
     # (falsify/harness/equivalents.py); None: the default file, which may be absent
     equivalent_mutants: Path | None = None
+    conformance: Path | None = None  # the committed conformance ledger the docs page shows
 
     @property
     def state_dir(self) -> Path:
@@ -182,7 +188,8 @@ def _load(path: Path, text: str) -> Project | None:
                    profile=cfg["profile"], overrides=tuple(cfg["overrides"]), source=path,
                    evidence=tuple(cfg["evidence"]),
                    equivalent_mutants=(at(table["equivalent_mutants"])
-                                       if "equivalent_mutants" in table else None))
+                                       if "equivalent_mutants" in table else None),
+                   conformance=at(table["conformance"]) if "conformance" in table else None)
 
 
 def find_project(start: Path | None = None) -> Project | None:

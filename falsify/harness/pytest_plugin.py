@@ -91,9 +91,13 @@ def pytest_collection_modifyitems(config, items):
     keep_backends = set(backends.split(",")) if backends else (
         set(m.backends) if m is not None and m.backends else None)
     reuse = set(m.reuse) if m is not None else set()
+    only = set(m.only) if m is not None else set()
     keep, drop = [], []
     for item in items:
         if reuse and _reuse_key(item) in reuse:  # `falsify run --changed`: result kept
+            drop.append(item)
+            continue
+        if only and _reuse_key(item) not in only:  # `falsify conformance`: the bound checks
             drop.append(item)
             continue
         is_mutant = item.get_closest_marker("falsify_mutant") is not None

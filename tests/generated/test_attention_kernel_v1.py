@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "388880865e266eb6e2ce799c9e77864fad9bf3db34464f2fce7d25b8b1c28d50"
+SHA256 = "1628aa63f0c0e1a67d8bde2ecd3e8476df732e543e1fabfe41a21e634794ac3e"
 CONTRACT = rt.library_contract("attention-kernel-v1.yaml", SHA256)
 
 

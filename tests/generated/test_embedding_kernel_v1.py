@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7ecb674edbb75986242b0d21173740503799b776ae15a25c1922786d66274466"
+SHA256 = "42f1a6107acbd5c73206f81a164441eb98cd9734ede07ed2b6e75a6bca2a944e"
 CONTRACT = rt.library_contract("embedding-kernel-v1.yaml", SHA256)
 
 

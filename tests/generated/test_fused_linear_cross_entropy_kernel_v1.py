@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "08ecdfdecca0a6350b953d6cb75ec96092deb0ccbb4d384ce91d088526bde0fa"
+SHA256 = "33cba5265a54cb30aaad6849d45940245285a0dbc144727dbd387da6a8c3c807"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "1cb0c990a4be520052612c48453761ad8a4fe8662224724ff855970a36b8fac2"
+SHA256 = "74e9cd9febfd43339607c7071298c141b7a97b1dffc71766103cdea059b95b2c"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 

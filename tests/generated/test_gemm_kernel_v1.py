@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "9c5155f28615f65593c1e9769dcbc0050e762551bb56f134efc64b4b02a91f29"
+SHA256 = "503fbec099113bf7b6a16090086080fa2f1235027bf0a5e6ffb49ab166f5934d"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "51818c8b671bd435823951acb7facebff3aa2b5c048c434a718dd32881595cc5"
+SHA256 = "36d66334fa48cae90227c80eeb6f1a65f30550dfb2ba005ab2661a4dfd8ea9f3"
 CONTRACT = rt.library_contract("grad-accumulation-kernel-v1.yaml", SHA256)
 
 

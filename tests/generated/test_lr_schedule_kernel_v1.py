@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b5cf7acebe57adce88762ff15b8c9b29426345d53fbb4470461530334109f6a7"
+SHA256 = "360a5133182129bfd78e1765652bd6c51d5df91ec49d0d2019be623cf3b4f8a7"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

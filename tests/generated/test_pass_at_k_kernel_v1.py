@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0342bb594996e7d18dcd705d4bbd5b9480277455df7a147ea0138164ee6da73c"
+SHA256 = "3a93542193926463ccc2b65da9867b09fb06408c565fbf79c11fd4f452fa2187"
 CONTRACT = rt.library_contract("pass-at-k-kernel-v1.yaml", SHA256)
 
 

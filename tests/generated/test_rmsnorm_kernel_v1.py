@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "84dcdbcd5a5be7c9c43d4c25a2473ddc6cced57a400a11c5235783e0d37b16ae"
+SHA256 = "6041ffced85613c15be6b54577c5635c8fe749a8872d3daa41833c184a0204ce"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "b30e79981d4d92cd019b45d130dbe84064713a98f0dfdb58533ac6dead7256f0"
+SHA256 = "7a272ccd656d0bf694409e087fe20975416658041ca5d4dd18a95eb4cdfac959"
 CONTRACT = rt.library_contract("swiglu-kernel-v1.yaml", SHA256)
 
 

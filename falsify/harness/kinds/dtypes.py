@@ -15,13 +15,19 @@ cast (arguments that declare their own dtype, such as integer targets, are left 
   too: the user learns what went wrong only from a traceback into the kernel.
 
 A `gpu_only` dtype is neither run nor probed here; the detail lists it as not run.
+
+A third-party function bound under `falsify conformance` may declare dtypes it accepts beyond
+the contract's (its API policy, falsify.harness.binding.active_policy): each of those is probed
+too, and must return a result, not a refusal.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from falsify.harness import backends, cases
+from falsify.harness import backends, binding, cases
 from falsify.harness.plan import INPUT_KINDS, backends_of, equation_of, variants_of
 from falsify.harness.runtime import CheckFailed
 
@@ -58,19 +64,58 @@ def _snapshot(args: dict) -> dict:
     return {k: v.detach().clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
 
 
-def _probe(ctx, case: cases.Case, dtype: str) -> str:
-    """Call the backend with `dtype`; the refusal's message, or CheckFailed."""
+def _probe_args(ctx, case: cases.Case, dtype: str) -> dict:
     spec_args = ctx.input_spec.get("args", {})
     probe = _cast(case, spec_args, dtype)
     args = backends.tensor_args(probe, spec_args, (), backends.device_for(ctx.backend))
     args.update(ctx.call_kwargs(probe))
+    return args
+
+
+def _accepted(ctx, case: cases.Case, dtype: str) -> str:
+    """A dtype the bound function declares it accepts: it returns a result (whose dtypes the
+    detail records: a quantizer's float32 scales beside its codes are its format, not a
+    silent cast), or CheckFailed. Its values are not judged here: no check of the contract
+    runs in that dtype."""
+    try:
+        out = ctx.fn()(**_probe_args(ctx, case, dtype))
+    except Exception as e:  # noqa: BLE001 - refusing a declared dtype is the finding itself
+        raise CheckFailed(f"{dtype} is declared accepted by the bound function's policy, but "
+                          f"it raised {type(e).__name__}: {e}") from e
+    results = out if isinstance(out, (tuple, list)) else [out]
+    got = [str(getattr(o, "dtype", type(o).__name__)).removeprefix("torch.") for o in results]
+    return f"accepted: {', '.join(got)}"
+
+
+# torch's own names of the dtypes, as its errors spell them ("not implemented for 'Long'",
+# "found Long"): a message in torch's vocabulary names the dtype too
+TORCH_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half",
+               "bfloat16": "BFloat16", "int64": "Long", "int32": "Int"}
+
+
+def _names_dtype(msg: str, dtype: str) -> bool:
+    return dtype in msg or re.search(rf"\b{TORCH_NAMES[dtype]}\b", msg) is not None
+
+
+def _probe(ctx, case: cases.Case, dtype: str) -> str:
+    """Call the backend with `dtype`; the refusal's message, or CheckFailed. A bound
+    third-party function may declare the exception types it refuses with besides TypeError
+    and ValueError (its policy's `errors`: torch's kernels raise NotImplementedError)."""
+    args = _probe_args(ctx, case, dtype)
     before = _snapshot(args)
     fn = ctx.fn()
+    errors = set(binding.active_policy(ctx.contract, ctx.equation, ctx.backend)
+                 .get("errors") or ())
     try:
         out = fn(**args)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - which exception it is, is what is judged
+        if not isinstance(e, (TypeError, ValueError)) and type(e).__name__ not in errors:
+            raise CheckFailed(f"{dtype} (not declared on {ctx.backend}) raised "
+                              f"{type(e).__name__}: {e} — not a clear unsupported-dtype error "
+                              "(TypeError or ValueError naming the dtype, raised before any "
+                              "work)") from e
         msg = str(e)
-        if dtype not in msg:
+        if not _names_dtype(msg, dtype):
             raise CheckFailed(f"{dtype} (not declared on {ctx.backend}) was refused with "
                               f"{type(e).__name__}: {msg!r}, which does not name the dtype") from e
         changed = [k for k in before if not _same_bits(before[k], args[k])]
@@ -78,10 +123,6 @@ def _probe(ctx, case: cases.Case, dtype: str) -> str:
             raise CheckFailed(f"{dtype} was refused only after writing into {changed}: the "
                               "dtype must be checked before any work") from e
         return f"{type(e).__name__}: {msg}"
-    except Exception as e:  # noqa: BLE001 - any other exception is the finding itself
-        raise CheckFailed(f"{dtype} (not declared on {ctx.backend}) raised {type(e).__name__}: "
-                          f"{e} — not a clear unsupported-dtype error (TypeError or ValueError "
-                          "naming the dtype, raised before any work)") from e
     got = ", ".join(f"{str(getattr(o, 'dtype', type(o).__name__)).removeprefix('torch.')}"
                     f"{list(getattr(o, 'shape', ()))}"
                     for o in (out if isinstance(out, (tuple, list)) else [out]))
@@ -126,10 +167,18 @@ def run(ctx, case=None):
     pinned = cases.pinned_cases(ctx.input_spec, base, ctx.spec.get("params"), where=where)
     if not pinned:
         raise CheckFailed(f"{where} has no examples: the dtypes check probes the first one")
-    refused = {}
+    accepts = set(binding.active_policy(ctx.contract, ctx.equation, ctx.backend)
+                  .get("dtypes") or ()) - declared
+    refused, accepted = {}, {}
     for dtype in PROBE:
         if dtype in declared or dtype in gpu_only:
             continue
+        if dtype in accepts:
+            accepted[dtype] = _accepted(ctx, pinned[0], dtype)
+            continue
         refused[dtype] = _probe(ctx, pinned[0], dtype)
-    return {"declared": sorted(declared), "refused": sorted(refused),
-            "gpu_only_not_run": sorted(gpu_only - declared)}
+    detail = {"declared": sorted(declared), "refused": sorted(refused),
+              "gpu_only_not_run": sorted(gpu_only - declared)}
+    if accepted:
+        detail["accepted_by_policy"] = sorted(accepted)
+    return detail

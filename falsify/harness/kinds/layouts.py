@@ -48,7 +48,7 @@ import re
 
 import numpy as np
 
-from falsify.harness import backends, cases
+from falsify.harness import backends, binding, cases
 from falsify.harness.kinds.parity import compare, judge_for, tolerance_terms
 from falsify.harness.runtime import CheckFailed, Ctx
 
@@ -260,12 +260,20 @@ def _written(snap: dict) -> list[str]:
     return bad
 
 
-def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str) -> str:
+def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str, by_policy: bool = False) -> str:
     case0 = zero_case(ctx, case, dim)
     args = pctx.args(case0)
     snap = {k: v for k, v in _snapshot(args).items() if k not in (ctx.spec.get("writes") or ())}
     fn = pctx.fn()
     label = f"{dim} = 0 (rule: {rule})"
+    if rule == "raises":  # a bound third-party function's declared rule: any exception
+        try:
+            out = fn(**args)
+        except Exception as e:  # noqa: BLE001 - raising is what the binding declares
+            return f"raises {type(e).__name__}"
+        shapes = [tuple(np.shape(o)) for o in backends.outputs(out)]
+        raise CheckFailed(f"{label}: declared by the bound function's policy to raise, but "
+                          f"returned outputs of shape(s) {shapes}")
     try:
         out = fn(**args)
     except ValueError as e:
@@ -293,7 +301,19 @@ def _run_zero(ctx, pctx, case: cases.Case, dim: str, rule: str) -> str:
     if ctx.backend == "reference":
         return "empty"
     got = backends.outputs(out)
-    ref = backends.outputs(backends.call(pctx.fn(backend="reference"), **pctx.ref_args(case0)))
+    try:
+        ref = backends.outputs(backends.call(pctx.fn(backend="reference"),
+                                             **pctx.ref_args(case0)))
+    except backends.ImplementationRaised as e:
+        if not (by_policy and isinstance(e.__cause__, ValueError)):
+            raise
+        # the contract's own rule is an error, so its reference refuses: a bound function
+        # whose declared rule is `empty` must at least return nothing
+        full = [tuple(np.shape(o)) for o in got if np.size(o)]
+        if full:
+            raise CheckFailed(f"{label}: declared empty by the bound function's policy, but "
+                              f"returned outputs of shape(s) {full}") from None
+        return "empty"
     # the tolerance of the case before the dim was emptied: its expressions may divide by or
     # take the log of a dim
     _agree(pctx, case, got, ref, label)
@@ -346,11 +366,14 @@ def _run_leading(ctx, pctx, case: cases.Case, dim: str, how: str) -> None:
 def run(ctx, case):
     pctx = parity_ctx(ctx)
     detail = {"zero_size": {}, "views": [], "leading": []}
+    # a bound third-party function's own size-0 rules replace the contract's (conformance)
+    own = binding.active_policy(ctx.contract, ctx.equation, ctx.backend).get("zero_size") or {}
     for dim, rule in (ctx.spec.get("zero_size") or {}).items():
         if dim not in case.dims:
             raise ValueError(f"{ctx.contract.id}: check {ctx.check.id}: zero_size names {dim!r}, "
                              f"not a dim of input {ctx.spec.get('input')!r}")
-        detail["zero_size"][dim] = _run_zero(ctx, pctx, case, dim, rule)
+        rule, by_policy = own.get(dim, rule), dim in own
+        detail["zero_size"][dim] = _run_zero(ctx, pctx, case, dim, rule, by_policy)
     if ctx.backend != "reference":
         for layout in ctx.spec.get("views") or VIEWS:
             if _run_view(ctx, pctx, case, layout):

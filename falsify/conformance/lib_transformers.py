@@ -1,0 +1,412 @@
+"""Hugging Face transformers (PyPI `transformers`, 5.x): the Llama building blocks and the
+activations every model file shares, against the kernel contracts they implement.
+
+Bound:
+- `LlamaRMSNorm.forward` -> rmsnorm-kernel-v1 (`rmsnorm`), the contract's `w` as its weight;
+- `LlamaRotaryEmbedding.forward` (the cos/sin table) + `apply_rotary_pos_emb` -> rope-kernel-v1
+  (`rope`, `rope_grouping`). Both use the rotate-half layout (x1 = x[..., :D/2]) the contract
+  states, so no permutation is needed; the contract's x is [B, S, H, D], which
+  `apply_rotary_pos_emb` reads with `unsqueeze_dim=2`;
+- `eager_attention_forward` (Llama's) and `integrations.sdpa_attention.sdpa_attention_forward`
+  -> attention-kernel-v1 (`attention`). Both take [B, H, S, D] and return [B, S, H, D]; the
+  adapters transpose back. Eager attention takes the causal mask as an additive tensor, built by
+  transformers' own `masking_utils.eager_mask` (0 / finfo(dtype).min), as a Llama model does;
+- `ACT2FN["silu"]` -> swiglu-kernel-v1 (`silu`), and LlamaMLP's gate `act_fn(gate) * up` (its
+  own `forward`, with the projections as identities) -> `swiglu`;
+- `ACT2FN["gelu"]` (exact) with `ACT2FN["gelu_pytorch_tanh"]` or `ACT2FN["gelu_new"]` (tanh)
+  -> gelu-kernel-v1 (`gelu`), two bindings.
+
+LlamaRMSNorm, LlamaRotaryEmbedding and LlamaMLP run as their own (unbound) `forward` on a small
+object holding the attributes it reads (`_Self`), so no module or Parameter is built per call,
+which torch.compile and torch.func cannot trace; the arithmetic is the forward's, line for line.
+
+Not bound: `ForCausalLMLoss` (loss_utils) implements only the mean (or sum / num_items_in_batch)
+of plain cross-entropy, after upcasting the logits to fp32: no `reduction='none'`, no z-loss,
+no label smoothing (its `**kwargs` swallow them), so most of cross-entropy-kernel-v1's examples
+are outside what it computes; `gelu_gap` and the in-place SwiGLU backward have no transformers
+counterpart (their checks keep running our own functions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from falsify.conformance.registry import Binding, Finding, Library
+
+
+class _Self:
+    """Stands in for a module instance: holds the attributes its `forward` reads. A plain
+    class (not types.SimpleNamespace, which Dynamo cannot trace) so torch.compile sees through."""
+
+    def __init__(self, **attrs):
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+
+def _into(out, y):
+    """The contracts' optional preallocated result, which transformers has no parameter for."""
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+# ---------------------------------------------------------------- rmsnorm-kernel-v1
+def llama_rmsnorm(x, w, eps, out=None):
+    """LlamaRMSNorm.forward run on the contract's (w, eps) as the module's (weight,
+    variance_epsilon): the module's own code, without building a module (and a Parameter) per
+    call, which torch.compile and torch.func cannot trace."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    module = _Self(weight=w, variance_epsilon=eps)
+    return _into(out, LlamaRMSNorm.forward(module, x))
+
+
+# ---------------------------------------------------------------- rope-kernel-v1
+def llama_rope_table(x, pos, theta):
+    """(cos, sin) [1, S, D] in x's dtype as LlamaRotaryEmbedding builds them for positions pos:
+    its `compute_default_rope_parameters` (inv_freq = 1/theta^(2k/D) in fp32) and its
+    `forward` (fp32 angles pos·inv_freq, cos/sin, cast to x's dtype), run on namespaces holding
+    what they read rather than on a LlamaConfig and a module built per call."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = _Self(rope_parameters={"rope_type": "default",
+                                                    "rope_theta": float(theta)},
+                                   head_dim=x.shape[-1], hidden_size=x.shape[-1],
+                                   num_attention_heads=1)
+    inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    module = _Self(rope_type="default", inv_freq=inv_freq,
+                                   attention_scaling=scaling)
+    return LlamaRotaryEmbedding.forward(module, x, pos[None])
+
+
+def llama_rope(x, pos, theta, out=None):
+    """apply_rotary_pos_emb(x, ·, cos, sin, unsqueeze_dim=2) with (cos, sin) from
+    LlamaRotaryEmbedding(x, position_ids=pos[None]): the table a Llama model builds."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    cos, sin = llama_rope_table(x, pos, theta)
+    y, _ = apply_rotary_pos_emb(x, x[:, :, :1], cos, sin, unsqueeze_dim=2)  # k: one head, unused
+    return _into(out, y)
+
+
+def llama_rope_grouped_and_per_head(x, pos, theta):
+    """(all heads in one call, one head per call), as rope-kernel-v1's grouping equation asks."""
+    with torch.no_grad():
+        grouped = llama_rope(x, pos, theta)
+        per_head = torch.cat([llama_rope(x[:, :, h:h + 1], pos, theta) for h in range(x.shape[2])],
+                             dim=2)
+    return grouped, per_head
+
+
+# ---------------------------------------------------------------- attention-kernel-v1
+def _attention_module(q, k, causal):
+    """What the attention functions read off a LlamaAttention module: the GQA group size,
+    `training` (dropout is 0 either way) and `is_causal`."""
+    return _Self(num_key_value_groups=q.shape[1] // k.shape[1] if k.shape[1] else 0,
+                                 training=False, is_causal=bool(causal))
+
+
+def eager_attention(q, k, v, causal=True, scale=None, out=None):
+    """Llama's eager_attention_forward: matmul, additive causal mask, fp32 softmax rounded to
+    q's dtype, matmul. `scale=None` is LlamaAttention's `head_dim**-0.5`."""
+    from transformers.masking_utils import eager_mask
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    mask = None
+    if causal:
+        mask = eager_mask(batch_size=q.shape[0], q_length=q.shape[2], kv_length=k.shape[2],
+                          dtype=q.dtype, device=q.device)
+    scaling = q.shape[-1] ** -0.5 if scale is None else scale
+    y, _ = eager_attention_forward(_attention_module(q, k, causal), q, k, v, mask, scaling)
+    return _into(out, y.transpose(1, 2))
+
+
+def sdpa_attention(q, k, v, causal=True, scale=None, out=None):
+    """transformers' sdpa_attention_forward (no mask: it passes `is_causal` to SDPA and picks
+    `enable_gqa` or repeat_kv for grouped heads)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    y, _ = sdpa_attention_forward(_attention_module(q, k, causal), q, k, v, None, scaling=scale,
+                                  is_causal=bool(causal))
+    return _into(out, y.transpose(1, 2))
+
+
+# ---------------------------------------------------------------- swiglu-kernel-v1
+def act_silu(x, out=None):
+    """ACT2FN["silu"] (SiLUActivation: nn.functional.silu)."""
+    from transformers.activations import ACT2FN
+
+    return _into(out, ACT2FN["silu"](x))
+
+
+def llama_mlp_swiglu(gate, up, out=None):
+    """LlamaMLP.forward, `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, run on the pair
+    (gate, up) with gate_proj / up_proj picking its halves and down_proj the identity: the
+    product is the model's own line."""
+    from transformers.activations import ACT2FN
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    mlp = _Self(gate_proj=lambda p: p[0], up_proj=lambda p: p[1],
+                                down_proj=lambda y: y, act_fn=ACT2FN["silu"])
+    return _into(out, LlamaMLP.forward(mlp, (gate, up)))
+
+
+# ---------------------------------------------------------------- gelu-kernel-v1
+def _gelu(x, approximate, tanh_name, out):
+    from transformers.activations import ACT2FN
+
+    if approximate == "none":
+        return _into(out, ACT2FN["gelu"](x))
+    if approximate == "tanh":
+        return _into(out, ACT2FN[tanh_name](x))
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def act_gelu(x, approximate, out=None):
+    """ACT2FN["gelu"] (nn.functional.gelu) / ACT2FN["gelu_pytorch_tanh"] (its tanh form)."""
+    return _gelu(x, approximate, "gelu_pytorch_tanh", out)
+
+
+def act_gelu_new(x, approximate, out=None):
+    """ACT2FN["gelu"] / ACT2FN["gelu_new"]: GPT-2's tanh GELU written out in torch ops
+    (0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))), evaluated in x's dtype."""
+    return _gelu(x, approximate, "gelu_new", out)
+
+
+_M = "falsify.conformance.lib_transformers"
+
+_JVP = ("built from plain torch operations, so torch.func.jvp computes a forward-mode derivative; "
+        "transformers makes no promise to refuse forward-mode AD (our kernels refuse it because "
+        "no check vets their jvp)")
+_FLOAT_EXTRA = ("float64", "bfloat16")  # each called: a result of that dtype comes back
+_INT_REFUSAL = ("torch refuses integer tensors inside its ops ({how}), not with a TypeError or "
+                "ValueError naming the dtype; transformers makes no promise about the refusal")
+_GRADGRAD = ("built from plain torch operations, so autograd differentiates the backward again; "
+             "transformers makes no promise to refuse a double backward")
+
+_LLAMA_RMSNORM_FP16 = (
+    "LlamaRMSNorm.forward normalizes in fp32, rounds the normalized row to fp16 "
+    "(`hidden_states.to(input_dtype)`), then multiplies by the fp16 weight, which rounds "
+    "again: two roundings where the contract allows one after fp32 arithmetic. {what}: about "
+    "1 fp16 ulp. In fp32 every parity and gradient check passes.")
+_LLAMA_TABLE = (
+    "LlamaRotaryEmbedding computes inv_freq = 1/theta^(2k/D) in fp32 "
+    "(compute_default_rope_parameters) and the angles `position_ids.float() * inv_freq` in fp32 "
+    "(forward), so an angle pos·f_k errs by up to pos·2^-24 rad; the contract's table is float64 "
+    "angles rounded once. {what}")
+_LLAMA_TABLE_FP16 = (
+    " For fp16 x the table is also cast to fp16 (`cos.to(dtype=x.dtype)`) and "
+    "`q * cos + rotate_half(q) * sin` runs in fp16, three roundings.")
+
+# both tanh forms: torch's own tanh-GELU derivatives
+_GELU_TANH_AD = {
+
+    "FALSIFY-GELU-023": Finding("deviation", (
+        "torch's tanh-GELU derivative (the gelu_backward kernel behind "
+        "nn.functional.gelu(approximate='tanh'), and autograd of GPT-2's formula, "
+        "which agree to 2e-9) evaluates ½·(1 + tanh u) + …, which cancels for "
+        "negative x: at x = -3.87, u ≈ -5.15 and 1 + tanh u ≈ 6.8e-5 carries a "
+        "relative error of ~eps/6.8e-5. The contract's bound assumes the σ(2u) form "
+        "its derivation prescribes. x = [1.0957, -1.8417, -3.6722, -3.8678]: "
+        "Σ⟨dy, J·t⟩ = 0.00184569 vs 0.00184557, |diff| 1.19e-7 > 7.35e-8 "
+        "(32·eps·Σ|g||t|). The exact form passes.")),
+    "FALSIFY-GELU-020": Finding("deviation", (
+        "double backward of the tanh form: the same 1 + tanh u cancellation for "
+        "negative x (see FALSIFY-GELU-023): ∂S/∂x(0, 3) 3.36591e-4 vs central "
+        "difference 3.36493e-4, |diff| 9.74e-8 > 7.36e-8 + 1.06e-8. The exact form "
+        "passes.")),
+}
+
+LIBRARY = Library(
+    name="transformers",
+    distribution="transformers",
+    bindings=(
+        Binding(
+            name="LlamaRMSNorm",
+            contract="rmsnorm-kernel-v1",
+            binds={"rmsnorm": f"{_M}:llama_rmsnorm"},
+            # float64 comes back float64, though LlamaRMSNorm normalizes it in fp32
+            dtypes=_FLOAT_EXTRA,
+            zero_size={"n": "empty"},  # a [2, 0] input returns a [2, 0] result
+            not_claimed={
+                "FALSIFY-RN-021": _JVP,
+                "FALSIFY-RN-008": (
+                    "saved-tensor probe: LlamaRMSNorm is a chain of torch ops and autograd keeps "
+                    "what they need (the normalized rows for the weight product, and for fp16 "
+                    "an fp32 copy of x); transformers promises no recomputing backward"),
+            },
+            findings={
+                "FALSIFY-RN-015": Finding("deviation", (
+                    "integer x is accepted and rounded through the fp32 normalization: "
+                    "LlamaRMSNorm.forward casts x to fp32, normalizes, casts back with "
+                    "`.to(input_dtype)` (truncating |x̂| < 1 to 0) and multiplies by the weight; "
+                    "x = [4, -3, 2, 0, -2] int64 with w = 1 gives [1, -1, 0, 0, 0].")),
+                "FALSIFY-RN-001/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                    what="got 0.6669921875 vs 0.66749877 at (0, 719), max |err| 1.81e-3 > "
+                         "rtol 7.35e-4, 1.04 fp16 ulps off")),
+                "FALSIFY-RN-002/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                    what="got 1.62890625 vs 1.62984678 at (0, 7), max |err| 1.48e-3 > rtol "
+                         "4.95e-4, 0.96 fp16 ulps off")),
+                "FALSIFY-RN-006/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                    what="d/dx (autograd through the same ops, fp16 intermediates): got "
+                         "-1.7294921875 vs -1.73052444 at (0, 66), max |err| 1.03e-3 > rtol "
+                         "4.88e-4, 1.06 fp16 ulps off")),
+                "FALSIFY-RN-024/float16": Finding("deviation", (
+                    "compiled vs eager d/dw differ: 0.5126953125 (compiled) vs 0.51171875 "
+                    "(eager) at (16,), max |err| 3.91e-3 > atol 4.74e-4 + rtol 9.77e-4. Eager "
+                    "autograd forms dw from the fp16-rounded normalized rows (`weight * "
+                    "hidden_states.to(input_dtype)`) and reduces fp16 products; Inductor fuses "
+                    "the cast and the reduction and keeps fp32, so the library's result depends "
+                    "on whether it is compiled. fp32 passes.")),
+            },
+        ),
+        Binding(
+            name="apply_rotary_pos_emb",
+            contract="rope-kernel-v1",
+            binds={"rope": f"{_M}:llama_rope",
+                   "rope_grouping": f"{_M}:llama_rope_grouped_and_per_head"},
+            dtypes=_FLOAT_EXTRA,  # float64 out (the table's values are fp32 cast up), bfloat16
+            zero_size={"half": "empty"},  # D = 0: inv_freq is empty, the result [.., 0]
+            not_claimed={"FALSIFY-ROPE-016": _JVP},
+            findings={
+                **dict.fromkeys(("FALSIFY-ROPE-011", "FALSIFY-ROPE-012"), Finding("deviation", (
+                    "integer x is accepted and returned as integers: LlamaRotaryEmbedding casts "
+                    "cos/sin to x's dtype (`cos.to(dtype=x.dtype)`: values in [-1, 1] truncate to "
+                    "0 or ±1) and `q * cos + rotate_half(q) * sin` runs in int64, so the "
+                    "rotation is lost without an error."))),
+                "FALSIFY-ROPE-001/float32": Finding("deviation", _LLAMA_TABLE.format(
+                    what="theta 5e5, pos up to 7583, D = 34: got -3.50091934 vs -3.50092783 at "
+                         "(0, 0, 0, 1), max |err| 2.84e-4 > atol 1.97e-6.")),
+                "FALSIFY-ROPE-001/float16": Finding("deviation", _LLAMA_TABLE.format(
+                    what="Same example as float32: got -0.67578125 vs -0.67647269 at "
+                         "(0, 0, 0, 5), max |err| 4.19e-3 > rtol 4.88e-4.") + _LLAMA_TABLE_FP16),
+                "FALSIFY-ROPE-005/float32": Finding("deviation", _LLAMA_TABLE.format(
+                    what="The gradient (autograd of the same ops) rotates dy by the same fp32 "
+                         "angles: got 0.48819277 vs 0.48819413 at (0, 0, 0, 2), max |err| "
+                         "9.38e-5 > atol 1.09e-6.")),
+                "FALSIFY-ROPE-005/float16": Finding("deviation", _LLAMA_TABLE.format(
+                    what="d/dx got 0.20703125 vs 0.20733975, |err| 3.09e-4 > rtol 4.88e-4·|ref| "
+                         "+ atol 7.5e-7.") + _LLAMA_TABLE_FP16),
+                "FALSIFY-ROPE-003/float32": Finding("deviation", _LLAMA_TABLE.format(
+                    what="Relative position: with positions shifted by c = 851 the inner "
+                         "products ⟨R_m q, R_n k⟩ change at 42 of the (s, t) pairs beyond the "
+                         "bound, because the fp32 angle error grows with the absolute position "
+                         "instead of depending on m − n only.")),
+                "FALSIFY-ROPE-018/float32": Finding("deviation", _LLAMA_TABLE.format(
+                    what="The layout check compares each view's result with the reference "
+                         "under FALSIFY-ROPE-001's bound; on an expanded view (x stride (36, 36, "
+                         "36, 0)) the same table error shows: 0.73888314 vs 0.73888374 at "
+                         "(0, 0, 0, 19), |err| 6.05e-7 > atol 5.54e-7 (size-0 dims pass).")),
+                "FALSIFY-ROPE-014/float32": Finding("deviation", _LLAMA_TABLE.format(
+                    what="Double backward (∂S/∂dy: v rotated by the table): -1.43962169 vs "
+                         "central difference -1.43962776, |diff| 6.08e-6 > 4.49e-6 + 3.89e-7.")),
+            },
+        ),
+        Binding(
+            name="eager_attention_forward",
+            contract="attention-kernel-v1",
+            binds={"attention": f"{_M}:eager_attention"},
+            dtypes=_FLOAT_EXTRA,  # float64 in float64; bfloat16 via the fp32 softmax
+            zero_size={"hkv": "empty"},  # no heads: repeat_kv and the matmuls return [b, 0, s, d]
+            not_claimed={
+                "FALSIFY-ATT-025": (
+                    "integer q, k, v are refused by masking_utils.eager_mask with TypeError "
+                    "'torch.finfo() requires a floating point input type', which does not name "
+                    "the dtype; transformers makes no promise about the refusal"),
+                "FALSIFY-ATT-033": _JVP,
+                "FALSIFY-ATT-030": _GRADGRAD,
+                "FALSIFY-ATT-013": (
+                    "memory probe: eager attention materializes the [B, H, S, S] scores and "
+                    "probabilities by design (it is transformers' reference path, the one that "
+                    "can return attention weights); it promises no memory linear in S"),
+            },
+            findings={
+                "FALSIFY-ATT-036": Finding("deviation", (
+                    "d = 0 is not refused with a clear error: the scaling LlamaAttention uses, "
+                    "`head_dim**-0.5`, raises ZeroDivisionError ('0.0 cannot be raised to a "
+                    "negative power'); b, g, s = 0 return empty results as the contract asks.")),
+                "FALSIFY-ATT-002/float16": Finding("deviation", (
+                    "large logits in fp16: eager_attention_forward computes `matmul(query, "
+                    "key.T)` in fp16 and rounds the scores to fp16 before `* scaling`, then "
+                    "rounds the fp32 softmax to fp16 (`.to(query.dtype)`) before the fp16 "
+                    "matmul with V. With |s| ≫ 88 an fp16 score carries an absolute error of "
+                    "2^-11·|s| (≈ 0.1 at |s| = 200), which moves the probabilities: got "
+                    "-0.24267578 vs -0.24849802 at (0, 0, 4, 3), max |err| 2.12e-2 > atol "
+                    "3.87e-3 (329 of 6400 elements). fp32 and ordinary logits pass.")),
+            },
+        ),
+        Binding(
+            name="sdpa_attention_forward",
+            contract="attention-kernel-v1",
+            binds={"attention": f"{_M}:sdpa_attention"},
+            dtypes=_FLOAT_EXTRA,  # SDPA computes float64 in float64, bfloat16 in its opmath
+            zero_size={"hkv": "empty"},  # returns [1, 0, s, d]
+            not_claimed={"FALSIFY-ATT-025": _INT_REFUSAL.format(
+                how="RuntimeError 'expected scalar type Float but found Long'")},
+            findings={
+                "FALSIFY-ATT-036": Finding("deviation", (
+                    "b = 0 (and s = 0, d = 0) crash instead of returning the empty result: "
+                    "sdpa_attention_forward ends with `attn_output.reshape(attn_output.shape[0], "
+                    "-1, q_length, value.shape[-1])`, and -1 cannot be inferred from 0 elements "
+                    "(RuntimeError 'cannot reshape tensor of 0 elements into shape [0, -1, 1, "
+                    "1]'); torch's own SDPA returns the empty tensor.")),
+            },
+        ),
+        Binding(
+            name='ACT2FN["silu"]',
+            contract="swiglu-kernel-v1",
+            binds={"silu": f"{_M}:act_silu", "swiglu": f"{_M}:llama_mlp_swiglu"},
+            dtypes=_FLOAT_EXTRA,  # nn.functional.silu and the product in float64 / bfloat16
+            errors=("NotImplementedError",),  # "silu_cpu" not implemented for 'Long'
+            findings={
+                "FALSIFY-SWG-001/float16": Finding("deviation", (
+                    "LlamaMLP's `act_fn(gate) * up` rounds silu(gate) to fp16 (F.silu returns "
+                    "the input dtype) and rounds the product again: two roundings where the "
+                    "contract allows one after fp32 arithmetic. got -3.6953125 vs -3.69292319 "
+                    "at (0, 0), |err| 2.39e-3 > rtol 4.9e-4·|ref|. silu alone (FALSIFY-SWG-006) "
+                    "and all fp32 checks pass.")),
+                "FALSIFY-SWG-002/float16": Finding("deviation", (
+                    "as FALSIFY-SWG-001/float16 (silu rounded to fp16, then the product): got "
+                    "-0.00175094604 vs -0.00175194646 at (0, 14); max |err| over the example "
+                    "0.468 at a large |gate|·|up| (|gate| up to 1e4), beyond rtol 4.95e-4.")),
+                "FALSIFY-SWG-003/float16": Finding("deviation", (
+                    "d/dgate through autograd of `act_fn(gate) * up`: dy·up is rounded to fp16, "
+                    "then silu's backward rounds again in fp16: got -0.31201172 vs -0.31220365 "
+                    "at (1, 7), max |err| 3.67e-3 > rtol 4.9e-4·|ref| + atol 2.56e-5.")),
+            },
+        ),
+        Binding(
+            name='ACT2FN["gelu"/"gelu_pytorch_tanh"]',
+            contract="gelu-kernel-v1",
+            binds={"gelu": f"{_M}:act_gelu"},
+            dtypes=_FLOAT_EXTRA,  # nn.functional.gelu computes float64 in float64
+            errors=("NotImplementedError",),  # "GeluKernelImpl" not implemented for 'Long'
+            findings=_GELU_TANH_AD,
+        ),
+        Binding(
+            name='ACT2FN["gelu"/"gelu_new"]',
+            contract="gelu-kernel-v1",
+            binds={"gelu": f"{_M}:act_gelu_new"},
+            dtypes=_FLOAT_EXTRA,  # the formula's torch ops in float64 / bfloat16
+            # the dtypes check calls the exact form (ACT2FN["gelu"]): NotImplementedError
+            errors=("NotImplementedError",),
+            findings={
+                **_GELU_TANH_AD,
+                "FALSIFY-GELU-003/float16": Finding("deviation", (
+                    "NewGELUActivation evaluates 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) "
+                    "op by op in x's dtype: for fp16 each of ~8 operations rounds to fp16, and "
+                    "1 + tanh u cancels for negative x. got -0.00915527 vs -0.00945107 at "
+                    "(0, 0), 3% off; max |err| 2.04e-3 > rtol 4.89e-4 (885 of 3300 elements). "
+                    "fp32 passes; gelu_pytorch_tanh (fp32 internally) passes in fp16.")),
+                "FALSIFY-GELU-004/float16": Finding("deviation", (
+                    "as FALSIFY-GELU-003/float16 (fp16 op-by-op evaluation): got -0.01258850 "
+                    "vs -0.01234416 at (1, 40), |err| 2.44e-4 > rtol 4.89e-4·|ref| + atol 3e-7.")),
+                "FALSIFY-GELU-006/float16": Finding("deviation", (
+                    "the gradient is autograd through the same fp16 operations: got "
+                    "-0.00797272 vs -0.00823109 at (0, 0), max |err| 3.88e-3 > rtol 4.88e-4 "
+                    "(1118 of 3300 elements).")),
+            },
+        ),
+    ),
+)

@@ -1,0 +1,195 @@
+"""`falsify conformance`: third-party functions judged by the shipped contracts.
+
+- math and policy are judged apart: torch.softmax's math passes; its policy (it accepts
+  float64, returns an empty row for n = 0) fails against the contract's own rules, passes
+  against the binding's declaration, and fails again when the declaration is false;
+- a library's math bug is a math failure, unclassified until a Finding says what it is;
+- the cells, the diff against a committed ledger, and the docs page, on recorded data;
+- the small subset CI runs (torch, and transformers' LlamaRMSNorm), from a project made by
+  `falsify init` in a fresh directory: clean on math, every failure classified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from falsify.conformance.registry import Binding, Finding, Library, RegistryError
+from falsify.harness import conformance as matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = "falsify.conformance.lib_torch:softmax"
+
+
+def _run(items):
+    from falsify.cli.conformance import conform
+    from falsify.cli.session import select_contracts
+    from falsify.harness.project import find_project
+
+    proj = find_project(ROOT)
+    contracts = {c.id: c for c in select_contracts(sorted({b.contract for _, b in items}), proj)}
+    return conform(items, contracts, proj, "ci", 1, Console(file=open(os.devnull, "w")))
+
+
+def _by_check(rec):
+    return {(r["check"], r["variant"]): r for r in rec["results"]}
+
+
+@pytest.mark.heavy
+def test_math_apart_from_policy_judged_as_declared():
+    lib = Library("t", "torch", (
+        Binding("as-contract", "softmax-kernel-v1", {"softmax": SOFTMAX}),
+        Binding("declared", "softmax-kernel-v1", {"softmax": SOFTMAX},
+                dtypes=("float64", "bfloat16"), zero_size={"n": "empty"},
+                errors=("NotImplementedError",)),
+        Binding("false-declaration", "softmax-kernel-v1", {"softmax": SOFTMAX},
+                dtypes=("float64", "bfloat16", "int64"), zero_size={"n": "error"}),
+        Binding("buggy", "softmax-kernel-v1",
+                {"softmax": "tests.fixtures.buggy:softmax_no_max_subtraction"}),
+    ))
+    plain, declared, false, buggy = _run([(lib, b) for b in lib.bindings])
+    dtypes = matrix.math_dtypes([plain])
+    assert dtypes == ["float32", "float16"]
+
+    # the contract's own rules: torch.softmax accepts float64 and empties an n = 0 row
+    c = matrix.cells(plain, dtypes)
+    assert c["math float32"].startswith("pass") and c["math float16"].startswith("pass"), c
+    assert c["policy"].startswith("UNCLASSIFIED"), c
+    bad = {r["check"] for r in matrix.failures(plain)}
+    assert bad == {"FALSIFY-SM-012", "FALSIFY-SM-014"}, matrix.failures(plain)
+    assert all(r["judges"] == "policy" for r in matrix.failures(plain))
+
+    # what the binding declares: both hold
+    assert matrix.cells(declared, dtypes)["policy"].startswith("pass"), \
+        matrix.failures(declared)
+
+    # a declaration that is false fails, naming it
+    msgs = {r["check"]: r["message"] for r in matrix.failures(false)}
+    assert set(msgs) == {"FALSIFY-SM-012", "FALSIFY-SM-014"}, msgs
+    assert "int64 is declared accepted" in msgs["FALSIFY-SM-012"]
+    assert "n = 0 (rule: error)" in msgs["FALSIFY-SM-014"]
+
+    # a math bug is a math failure, with the example that shows it
+    wrong = [r for r in matrix.failures(buggy) if r["judges"] == "math"]
+    assert wrong and all(r.get("finding") is None for r in wrong)
+    assert matrix.cells(buggy, dtypes)["math float32"].startswith("UNCLASSIFIED")
+    assert any("Case(" in (r.get("example") or "") for r in wrong)
+
+
+# ---------------------------------------------------------------- recorded data
+def _rec(results, findings=None, **kw):
+    return dict(library="lib", binding="fn", contract="softmax-kernel-v1", version="1.0",
+                results=results, profile="ci", seconds=1.0, **kw)
+
+
+def _r(check, variant, outcome, judges="math", finding=None):
+    return dict(check=check, variant=variant, outcome=outcome, judges=judges, obligation="O-1",
+                message=f"{check} failed" if outcome == "failed" else None, finding=finding)
+
+
+DEV = dict(kind="deviation", variant=None, evidence="rounds twice")
+VAR = dict(kind="variant", variant="eps outside sqrt", evidence="documented")
+
+
+def test_cells_say_what_failed_and_how_it_is_classified():
+    assert matrix.cell([_r("A", "float32", "passed")]) == "pass"
+    assert matrix.cell([_r("A", "float32", "failed")]) == "UNCLASSIFIED"
+    assert matrix.cell([_r("A", "float32", "failed", finding=DEV)]) == "deviates"
+    assert matrix.cell([_r("A", "float32", "failed", finding=VAR)]) == "variant eps outside sqrt"
+    assert matrix.cell([_r("A", "f", "failed", finding=VAR),
+                        _r("B", "f", "failed", finding=DEV)]) == "deviates"
+    assert matrix.cell([_r("A", "float32", "not-run")]) == "not run"
+    assert matrix.cell([]) == "n/a"
+    assert matrix.cell([_r("A", "float32", "passed")], needs_gpu="CUDA only") == "needs GPU"
+    rec = _rec([_r("A", "float32", "passed"), _r("A", "float16", "failed", finding=DEV),
+                _r("D", "undeclared", "passed", judges="policy")])
+    assert matrix.cells(rec, ["float32", "float16"]) == {
+        "math float32": "pass 1/1", "math float16": "deviates 0/1", "policy": "pass 1/1"}
+
+
+def test_a_changed_cell_is_reported_against_the_committed_ledger():
+    old = {"format": 1, "bindings": {"lib/fn": _rec([_r("A", "float32", "passed")])}}
+    same = _rec([_r("A", "float32", "passed")])
+    worse = _rec([_r("A", "float32", "failed", finding=DEV)], )
+    worse["version"] = "2.0"
+    assert matrix.changed_cells(old, [same]) == []
+    assert matrix.changed_cells(old, [worse]) == [
+        "lib/fn [math float32]: pass 1/1 -> deviates 0/1 (1.0 -> 2.0)"]
+    new = dict(same, binding="other")
+    assert matrix.changed_cells(old, [new]) == ["lib/other: new binding"]
+
+
+def test_the_ledger_is_written_atomically_and_a_bad_one_is_named(tmp_path):
+    path = tmp_path / "c.json"
+    data = matrix.save(path, [_rec([_r("A", "float32", "passed")])])
+    assert json.loads(path.read_text()) == data and list(data["bindings"]) == ["lib/fn"]
+    path.write_text("{}")
+    with pytest.raises(matrix.ConformanceLedgerError, match=str(path)):
+        matrix.load(path)
+
+
+def test_the_page_links_cells_to_their_section_and_contracts_to_their_page():
+    rec = _rec([_r("A", "float32", "failed", finding=DEV)], contract_version="1.0.0",
+               policy={"dtypes": ["float64"], "zero_size": {}}, not_claimed={"B": "no promise"})
+    text = "\n".join(matrix.page({"format": 1, "bindings": {"lib/fn": rec}}, "e.json",
+                                 {"softmax-kernel-v1"}))
+    assert "[softmax-kernel-v1](softmax-kernel-v1.md)" in text
+    assert "[deviates 0/1](#lib-fn)" in text and "## lib fn {#lib-fn}" in text
+    assert "falsify conformance lib --binding 'lib/fn'" in text
+    assert "accepts float64" in text and "`B` not claimed: no promise" in text
+    assert "Evidence: rounds twice" in text
+
+
+def test_a_finding_must_carry_evidence_and_a_variant_its_name():
+    with pytest.raises(RegistryError, match="evidence"):
+        Finding("deviation", " ")
+    with pytest.raises(RegistryError, match="names the convention"):
+        Finding("variant", "documented")
+    with pytest.raises(RegistryError, match="kind"):
+        Finding("bug", "x")
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "falsify.cli", "conformance", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=1800,
+                          env=dict(os.environ, FALSIFY_QUIET="1"))
+
+
+def test_unknown_libraries_and_bindings_are_usage_errors():
+    p = _cli("nosuchlib")
+    assert p.returncode == 2 and "binding sets: torch" in p.stderr, p.stderr
+    p = _cli("torch", "--binding", "torch/nope")
+    assert p.returncode == 2 and "torch/nope: no such binding" in p.stderr, p.stderr
+
+
+# The subset `.ci/run` runs: torch's softmax and RMSNorm (each clean on math), its
+# cross-entropy (classified: no z-loss term, fp16 label smoothing), and one other library, from a project `falsify init` made in a fresh directory: every
+# failure classified, none blaming our contracts, every planned check run (exit 0).
+SUBSET = ["torch/torch.softmax", "torch/F.rms_norm", "torch/F.cross_entropy",
+          "transformers/LlamaRMSNorm"]
+
+
+@pytest.mark.heavy
+def test_the_ci_subset_is_classified_and_clean_on_math_from_a_fresh_project(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    init = subprocess.run([sys.executable, "-m", "falsify.cli", "init"], cwd=proj,
+                          capture_output=True, text=True, timeout=300)
+    assert init.returncode == 0, init.stderr
+    out = tmp_path / "conformance.json"
+    args = ["torch", "transformers", "--ledger", str(out)]
+    for b in SUBSET:
+        args += ["--binding", b]
+    p = _cli(*args, cwd=proj)
+    got = matrix.load(out)["bindings"]
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
+    assert sorted(got) == sorted(SUBSET)
+    for key in SUBSET[:2]:
+        c = matrix.cells(got[key], matrix.math_dtypes([got[key]]))
+        assert all(v.startswith("pass") for k, v in c.items() if k.startswith("math")), (key, c)
