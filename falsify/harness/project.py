@@ -15,7 +15,7 @@ nearest directory that declares one wins; within one directory `falsify.toml` wi
     overrides = []                      # project contract ids that replace library ids
     evidence = []                       # committed ledgers (paths or globs) the docs publish
     equivalent_mutants = "equivalent-mutants.yaml"  # `falsify mutate`'s declared equivalents
-    conformance = "evidence/conformance.json"  # a committed conformance ledger: its page
+    # conformance = a committed `falsify conformance` ledger (no default): its docs page
 
 `evidence` names ledgers committed with the project, each carrying its provenance (commit,
 profile, date): `pv generate` builds the docs pages from them (falsify.harness.evidence), not
@@ -23,7 +23,7 @@ from the local `ledger`, whose results nobody else can see. `conformance` names 
 conformance ledger (`falsify conformance --ledger`): `pv generate` writes the conformance
 page from it; none (the default), no page.
 
-Every key is optional (the defaults are shown; `conformance` has none: an example). Commands
+Every key is optional (the defaults are shown). Commands
 that write (run, mutants, generate) need a project; read-only verbs work on the files they are
 given without one. Nothing is ever written inside the installed package: the contract library
 (`library_dir()`) is read-only.
