@@ -10,7 +10,7 @@ A binding runs the contract's torch-backend checks with its equations bound to t
 (`falsify run --bind`, the same mechanism), and declares its own API *policy* where the library
 differs from our kernels' on purpose: the extra dtypes it accepts, its size-0 behaviour, the
 checks it does not claim (with the reason). Its math is judged by the contract unchanged; its
-policy against what it declares (falsify.conformance.split).
+policy against what it declares (falsify.harness.plan.judges splits the two).
 """
 
 from __future__ import annotations
