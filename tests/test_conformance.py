@@ -169,8 +169,9 @@ def test_unknown_libraries_and_bindings_are_usage_errors():
 
 
 # The subset `.ci/run` runs: torch's softmax and RMSNorm (each clean on math), its
-# cross-entropy (classified: no z-loss term, fp16 label smoothing), and one other library, from a project `falsify init` made in a fresh directory: every
-# failure classified, none blaming our contracts, every planned check run (exit 0).
+# cross-entropy (classified: no z-loss term, fp16 label smoothing), and one other library,
+# from a project `falsify init` made in a fresh directory: every failure classified, none
+# blaming our contracts, every planned check run (exit 0).
 SUBSET = ["torch/torch.softmax", "torch/F.rms_norm", "torch/F.cross_entropy",
           "transformers/LlamaRMSNorm"]
 

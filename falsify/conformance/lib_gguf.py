@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from falsify.conformance.registry import Binding, Finding, Library
+from falsify.conformance.registry import Binding, Finding, Library, into
 
-
-def _into(out, y):
-    """The contract's optional preallocated result, which gguf has no parameter for."""
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
+_into = into  # the shared out= helper (registry.into)
 
 
 def _qt(name: str):

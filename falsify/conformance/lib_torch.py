@@ -22,17 +22,12 @@ function has one, else by copying the result into it.
 
 from __future__ import annotations
 
-from falsify.conformance.registry import Binding, Finding, Library
+from falsify.conformance.registry import Binding, Finding, Library, into
 
 M = "falsify.conformance.lib_torch"
 
 
-def _into(out, y):
-    """The contracts' optional `out=` for functions that have none."""
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
+_into = into  # the shared out= helper (registry.into)
 
 
 # ---------------------------------------------------------------- softmax-kernel-v1

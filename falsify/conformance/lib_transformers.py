@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from falsify.conformance.registry import Binding, Finding, Library
+from falsify.conformance.registry import Binding, Finding, Library, into
 
 
 class _Self:
@@ -43,12 +43,7 @@ class _Self:
             setattr(self, name, value)
 
 
-def _into(out, y):
-    """The contracts' optional preallocated result, which transformers has no parameter for."""
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
+_into = into  # the shared out= helper (registry.into)
 
 
 # ---------------------------------------------------------------- rmsnorm-kernel-v1

@@ -28,6 +28,15 @@ class RegistryError(Exception):
     pass
 
 
+def into(out, y):
+    """The contracts' optional `out=` (a preallocated result) for a library function that has
+    none: the result copied in, its arithmetic untouched."""
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
 @dataclass(frozen=True)
 class Finding:
     """Why a check fails for a binding, judged once by a person and kept with the binding:
