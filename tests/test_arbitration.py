@@ -93,3 +93,40 @@ def test_ulp_of_each_dtype():
     assert arbiter.ulp(1.5, "float16") == 2.0 ** -10
     assert arbiter.ulp(1.0, "bfloat16") == 2.0 ** -7
     assert arbiter.ulp(1e-45, "float32") == 2.0 ** -149  # subnormal spacing
+
+
+@pytest.mark.parametrize("contract, check, method", [
+    ("softmax-kernel-v1", "FALSIFY-SM-001", "mpmath"),
+    ("cross-entropy-kernel-v1", "FALSIFY-CE-001", "mpmath"),
+    ("swiglu-kernel-v1", "FALSIFY-SWG-001", "np.longdouble"),
+])
+def test_the_shipped_references_can_be_arbitrated(contract, check, method):
+    """The references conformance failures are most often judged by keep the arbiter's wider
+    values (falsify.reference.wide) instead of narrowing them to float64: a failed cell then
+    says which side is off, in ulps. A reference that casts them back gets no verdict."""
+    from pathlib import Path
+
+    from falsify.harness import backends
+    from falsify.harness.model import load_contract
+    from falsify.harness.plan import equation_of
+
+    c = load_contract(Path(__file__).resolve().parents[1] / "falsify" / "contracts"
+                      / f"{contract}.yaml")[0]
+    t = next(x for x in c.checks if x.id == check)
+    case = runtime.examples(c, check, "float32")[0]
+    fn = backends.function(c, equation_of(c, t), "reference")
+    args = backends.reference_args(case)
+    truth, how = arbiter.true_value(fn, args, lambda outs: np.asarray(outs[0]).reshape(-1)[0])
+    assert how.startswith(method), how
+    want = np.asarray(fn(**args)).reshape(-1)[0]
+    assert abs(float(truth) - want) <= 1e-12 * max(1.0, abs(want))
+
+
+def test_an_array_operand_is_broadcast_by_numpy_not_wrapped():
+    import mpmath
+
+    a = arbiter._to_hp(np.array([1.0, 2.0]))
+    h = arbiter.HP(mpmath.mpf(3))
+    for got in (h * a, a * h, h - a, h / a):
+        assert isinstance(got, np.ndarray) and all(isinstance(v, arbiter.HP) for v in got)
+    assert [v.v for v in h - a] == [2, 1]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from falsify.harness import conformance as conformance_ledger
 from falsify.harness.docs import write_site
 from falsify.harness.latex import to_latex
 from falsify.harness.validate import load_all
@@ -42,6 +43,8 @@ INSTALL_HINT = ("headless Chromium is required for the docs site test and was no
                 "Install it: `apt-get install -y chromium` (Debian/Ubuntu). This test does not "
                 "skip: a site whose math and diagrams were never rendered is not tested.")
 SOFTMAX = "softmax-kernel-v1"
+# the committed conformance ledger the published site shows (pyproject's `conformance`)
+CONFORMANCE = ROOT / "evidence" / "conformance.json"
 # the smallest label a person reads without zooming, in a 1280 px wide window
 MIN_LABEL_PX = 11.0
 # the site is built as GitHub Pages builds a project site: under a path, not at the server root
@@ -214,10 +217,12 @@ def measure_graph_labels(browser: Chromium, sid: str, svgs: list[dict]) -> list[
 
 
 def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
-                 timeout: float = 20.0, measure: bool = False) -> dict:
+                 timeout: float = 20.0, measure: bool = False, diagrams: bool = True,
+                 evaluate: str | None = None) -> dict:
     """Load `url`, wait until it rendered (math when wanted, every mermaid block), take a
     full-page screenshot. Returns what was found; with `measure`, the rendered size of every
-    diagram's labels (`labels`, one entry per diagram)."""
+    diagram's labels (`labels`, one entry per diagram); with `evaluate` (a JavaScript function
+    taking no argument), what it returns on the rendered page (`evaluated`)."""
     target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
     sid = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
         "sessionId"]
@@ -239,7 +244,8 @@ def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
                                          for x in _walk(h) if x is not h)]
         pending = [n for n in nodes if "mermaid" in _classes(n)
                    and (n.get("localName") or "").lower() == "pre"]
-        done = (katex or not want_math) and hosts and len(drawn) == len(hosts) and not pending
+        done = ((katex or not want_math) and (hosts or not diagrams)
+                and len(drawn) == len(hosts) and not pending)
         if done or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -249,6 +255,12 @@ def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
         svgs = [next(x for x in _walk(h) if x is not h
                      and (x.get("localName") or "").lower() == "svg") for h in drawn]
         labels = measure_graph_labels(browser, sid, svgs)
+    evaluated = None
+    if evaluate:
+        res = browser.send("Runtime.evaluate", {"expression": f"({evaluate})()",
+                                                "returnByValue": True}, session=sid)
+        assert "exceptionDetails" not in res, res["exceptionDetails"]
+        evaluated = res["result"].get("value")
     size = browser.send("Page.getLayoutMetrics", session=sid)["cssContentSize"]
     height = min(int(size["height"]) + 1, 16000)
     png = browser.send("Page.captureScreenshot",
@@ -268,7 +280,8 @@ def inspect_page(browser: Chromium, url: str, shot: Path, want_math: bool,
     browser.send("Target.closeTarget", {"targetId": target})
     return dict(html=html, katex=katex, mermaid_hosts=len(hosts), mermaid_svgs=len(drawn),
                 mermaid_pending=len(pending), requests=requests, failed=failed,
-                bad_status=bad_status, shot=shot, height=height, labels=labels)
+                bad_status=bad_status, shot=shot, height=height, labels=labels,
+                evaluated=evaluated)
 
 
 def katex_errors(browser: Chromium, url: str, items: list[tuple[str, str]]) -> list[str]:
@@ -315,7 +328,9 @@ def built_site(tmp_path_factory):
     shutil.copytree(ROOT / "site", site, ignore=shutil.ignore_patterns("build", "contracts"))
     rep = load_all([ROOT / "falsify" / "contracts"])
     assert rep.contracts, "no contracts found"
-    written = write_site(rep.contracts, FakeCoverage.mixed(rep.contracts), site)
+    written = write_site(rep.contracts, FakeCoverage.mixed(rep.contracts), site,
+                         conformance=(CONFORMANCE.relative_to(ROOT).as_posix(),
+                                      conformance_ledger.load(CONFORMANCE)))
     assert site / "docs" / "contracts" / f"{SOFTMAX}.md" in written
     out = tmp / "html"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", SITE_URL=PROJECT_SITE)
@@ -455,3 +470,43 @@ def test_pages_render_offline_in_chromium(built_site, server, capsys):
                      if lab["font_px"] < MIN_LABEL_PX]
             assert not small, (f"{name}: labels under {MIN_LABEL_PX} px at 1280 px (diagram "
                                f"scaled by {d['scale']:.2f}): {small}")
+
+
+# The matrix as a reader sees it: every column inside the content area (no sideways scroll), no
+# cell's text clipped, cell text at least MIN_LABEL_PX, and every cell a link to a section that
+# exists on the page.
+MEASURE_MATRIX = """function () {
+  const table = document.querySelector("article table");
+  if (!table) return null;
+  const area = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+  const cells = [...table.querySelectorAll("td, th")];
+  const links = [...table.querySelectorAll("td a")].map((a) => a.getAttribute("href"));
+  return {
+    rows: table.querySelectorAll("tbody tr").length,
+    table_px: table.getBoundingClientRect().width,
+    area_px: area.clientWidth,
+    scroll_px: area.scrollWidth,
+    min_font_px: Math.min(...cells.map((c) => parseFloat(getComputedStyle(c).fontSize))),
+    clipped: cells.filter((c) => c.scrollWidth > c.clientWidth + 1).map((c) => c.textContent),
+    missing: links.filter((h) => h.startsWith("#") && !document.getElementById(h.slice(1))),
+  };
+}"""
+
+
+def test_the_conformance_matrix_is_readable_at_1280_px(built_site, server):
+    data = conformance_ledger.load(CONFORMANCE)
+    tmp = built_site["tmp"]
+    browser = Chromium(find_chromium(), tmp / "profile-conformance", tmp / "chromium-c.log")
+    try:
+        page = inspect_page(browser, f"{server}/contracts/conformance/", tmp / "conformance.png",
+                            want_math=False, diagrams=False, evaluate=MEASURE_MATRIX)
+    finally:
+        browser.close()
+    m = page["evaluated"]
+    assert m, "no matrix table on the conformance page"
+    assert m["rows"] == len(data["bindings"]), m
+    assert m["scroll_px"] <= m["area_px"] + 1, f"the matrix scrolls sideways at 1280 px: {m}"
+    assert not m["clipped"], f"cells clipped: {m['clipped'][:10]}"
+    assert m["min_font_px"] >= MIN_LABEL_PX, m
+    assert not m["missing"], f"cell links to no section: {m['missing'][:10]}"
+    assert not page["failed"] and not page["bad_status"], (page["failed"], page["bad_status"])

@@ -702,3 +702,55 @@ def test_v034_a_fixture_is_a_file_beside_the_contract(tmp_path, name, why):
     assert "metadata.fixtures[1]" in str(f)
     ok = edit(base_text(), "metadata:\n", "metadata:\n  fixtures: [fixtures/ok.json]\n")
     assert run(home, ok)[1] == []
+
+
+GPU_ONLY = '''    gpu_only:
+      bfloat16: "the Triton interpreter truncates bf16 casts (triton 3.9, CPU); run on a GPU"
+'''
+
+
+@pytest.mark.parametrize("pins, why", [
+    ("{temperature: 1.0}", "no input has an argument 'temperature'"),
+    ("{x: 2.0}", None),  # a drawn array: any value is the author's to pin
+])
+def test_v035_a_variant_pins_an_argument_an_input_draws(tmp_path, pins, why):
+    variant = f'''    variants:
+      shifted:
+        convention: "a test convention"
+        pins: {pins}
+'''
+    text = edit(base_text(), GPU_ONLY, GPU_ONLY + variant)
+    p, findings = run(tmp_path, text)
+    if why is None:
+        assert findings == []
+        return
+    (f,) = only(findings, "V035", "error")
+    assert why in f.message and "equations.softmax.variants.shifted.pins" in str(f)
+
+
+def test_v035_a_pinned_value_lies_inside_some_input_the_bounds_were_derived_for(tmp_path):
+    text = edit(base_text(), "      x: {shape: [m, n], values: [-30.0, 30.0]}\n",
+                "      x: {shape: [m, n], values: [-30.0, 30.0]}\n"
+                "      mode: {choices: [a, b]}\n")
+    bad = edit(text, GPU_ONLY, GPU_ONLY + '''    variants:
+      other-mode:
+        convention: "mode c"
+        pins: {mode: c}
+''')
+    (f,) = only(run(tmp_path, bad)[1], "V035", "error")
+    assert "'c' lies outside every input's 'mode' (inputs.rows: ['a', 'b'])" in f.message
+    good = edit(text, GPU_ONLY, GPU_ONLY + '''    variants:
+      mode-b:
+        convention: "mode b only"
+        pins: {mode: b}
+''')
+    assert run(tmp_path, good)[1] == []
+
+
+def test_a_variant_without_pins_or_reference_is_a_schema_error(tmp_path):
+    text = edit(base_text(), GPU_ONLY, GPU_ONLY + '''    variants:
+      empty:
+        convention: "says nothing"
+''')
+    (f,) = only(run(tmp_path, text)[1], "V002", "error")
+    assert "equations.softmax.variants.empty" in str(f)

@@ -54,17 +54,21 @@ def _items(libs, only: list[str]) -> list[tuple]:
 
 
 def _check_declarations(items, contracts) -> None:
-    from falsify.conformance.plan import unknown_checks
+    from falsify.conformance.plan import equation_variant, unknown_checks
 
     for lib, b in items:
         c = contracts[b.contract]
+        where = f"falsify.conformance.lib_{lib.name}: binding {b.name!r} of {c.id}"
         eqs = sorted(set(b.binds) - set(c.equations))
         bad = unknown_checks(c, b)
         if eqs or bad:
-            raise UsageError(f"falsify.conformance.lib_{lib.name}: binding {b.name!r} of "
-                             f"{c.id} names " + "; ".join(
-                                 ([f"equations {eqs} the contract lacks"] if eqs else [])
-                                 + ([f"checks {bad} the contract lacks"] if bad else [])))
+            raise UsageError(f"{where} names " + "; ".join(
+                ([f"equations {eqs} the contract lacks"] if eqs else [])
+                + ([f"checks {bad} the contract lacks"] if bad else [])))
+        try:
+            equation_variant(c, b)
+        except ValueError as e:
+            raise UsageError(f"{where}: {e}") from None
 
 
 def _run_round(proj, round_items, contracts, profile: str, workers: int, console) -> list:
@@ -74,6 +78,8 @@ def _run_round(proj, round_items, contracts, profile: str, workers: int, console
     from falsify.harness import conformance as matrix
     from falsify.harness.generate import generated_test_name, module_name
 
+    # checks outside a followed variant's domain are not applicable, like the declared ones
+    round_items = [(lib, plan.judged_binding(contracts[b.contract], b)) for lib, b in round_items]
     live = [(lib, b) for lib, b in round_items if not b.needs_gpu]
     records = [matrix.gpu_record(lib, b, contracts[b.contract], profile)
                for lib, b in round_items if b.needs_gpu]
@@ -83,9 +89,9 @@ def _run_round(proj, round_items, contracts, profile: str, workers: int, console
     binds, policy, only, tests, planned = {}, {}, [], [], {}
     for lib, b in live:
         c = contracts[b.contract]
-        for eq, ref in b.binds.items():
-            binds[plan.bind_key(c.id, eq)] = ref
-            policy[plan.bind_key(c.id, eq)] = b.policy
+        b_binds, b_policy = plan.session_binds(c, b)
+        binds.update(b_binds)
+        policy.update(b_policy)
         planned[(lib.name, b.name)] = ps = plan.planned(c, b)
         only += ["run:" + p.key for p in ps]
         tests += [(module_name(c.id), generated_test_name(p.check.id, plan.BACKEND, p.variant),
@@ -138,7 +144,7 @@ def conform(items, contracts, proj, profile: str, workers: int, console) -> list
 
     _check_declarations(items, contracts)
     records = []
-    for round_items in plan.rounds(items):
+    for round_items in plan.rounds(items, contracts):
         records += _run_round(proj, round_items, contracts, profile, workers, console)
     order = {(lib.name, b.name): i for i, (lib, b) in enumerate(items)}
     return sorted(records, key=lambda r: order[(r["library"], r["binding"])])

@@ -1,12 +1,12 @@
 """gguf 0.19.0 (llama.cpp's gguf-py, PyPI `gguf`): its numpy (de)quantizers against
 gguf-quants-kernel-v1.
 
-Bound: `gguf.quants.dequantize(data, GGMLQuantizationType.{Q8_0, Q4_K, Q6_K})` (the per-type
-classes `Q8_0` / `Q4_K` / `Q6_K`' `dequantize_blocks`, run over groups of 16 rows) and
-`gguf.quants.quantize(data, GGMLQuantizationType.Q8_0)` (`Q8_0.quantize_blocks`, ggml's
-`quantize_row_q8_0_ref` in numpy). gguf implements no k-quant quantizer that the contract
-covers (the contract leaves ggml's iterative k-quant scale search out) and no fused
-dequantize-matmul, so `dequant_matmul` is not bound.
+Bound, one binding each: `gguf.quants.dequantize(data, GGMLQuantizationType.{Q8_0, Q4_K,
+Q6_K})` (the per-type classes `Q8_0` / `Q4_K` / `Q6_K`' `dequantize_blocks`, run over groups
+of 16 rows) and `gguf.quants.quantize(data, GGMLQuantizationType.Q8_0)`
+(`Q8_0.quantize_blocks`, ggml's `quantize_row_q8_0_ref` in numpy). gguf implements no
+k-quant quantizer that the contract covers (the contract leaves ggml's iterative k-quant
+scale search out) and no fused dequantize-matmul, so `dequant_matmul` is not bound.
 
 gguf is numpy on the CPU: the adapters hand it the tensor's own memory (`Tensor.numpy()`, a
 view, strides kept, dtype kept) and wrap its array back (`torch.from_numpy`, no copy). That is
@@ -90,50 +90,50 @@ def _m0(qtype: str, line: str) -> str:
             "empty [0, 256·nb] float32 result; nb = 0 fails as for q8_0: " + _NB0)
 
 
+_GQ_017 = Finding(
+    kind="deviation",
+    evidence=("nb = 0 (q8_0 blocks [m, 0]): the contract's rule is an empty [m, 0] float32 "
+              "result (the reference's); gguf raises " + _NB0 + ". m = 0 passes (an empty "
+              "[0, 32·nb] result)"))
+_GQ_018 = Finding(
+    kind="deviation",
+    evidence=_m0("Q4_K", "'cannot reshape array of size 0 into shape (0,newaxis,1)' at d = "
+                         "(d * sc).reshape((n_blocks, -1, 1))"))
+_GQ_019 = Finding(
+    kind="deviation",
+    evidence=_m0("Q6_K", "'cannot reshape array of size 0 into shape (0,newaxis,1,64)' at "
+                         "ql.reshape((n_blocks, -1, 1, 64))"))
+_GQ_020 = Finding(
+    kind="deviation",
+    evidence=("nb = 0 (x [m, 0] float32): the contract's rule is an empty [m, 0] uint8 result; "
+              "gguf.quants.quantize raises " + _NB0 + " (Q8_0.__quantize_array). m = 0 passes"))
+
+# One binding per format and direction: each is its own code in gguf (Q8_0, Q4_K, Q6_K's
+# dequantize_blocks; Q8_0.quantize_blocks), each an equation of the contract. They bind
+# disjoint equations, so they share one pytest session.
 LIBRARY = Library(
     name="gguf",
     distribution="gguf",
     bindings=(
-        Binding(
-            name="gguf.quants.dequantize/quantize",
-            contract="gguf-quants-kernel-v1",
-            binds={
-                "q8_0_dequantize": f"{_M}:q8_0_dequantize",
-                "q4_k_dequantize": f"{_M}:q4_k_dequantize",
-                "q6_k_dequantize": f"{_M}:q6_k_dequantize",
-                "q8_0_quantize": f"{_M}:q8_0_quantize",
-            },
-            # Q8_0.quantize_rows casts any input with rows.astype(np.float32, copy=False) and
-            # quantizes that: float64 (rounded to fp32 first), float16 and integer arrays all
-            # give uint8 block_q8_0 bytes, the bytes of the float32 cast
-            dtypes=("float64", "float16", "int64", "int32"),
-            not_claimed={
-                "FALSIFY-GQ-013": _CPU_ONLY,
-                "FALSIFY-GQ-014": _CPU_ONLY,
-                "FALSIFY-GQ-015": _CPU_ONLY,
-                "FALSIFY-GQ-016": _CPU_ONLY,
-            },
-            findings={
-                "FALSIFY-GQ-017": Finding(
-                    kind="deviation",
-                    evidence=("nb = 0 (q8_0 blocks [m, 0]): the contract's rule is an empty "
-                              "[m, 0] float32 result (the reference's); gguf raises " + _NB0
-                              + ". m = 0 passes (an empty [0, 32·nb] result)")),
-                "FALSIFY-GQ-018": Finding(
-                    kind="deviation",
-                    evidence=_m0("Q4_K", "'cannot reshape array of size 0 into shape "
-                                         "(0,newaxis,1)' at d = (d * sc)"
-                                         ".reshape((n_blocks, -1, 1))")),
-                "FALSIFY-GQ-019": Finding(
-                    kind="deviation",
-                    evidence=_m0("Q6_K", "'cannot reshape array of size 0 into shape "
-                                         "(0,newaxis,1,64)' at ql.reshape((n_blocks, -1, 1, 64))")),
-                "FALSIFY-GQ-020": Finding(
-                    kind="deviation",
-                    evidence=("nb = 0 (x [m, 0] float32): the contract's rule is an empty "
-                              "[m, 0] uint8 result; gguf.quants.quantize raises " + _NB0
-                              + " (Q8_0.__quantize_array). m = 0 passes")),
-            },
-        ),
+        Binding(name="quants.dequantize(Q8_0)", contract="gguf-quants-kernel-v1",
+                binds={"q8_0_dequantize": f"{_M}:q8_0_dequantize"},
+                not_claimed={"FALSIFY-GQ-013": _CPU_ONLY},
+                findings={"FALSIFY-GQ-017": _GQ_017}),
+        Binding(name="quants.dequantize(Q4_K)", contract="gguf-quants-kernel-v1",
+                binds={"q4_k_dequantize": f"{_M}:q4_k_dequantize"},
+                not_claimed={"FALSIFY-GQ-014": _CPU_ONLY},
+                findings={"FALSIFY-GQ-018": _GQ_018}),
+        Binding(name="quants.dequantize(Q6_K)", contract="gguf-quants-kernel-v1",
+                binds={"q6_k_dequantize": f"{_M}:q6_k_dequantize"},
+                not_claimed={"FALSIFY-GQ-015": _CPU_ONLY},
+                findings={"FALSIFY-GQ-019": _GQ_019}),
+        Binding(name="quants.quantize(Q8_0)", contract="gguf-quants-kernel-v1",
+                binds={"q8_0_quantize": f"{_M}:q8_0_quantize"},
+                # Q8_0.quantize_rows casts any input with rows.astype(np.float32, copy=False) and
+                # quantizes that: float64 (rounded to fp32 first), float16 and integer arrays
+                # all give uint8 block_q8_0 bytes, the bytes of the float32 cast
+                dtypes=("float64", "float16", "int64", "int32"),
+                not_claimed={"FALSIFY-GQ-016": _CPU_ONLY},
+                findings={"FALSIFY-GQ-020": _GQ_020}),
     ),
 )

@@ -13,7 +13,21 @@ What is bound, one binding per torch entry point (or code path) judged:
 - `torch.optim.AdamW`, for-loop, foreach and fused, to adamw-kernel-v1;
 - `torch.nn.utils.clip_grad_norm_`, for-loop and foreach, to grad-clip-kernel-v1;
 - `F.embedding` to embedding-kernel-v1;
-- `torch.addmm` to gemm-kernel-v1.
+- `torch.addmm` to gemm-kernel-v1, and `torch.baddbmm` (a batch of one), `F.linear` and
+  `torch.matmul` (these two have no α, β: they follow the contract's `unscaled` variant,
+  α = β = 1 with C as F.linear's bias, and `product` variant, α = 1 with no C);
+- `SequentialLR(LinearLR, CosineAnnealingLR)` and `SequentialLR(LinearLR,
+  CosineAnnealingWarmRestarts)` to lr-schedule-kernel-v1: torch's warmup-then-cosine
+  compositions, stepped as in training and read off the optimizer;
+- `F.scaled_dot_product_attention` given the causal mask as a boolean `attn_mask`, to
+  attention-kernel-v1 (the masked branch of the CPU kernel);
+- `F.softmax(dtype=torch.float32)` to softmax-kernel-v1 (the cast-then-softmax call).
+
+Not bound: `OneCycleLR` (its warmup follows the anneal function, cosine by default, from
+max_lr/div_factor, not the contract's linear ramp from 0, and `anneal_strategy="linear"`
+makes the decay linear too), `CosineAnnealingLR` alone (no warmup: a cell of refusals for
+every W > 0) and `LambdaLR` with a lambda of ours (the schedule would be our arithmetic; the
+transformers schedules are LambdaLRs with the library's own lambdas, bound there).
 
 Everything runs on the CPU; torch's CUDA kernels are other code, which these bindings do not
 judge. The contracts' `out=` (a preallocated result) is served by torch's own `out=` where the
@@ -76,8 +90,9 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.
                   label_smoothing=0.0):
     """F.cross_entropy with the contract's ignore_index, reduction and label smoothing.
 
-    torch has no z-loss term (ζ·lse²): a call with z_loss ≠ 0 is refused rather than served by
-    arithmetic of our own, so the checks that draw it report that refusal.
+    torch has no z-loss term (ζ·lse²): the binding follows the contract's `no-z-loss` variant
+    (every check at ζ = 0); a call with z_loss ≠ 0 is still refused rather than served by
+    arithmetic of our own.
     """
     import torch.nn.functional as F
 
@@ -257,6 +272,142 @@ def gemm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=No
     return torch.addmm(c, opa, opb, beta=beta, alpha=alpha)
 
 
+def _no_alpha_beta(name, c, alpha, beta):
+    """F.linear and torch.matmul have no α or β: anything but α = 1 (and β = 1 for a given C)
+    is refused, not composed from further torch ops of our own."""
+    if alpha != 1.0:
+        raise NotImplementedError(f"{name} has no alpha (alpha={alpha!r})")
+    if c is not None and beta not in (0.0, 1.0):
+        raise NotImplementedError(f"{name} has no beta (beta={beta!r})")
+
+
+def linear(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None):
+    """F.linear(op(a), W, bias) = op(a)·Wᵀ (+ bias), W = op(b)ᵀ: a `b` stored [N, K]
+    (trans_b) is a Linear layer's own weight layout, passed as it is. β = 1 passes C as the
+    bias (F.linear takes it through addmm, which broadcasts an [M, N] bias as it does [N]);
+    β = 0 passes none, so C is not read."""
+    import torch.nn.functional as F
+
+    _no_alpha_beta("F.linear", c, alpha, beta)
+    opa = a.t() if trans_a else a
+    weight = b if trans_b else b.t()
+    bias = c if (c is not None and beta == 1.0) else None
+    return _into(out, F.linear(opa, weight, bias))
+
+
+def matmul(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None):
+    """torch.matmul(op(a), op(b)) (its own out=); a C with β ≠ 0 is refused: matmul does not
+    add one."""
+    import torch
+
+    _no_alpha_beta("torch.matmul", None, alpha, beta)
+    if c is not None and beta != 0.0:
+        raise NotImplementedError(f"torch.matmul adds no C (beta={beta!r})")
+    opa = a.t() if trans_a else a
+    opb = b.t() if trans_b else b
+    if out is not None:
+        return torch.matmul(opa, opb, out=out)
+    return torch.matmul(opa, opb)
+
+
+def baddbmm(a, b, c=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None):
+    """torch.baddbmm(C, op(A), op(B), beta=β, alpha=α) on a batch of one ([1, ·, ·] views):
+    the batched kernel, with the same β = 0 rule as addmm (C not read); with no C an
+    uninitialised one serves, as for torch.addmm above."""
+    import torch
+
+    opa = (a.t() if trans_a else a).unsqueeze(0)
+    opb = (b.t() if trans_b else b).unsqueeze(0)
+    if c is None:
+        beta = 0.0
+        c = torch.empty((opa.shape[1], opb.shape[2]), dtype=a.dtype, device=a.device)
+    if out is not None:
+        torch.baddbmm(c.unsqueeze(0), opa, opb, beta=beta, alpha=alpha, out=out.unsqueeze(0))
+        return out
+    return torch.baddbmm(c.unsqueeze(0), opa, opb, beta=beta, alpha=alpha)[0]
+
+
+# ---------------------------------------------------------------- lr-schedule-kernel-v1
+# LinearLR refuses start_factor = 0 ("expected to be greater than 0"): the warmup starts at
+# this factor of lr_max instead of at 0 (below the contract's parity bound of 8·eps·lr_max)
+LINEAR_LR_START = 1e-16
+
+
+def scheduled_rates(make, step, lr_max):
+    """The rates a torch scheduler gives the contract's integer steps: an SGD optimizer at
+    lr = lr_max on a stand-in parameter, `make(optimizer)` the scheduler, and lr at step s read
+    from param_groups after s calls of scheduler.step() (each after optimizer.step(), the order
+    torch asks for; no parameter has a gradient, so the optimizer changes nothing)."""
+    import torch
+
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=lr_max)
+    sched = make(opt)
+    wanted = step.reshape(-1).tolist()
+    rates = []
+    for _ in range(max(wanted) + 1 if wanted else 0):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return torch.tensor([rates[s] for s in wanted], dtype=torch.float64).reshape(step.shape)
+
+
+def sequential_linear_cosine(step, warmup, total, lr_max, lr_min):
+    """SequentialLR(LinearLR(start_factor, 1, warmup), CosineAnnealingLR(T_max=total − warmup,
+    eta_min=lr_min), milestones=[warmup]): torch's own warmup-then-cosine composition, stepped
+    (the chainable form: each rate is computed from the previous one)."""
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+    def make(opt):
+        return SequentialLR(opt, [LinearLR(opt, start_factor=LINEAR_LR_START, end_factor=1.0,
+                                           total_iters=max(warmup, 1)),
+                                  CosineAnnealingLR(opt, T_max=total - warmup, eta_min=lr_min)],
+                            milestones=[warmup])
+
+    return scheduled_rates(make, step, lr_max)
+
+
+def sequential_linear_cosine_restarts(step, warmup, total, lr_max, lr_min):
+    """SequentialLR(LinearLR, CosineAnnealingWarmRestarts(T_0=total − warmup, eta_min=lr_min)):
+    the decay computed in closed form from T_cur at every step (SGDR, first period)."""
+    from torch.optim.lr_scheduler import CosineAnnealingWarmRestarts, LinearLR, SequentialLR
+
+    def make(opt):
+        return SequentialLR(opt, [LinearLR(opt, start_factor=LINEAR_LR_START, end_factor=1.0,
+                                           total_iters=max(warmup, 1)),
+                                  CosineAnnealingWarmRestarts(opt, T_0=total - warmup,
+                                                              eta_min=lr_min)],
+                            milestones=[warmup])
+
+    return scheduled_rates(make, step, lr_max)
+
+
+# ---------------------------------------------------------------- attention-kernel-v1 (more)
+def sdpa_attention_masked(q, k, v, causal=True, scale=None, out=None):
+    """F.scaled_dot_product_attention given the causal mask as a boolean `attn_mask` (True =
+    attend, lower triangle of [s_q, s_k]) instead of `is_causal`, as a model with its own mask
+    calls it: on the CPU the masked branch of the kernel, not the causal one."""
+    import torch
+    import torch.nn.functional as F
+
+    mask = None
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return _into(out, y)
+
+
+# ---------------------------------------------------------------- softmax-kernel-v1 (more)
+def softmax_fp32(x):
+    """F.softmax(x, dim=-1, dtype=torch.float32): torch casts x to float32 before the kernel
+    and returns the float32 result (the mixed-precision call: attention probabilities kept in
+    fp32), so a float16 x gives a float32 result, not one rounded back."""
+    import torch
+    import torch.nn.functional as F
+
+    return F.softmax(x, dim=-1, dtype=torch.float32)
+
+
 # ---------------------------------------------------------------- declarations
 # Shared reasons and evidence. Every dtype declared below was called and returned a result of
 # that dtype (float64 computed in float64 by torch's CPU kernels, bfloat16 through its fp32
@@ -272,22 +423,6 @@ GRAD_LEAF = ("the gradient is taken through an autograd leaf, and torch refuses 
 JVP = ("torch implements forward-mode AD for this op (derivatives.yaml: a jvp formula or "
        "auto_element_wise), so torch.func.jvp answers; it makes no promise to refuse it")
 
-
-def _z_loss(check):
-    return Finding(
-        kind="variant", variant="no z-loss term (ζ = 0 only)",
-        evidence=f"{check} draws z_loss ∈ {{0, 1e-4}} and its pinned examples include "
-                 "z_loss = 1e-4, which the adapter refuses (NotImplementedError): "
-                 "F.cross_entropy has no z-loss / lse² term (torch.nn.functional.cross_entropy "
-                 "takes weight, ignore_index, reduction, label_smoothing only). With ζ·lse² "
-                 "composed from torch ops in a diagnostic run (not shipped), every float32 check "
-                 "of the contract passes.")
-
-
-CE_Z_LOSS = ("FALSIFY-CE-001", "FALSIFY-CE-003", "FALSIFY-CE-004", "FALSIFY-CE-005",
-             "FALSIFY-CE-006", "FALSIFY-CE-007", "FALSIFY-CE-008", "FALSIFY-CE-011",
-             "FALSIFY-CE-020", "FALSIFY-CE-021", "FALSIFY-CE-022", "FALSIFY-CE-025",
-             "FALSIFY-CE-029")
 
 ADAMW_FP16 = Finding(
     kind="variant", variant="optimizer state in the parameter's dtype",
@@ -376,6 +511,30 @@ GELU_TANH_D = ("torch's tanh-form derivatives are formed from t = tanh(inner) "
                "the contract's own kernel (σ(2u) form, σ(−z) computed directly) stays within "
                "its bound.")
 
+# lr-schedule-kernel-v1: torch's schedulers past T and at step 0
+LRS_PERIODIC_NAME = "cosine continues past T_max (period 2·T_max)"
+LRS_PERIODIC = ("CosineAnnealingLR has no floor: past T_max its recursion (the `(last_epoch − 1 − "
+                "T_max) % (2·T_max) == 0` branch, then the cosine ratio) climbs back towards "
+                "lr_max over the next T_max steps, as its documented η_t formula does for "
+                "T_cur > T_max; the contract holds lr_min from T on")
+LRS_RESTART_NAME = "warm restart at T (SGDR)"
+LRS_RESTART = ("CosineAnnealingWarmRestarts restarts at T_0 = T − W: T_cur wraps to 0 and the "
+               "rate jumps back to lr_max at step T (its documented SGDR schedule); the contract "
+               "holds lr_min from T on")
+LRS_START = ("LinearLR refuses start_factor = 0 (\"expected to be greater than 0\"), so the "
+             "warmup starts at start_factor·lr_max (1e-16·lr_max, below the parity bound) "
+             "rather than at 0")
+LRS_LINEAR_DRIFT = (
+    "LinearLR.get_lr computes each warmup rate from the previous one, lr·(1 + (end − start)/"
+    "(total·start + (t − 1)·(end − start))), so the roundings of every step accumulate: W = "
+    "2000, T = 5000, lr_max 3e-4: lr(43) got 6.4500000000000306e-06, true "
+    "6.4499999999999994e-06, relative error 4.8e-15 = 21.7·eps > rtol 2·eps (the closed form "
+    "lr_max·s/W, LinearLR._get_closed_form_lr, is one product and one division).")
+
+TORCH_OUT_DTYPE = ("a wrong out= dtype is refused with RuntimeError (\"Expected out tensor to have "
+                   "dtype float, but got double instead\"), not TypeError/ValueError")
+
+
 LIBRARY = Library(
     name="torch",
     distribution="torch",
@@ -411,6 +570,7 @@ LIBRARY = Library(
         Binding(name="F.cross_entropy", contract="cross-entropy-kernel-v1",
                 binds={"cross_entropy": f"{M}:cross_entropy",
                        "cross_entropy_grad": f"{M}:cross_entropy_grad"},
+                variant="no-z-loss",  # torch has no z-loss term: judged at ζ = 0
                 dtypes=FLOAT_EXTRA, errors=("NotImplementedError",),
                 not_claimed={
                     "FALSIFY-CE-023": GRAD_LEAF,
@@ -422,18 +582,24 @@ LIBRARY = Library(
                                       "ignore_index: neither the error type nor the rule the "
                                       "contract states"},
                 findings={
-                    **{c: _z_loss(c) for c in CE_Z_LOSS},
-                    "FALSIFY-CE-002/float32": _z_loss("FALSIFY-CE-002"),
                     "FALSIFY-CE-002/float16": Finding(
                         kind="deviation",
-                        evidence="besides the z-loss refusal: with label smoothing in float16 "
-                                 "the loss overflows to inf for a large vocabulary. "
+                        evidence="with label smoothing in float16 the loss overflows to inf "
+                                 "for a large vocabulary. "
                                  "cross_entropy_loss_label_smoothing (aten LossNLL.cpp) takes "
                                  "log_softmax in the input dtype and forms smooth_loss = "
                                  "−Σ_j log p_j in float16: for V = 32000 and logits in "
                                  "[−30, 30] that sum is ~−1.9e6, beyond 65504, so every row's "
                                  "loss is inf (float64: 21.79, 59.59, 12.41). Also rounds "
                                  "log p, the sum and the combination separately."),
+                    "FALSIFY-CE-001/float16": Finding(
+                        kind="deviation",
+                        evidence="label smoothing in float16 (ε = 0.1, ζ = 0, T = 8, V = 128, "
+                                 "reduction none): row 2 got 30.5625, reference 30.581169, "
+                                 "|err| 0.0187 > atol 8.9e-5 + rtol 4.88e-4·|ref| = 0.0150 "
+                                 "(1.2 fp16 ulps of 0.0156 at 30.6, where the contract allows "
+                                 "one rounding): the several float16 roundings of "
+                                 "cross_entropy_loss_label_smoothing, as FALSIFY-CE-009/float16."),
                     "FALSIFY-CE-009/float16": Finding(
                         kind="deviation",
                         evidence="mean with label smoothing in float16 (T = 16, V = 3, "
@@ -559,6 +725,169 @@ LIBRARY = Library(
                                  "but got float instead\"), and its out_dtype= overload "
                                  "(aten::addmm.dtype / dtype_out) has no CPU kernel "
                                  "(NotImplementedError)."),
+                }),
+        Binding(name="SequentialLR(LinearLR, CosineAnnealingLR)", contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{M}:sequential_linear_cosine"},
+                findings={
+                    "FALSIFY-LRS-001": Finding(
+                        kind="deviation", repro="torch_sequentiallr_drift.py",
+                        evidence="the stepped (chainable) rates drift: CosineAnnealingLR.get_lr "
+                                 "multiplies the previous rate by (1 + cos(πt/T))/(1 + "
+                                 "cos(π(t − 1)/T)) and LinearLR by 1 + (end − start)/(…) every "
+                                 "step, so rounding accumulates with the step count: W = 375, "
+                                 "T = 7500, lr_max 3e-4, lr_min 3e-5, lr(2518) got "
+                                 "0.00024408591431924177, true 0.000244085914319233194, |err| "
+                                 "8.6e-18 = 129·eps·lr_max > bound 8·eps·lr_max = 5.3e-19 (W = "
+                                 "2000, T = 5000: 56.6·eps·lr_max at step 2905). The run's first "
+                                 "failure is past T (" + LRS_PERIODIC + ")."),
+                    "FALSIFY-LRS-002": Finding(
+                        kind="variant", variant=LRS_PERIODIC_NAME,
+                        evidence="W = 0, T = 1, lr_max 3e-4, lr_min 0, steps 0 … 6: got "
+                                 "3e-4 at steps 2, 4, 6, reference 0 (3 of 7 beyond atol "
+                                 "5.3e-19). " + LRS_PERIODIC + ". Inside [0, T] the sweep's "
+                                 "schedules (T ≤ 300) stay within 5.7·eps·lr_max."),
+                    "FALSIFY-LRS-004": Finding(
+                        kind="deviation", repro="torch_sequentiallr_drift.py",
+                        evidence=LRS_LINEAR_DRIFT),
+                    "FALSIFY-LRS-005": Finding(
+                        kind="variant", variant=LRS_PERIODIC_NAME,
+                        evidence="W = 0, T = 1: y[T:] = [0, 3e-4, 0, 3e-4, …], not lr_min from T "
+                                 "on (" + LRS_PERIODIC + "); and for W > 0, y[0] = 1e-16·lr_max "
+                                 "≠ 0: " + LRS_START),
+                    "FALSIFY-LRS-006": Finding(
+                        kind="variant", variant=LRS_PERIODIC_NAME,
+                        evidence="W = 500, T = 5016, lr_max 1, lr_min 0: y[W] = lr_max and both "
+                                 "phases are monotone, but y[T + 1] = 1.2e-7 > 0 = lr_min: "
+                                 + LRS_PERIODIC + "."),
+                    "FALSIFY-LRS-013": Finding(
+                        kind="variant", variant=LRS_PERIODIC_NAME,
+                        evidence="the layouts check compares with the reference under "
+                                 "FALSIFY-LRS-001's bound: W = 0, T = 1, step 86 (stepped view): "
+                                 "got 3e-4, reference lr_min = 3e-5 (" + LRS_PERIODIC + "); "
+                                 "contiguous, transposed, expanded views and n = 0 agree."),
+                }),
+        Binding(name="SequentialLR(LinearLR, CosineAnnealingWarmRestarts)",
+                contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{M}:sequential_linear_cosine_restarts"},
+                findings={
+                    "FALSIFY-LRS-001": Finding(
+                        kind="deviation", repro="torch_sequentiallr_drift.py",
+                        evidence="the first failure is past T (W = 0, T = 1, step 86: got "
+                                 "3e-4, reference 0; " + LRS_RESTART + "), but inside [0, T) "
+                                 "the LinearLR warmup drifts too: W = 2000, T = 5000, lr_max "
+                                 "3e-4: lr(1932) got 0.0002897999999999977, true 0.0002898, "
+                                 "34·eps·lr_max > bound 8·eps·lr_max. " + LRS_LINEAR_DRIFT),
+                    "FALSIFY-LRS-002": Finding(
+                        kind="variant", variant=LRS_RESTART_NAME,
+                        evidence="W = 0, T = 1, lr_max 3e-4, lr_min 0, steps 0 … 6: got 3e-4 at "
+                                 "steps 1 … 6, reference 0 (6 of 7 beyond atol 5.3e-19): "
+                                 + LRS_RESTART + ". The closed-form decay itself stays within "
+                                 "the bound."),
+                    "FALSIFY-LRS-004": Finding(
+                        kind="deviation", repro="torch_sequentiallr_drift.py",
+                        evidence=LRS_LINEAR_DRIFT),
+                    "FALSIFY-LRS-005": Finding(
+                        kind="variant", variant=LRS_RESTART_NAME,
+                        evidence="W = 0, T = 1: y[T:] = lr_max at every step, not lr_min ("
+                                 + LRS_RESTART + "); and for W > 0, y[0] = 1e-16·lr_max ≠ 0: "
+                                 + LRS_START),
+                    "FALSIFY-LRS-006": Finding(
+                        kind="variant", variant=LRS_RESTART_NAME,
+                        evidence="W = 500, T = 5016: y[T] = lr_max, the decay restarts instead "
+                                 "of holding lr_min (" + LRS_RESTART + ")."),
+                    "FALSIFY-LRS-008": Finding(
+                        kind="variant", variant=LRS_RESTART_NAME,
+                        evidence="the symmetry pairs lr(W + k) with lr(T − k), k = 0 … T − W, "
+                                 "and lr(T) is the restart: W = 0, T = 1: y[0] + y[1] = 2·lr_max "
+                                 "= 6e-4, expected lr_max + lr_min = 3e-4 (" + LRS_RESTART
+                                 + "); for 0 < k < T − W the sums hold."),
+                    "FALSIFY-LRS-013": Finding(
+                        kind="variant", variant=LRS_RESTART_NAME,
+                        evidence="stepped view, W = 0, T = 1, step 86: got 3e-4, reference "
+                                 "lr_min = 3e-5 (" + LRS_RESTART + "); n = 0 and the other views "
+                                 "agree."),
+                }),
+        Binding(name="F.linear", contract="gemm-kernel-v1",
+                binds={"gemm": f"{M}:linear"},
+                variant="unscaled",  # no α, β: judged at α = 1, β = 1 (the bias add)
+                # integer inputs come back as integer products, as for torch.addmm
+                dtypes=("float64", "bfloat16", "int64", "int32"),
+                not_claimed={
+                    "FALSIFY-GEMM-007": "F.linear has no out=: the adapter copies its result "
+                                        "into the buffer, and a wrong-shaped one fails in that "
+                                        "copy with RuntimeError (\"The size of tensor a (6) must "
+                                        "match the size of tensor b (7)\"), a probe of the copy, "
+                                        "not of F.linear"},
+                findings={
+                    "FALSIFY-GEMM-005/float16": Finding(
+                        kind="variant", variant="result in the inputs' dtype",
+                        evidence="F.linear returns the float16 result of the float16 inputs "
+                                 "(m = 9, n = 96, k = 40, entries up to 6e4): the exact sums "
+                                 "reach ~1e10, beyond 65504, so the float16 result is ±inf at "
+                                 "864 of 864 positions before it is copied into the float32 "
+                                 "out (F.linear has no out= and no out_dtype)."),
+                }),
+        Binding(name="torch.matmul", contract="gemm-kernel-v1",
+                binds={"gemm": f"{M}:matmul"},
+                variant="product",  # no α, β, C: judged at α = 1, β = 0
+                dtypes=("float64", "bfloat16"),
+                not_claimed={"FALSIFY-GEMM-007": TORCH_OUT_DTYPE},
+                findings={
+                    "FALSIFY-GEMM-005/float16": Finding(
+                        kind="variant", variant="result in the inputs' dtype on the CPU",
+                        evidence="the check multiplies float16 inputs near 65504 into a "
+                                 "float32 out=; torch.matmul's out must have the inputs' dtype "
+                                 "(RuntimeError \"Expected out tensor to have dtype c10::Half, "
+                                 "but got float instead\")."),
+                }),
+        Binding(name="torch.baddbmm", contract="gemm-kernel-v1",
+                binds={"gemm": f"{M}:baddbmm"},
+                # called: int64 and int32 come back as integer results, as for torch.addmm
+                dtypes=("float64", "bfloat16", "int64", "int32"),
+                not_claimed={"FALSIFY-GEMM-007": TORCH_OUT_DTYPE},
+                findings={
+                    "FALSIFY-GEMM-005/float16": Finding(
+                        kind="variant", variant="result in the inputs' dtype on the CPU",
+                        evidence="float16 inputs near 65504 into a float32 out=: "
+                                 "torch.baddbmm's out must have the inputs' dtype "
+                                 "(RuntimeError \"Expected out tensor to have dtype c10::Half, "
+                                 "but got float instead\")."),
+                }),
+        Binding(name="F.scaled_dot_product_attention(attn_mask)", contract="attention-kernel-v1",
+                binds={"attention": f"{M}:sdpa_attention_masked"},
+                # d = 0: the masked call returns the empty [b, h, s, 0] result (called), where
+                # the is_causal call refuses it
+                dtypes=FLOAT_EXTRA, zero_size={"hkv": "empty", "d": "empty"}, errors=INT_REFUSAL,
+                not_claimed={
+                    "FALSIFY-ATT-013": "an explicit mask is an [s_q, s_k] input, quadratic in S "
+                                       "by construction (the adapter's bool mask alone is 1 MiB "
+                                       "at S = 1024): the run's peak grows 6.66× from S = 256 "
+                                       "(1.58 MB) to 1024 (10.5 MB), past the linear-memory "
+                                       "bound of 6×, still under the 16.8 MB of the scores; "
+                                       "linear memory is the is_causal path's promise",
+                    "FALSIFY-ATT-025": "integer q, k, v are refused inside the op with "
+                                       "RuntimeError \"expected m1 and m2 to have the same "
+                                       "dtype, but got: float != long int\" (the masked call "
+                                       "meets a float tensor), which does not name int64; torch "
+                                       "makes no promise about the refusal's wording"}),
+        Binding(name="F.softmax(dtype=float32)", contract="softmax-kernel-v1",
+                binds={"softmax": f"{M}:softmax_fp32"},
+                dtypes=FLOAT_EXTRA, zero_size={"n": "empty"}, errors=("NotImplementedError",),
+                findings={
+                    **dict.fromkeys(("FALSIFY-SM-005/float16", "FALSIFY-SM-006/float16"), Finding(
+                        kind="variant", variant="result in the requested dtype (float32)",
+                        evidence="float16 x (m = n = 1, x = 6.35; x = 1e4) gives a float32 "
+                                 "result: `dtype=torch.float32` casts x before the kernel and "
+                                 "returns the float32 softmax, where the equation keeps x's "
+                                 "dtype. The values are the fp32 evaluation on the exact fp16 "
+                                 "inputs (3 × 1000 fp16 logits of scale 30: max |err| 7.2e-8 "
+                                 "against the float64 reference, below one fp16 rounding).")),
+                    "FALSIFY-SM-012": Finding(
+                        kind="variant", variant="integer input cast to the requested dtype",
+                        evidence="int64 x is accepted and returned as float32 [4, 128]: "
+                                 "`dtype=torch.float32` casts it before the kernel (x = [1, 2, 3] "
+                                 "gives [0.0900, 0.2447, 0.6652], the float32 softmax), not "
+                                 "refused with an error naming the dtype."),
                 }),
     ),
 )

@@ -3,6 +3,8 @@ activations every model file shares, against the kernel contracts they implement
 
 Bound:
 - `LlamaRMSNorm.forward` -> rmsnorm-kernel-v1 (`rmsnorm`), the contract's `w` as its weight;
+- `GemmaRMSNorm.forward` -> rmsnorm-kernel-v1's `one-plus-w` variant (y = x̂ ⊙ (1 + w), all in
+  fp32, one rounding), judged against that variant's own reference;
 - `LlamaRotaryEmbedding.forward` (the cos/sin table) + `apply_rotary_pos_emb` -> rope-kernel-v1
   (`rope`, `rope_grouping`). Both use the rotate-half layout (x1 = x[..., :D/2]) the contract
   states, so no permutation is needed; the contract's x is [B, S, H, D], which
@@ -14,17 +16,39 @@ Bound:
 - `ACT2FN["silu"]` -> swiglu-kernel-v1 (`silu`), and LlamaMLP's gate `act_fn(gate) * up` (its
   own `forward`, with the projections as identities) -> `swiglu`;
 - `ACT2FN["gelu"]` (exact) with `ACT2FN["gelu_pytorch_tanh"]` or `ACT2FN["gelu_new"]` (tanh)
-  -> gelu-kernel-v1 (`gelu`), two bindings.
+  -> gelu-kernel-v1 (`gelu`), two bindings; and `ACT2FN["gelu_fast"]` (the tanh form with
+  √(2/π) cut to 0.7978845608 and x factored out) paired with `ACT2FN["gelu"]`, and
+  `ACT2FN["gelu_python"]` (the erf form in torch ops) paired with `ACT2FN["gelu_pytorch_tanh"]`,
+  so that each binding judges one new form;
+- `T5LayerNorm` and `Olmo2RMSNorm` -> rmsnorm-kernel-v1, the two RMSNorm forwards whose
+  arithmetic differs from LlamaRMSNorm's (T5: x scaled in its own dtype promoted by the fp32
+  rsqrt, cast to the weight's dtype only for fp16/bf16 weights; Olmo2: the weight product in
+  fp32, one cast at the end). `Qwen2RMSNorm`, `MistralRMSNorm` and `Qwen3RMSNorm` are not bound:
+  their `forward` is LlamaRMSNorm's verbatim (the same AST), as is that of 136 other
+  `*RMSNorm` classes generated from it;
+- `loss_utils.ForCausalLMLoss` (what `LlamaForCausalLM.loss_function` is) ->
+  cross-entropy-kernel-v1 (`cross_entropy`, and `cross_entropy_grad` through autograd), at the
+  contract's `plain-mean` variant (ζ = 0, ε = 0, mean: all it computes; checks whose inputs fix
+  another reduction are outside it, n/a); its `shift_labels=` aligns the contract's labels
+  with the rows (see the adapter);
+- the cosine schedules of `transformers.optimization` -> lr-schedule-kernel-v1 (`lr_at`):
+  `get_cosine_schedule_with_warmup`, `get_cosine_with_min_lr_schedule_with_warmup`,
+  `get_cosine_with_min_lr_schedule_with_warmup_lr_rate`,
+  `get_cosine_with_hard_restarts_schedule_with_warmup(num_cycles=1)` and `get_wsd_schedule`
+  with no stable phase and `decay_type="cosine"`, each stepped as in training (torch's
+  LambdaLR on an optimizer at lr = lr_max).
 
 LlamaRMSNorm, LlamaRotaryEmbedding and LlamaMLP run as their own (unbound) `forward` on a small
 object holding the attributes it reads (`_Self`), so no module or Parameter is built per call,
 which torch.compile and torch.func cannot trace; the arithmetic is the forward's, line for line.
 
-Not bound: `ForCausalLMLoss` (loss_utils) implements only the mean (or sum / num_items_in_batch)
-of plain cross-entropy, after upcasting the logits to fp32: no `reduction='none'`, no z-loss,
-no label smoothing (its `**kwargs` swallow them), so most of cross-entropy-kernel-v1's examples
-are outside what it computes; `gelu_gap` and the in-place SwiGLU backward have no transformers
-counterpart (their checks keep running our own functions).
+Not bound: `gelu_gap` and the in-place SwiGLU backward have no transformers counterpart (their
+checks keep running our own functions); `ACT2FN["quick_gelu"]` (x·σ(1.702x)) and
+`ACT2FN["gelu_10"]` (GELU clipped to [−10, 10]) are other functions than gelu-kernel-v1's, not
+forms of it; `ACT2FN["gelu_accurate"]` and `ACT2FN["gelu_python_tanh"]` evaluate gelu_new's
+formula with the same operations (bound as gelu_new), and `ACT2FN["swish"]` is torch's
+nn.SiLU (torch's F.silu binding); `get_linear_schedule_with_warmup` and the other decay
+shapes are not the contract's cosine.
 """
 
 from __future__ import annotations
@@ -55,6 +79,17 @@ def llama_rmsnorm(x, w, eps, out=None):
 
     module = _Self(weight=w, variance_epsilon=eps)
     return _into(out, LlamaRMSNorm.forward(module, x))
+
+
+def gemma_rmsnorm(x, w, eps, out=None):
+    """GemmaRMSNorm.forward on the contract's (w, eps) as the module's (weight, eps): it
+    normalizes in fp32, scales by (1 + weight) in fp32 and rounds once to x's dtype — the
+    contract's `one-plus-w` variant. Its `_norm` is read off the class, as the module would."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    module = _Self(weight=w, eps=eps)
+    module._norm = lambda t: GemmaRMSNorm._norm(module, t)
+    return _into(out, GemmaRMSNorm.forward(module, x))
 
 
 # ---------------------------------------------------------------- rope-kernel-v1
@@ -169,6 +204,139 @@ def act_gelu_new(x, approximate, out=None):
     return _gelu(x, approximate, "gelu_new", out)
 
 
+def act_gelu_fast(x, approximate, out=None):
+    """ACT2FN["gelu"] / ACT2FN["gelu_fast"] (FastGELUActivation: 0.5·x·(1 + tanh(x·0.7978845608·
+    (1 + 0.044715·x²))), the tanh form with √(2/π) cut to 10 digits and x factored out)."""
+    return _gelu(x, approximate, "gelu_fast", out)
+
+
+def act_gelu_python(x, approximate, out=None):
+    """ACT2FN["gelu_python"] (x·0.5·(1 + erf(x/√2)) in torch ops, the exact form) /
+    ACT2FN["gelu_pytorch_tanh"] (torch's fused tanh form, bound above)."""
+    from transformers.activations import ACT2FN
+
+    if approximate == "none":
+        return _into(out, ACT2FN["gelu_python"](x))
+    return _gelu(x, approximate, "gelu_pytorch_tanh", out)
+
+
+# ---------------------------------------------------------------- rmsnorm-kernel-v1 (more)
+def t5_layer_norm(x, w, eps, out=None):
+    """T5LayerNorm.forward (the contract's w, eps as weight, variance_epsilon): the variance in
+    fp32 but x itself scaled in its own dtype promoted by the fp32 rsqrt, cast to the weight's
+    dtype only when that is fp16/bf16, then the weight product."""
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    module = _Self(weight=w, variance_epsilon=eps)
+    return _into(out, T5LayerNorm.forward(module, x))
+
+
+def olmo2_rmsnorm(x, w, eps, out=None):
+    """Olmo2RMSNorm.forward: normalized in fp32, multiplied by the weight in fp32 (the weight
+    promoted), one cast back to x's dtype at the end."""
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    module = _Self(weight=w, variance_epsilon=eps)
+    return _into(out, Olmo2RMSNorm.forward(module, x))
+
+
+# ---------------------------------------------------------------- cross-entropy-kernel-v1
+def causal_lm_loss(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
+                   label_smoothing=0.0):
+    """loss_utils.ForCausalLMLoss (LlamaForCausalLM.loss_function) on the contract's rows.
+
+    ForCausalLMLoss pairs logits row t with labels[t + 1] (it pads labels with ignore_index and
+    drops the first); its `shift_labels=` argument takes labels already aligned with the rows,
+    as the Trainer's context-parallel path passes them, so the contract's (row, label) pairs
+    reach F.cross_entropy unchanged ([1, T, V] logits, as a model returns them). `mean` is its
+    default; `sum` is its gradient-accumulation path, Σ loss / num_items_in_batch, with
+    num_items_in_batch = 1. It has no `none`, no z-loss and no label smoothing (its **kwargs
+    swallow them): those calls are refused, not computed here.
+    """
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    if z_loss != 0.0:
+        raise NotImplementedError(f"ForCausalLMLoss has no z-loss term (z_loss={z_loss!r})")
+    if label_smoothing != 0.0:
+        raise NotImplementedError(f"ForCausalLMLoss has no label smoothing ({label_smoothing!r})")
+    if reduction not in ("mean", "sum"):
+        raise NotImplementedError(f"ForCausalLMLoss reduces by mean or sum, not {reduction!r}")
+    n = 1 if reduction == "sum" else None
+    return ForCausalLMLoss(logits[None], None, vocab_size=logits.shape[-1], num_items_in_batch=n,
+                           ignore_index=ignore_index, shift_labels=labels[None])
+
+
+def causal_lm_loss_grad(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
+                        label_smoothing=0.0):
+    """∂(ForCausalLMLoss)/∂logits through its autograd backward (the fp32 upcast included)."""
+    z = logits.detach().requires_grad_(True)
+    loss = causal_lm_loss(z, labels, ignore_index, reduction, z_loss, label_smoothing)
+    (g,) = torch.autograd.grad(loss, [z], grad_outputs=torch.ones_like(loss))
+    return g
+
+
+# ---------------------------------------------------------------- lr-schedule-kernel-v1
+# each schedule is a torch LambdaLR; its rates are read off an optimizer stepped as in training
+# (lib_torch.scheduled_rates)
+def _schedule(make, step, lr_max):
+    from falsify.conformance.lib_torch import scheduled_rates
+
+    return scheduled_rates(make, step, lr_max)
+
+
+def _decays_to_zero(name, lr_min):
+    if lr_min != 0.0:
+        raise NotImplementedError(f"{name} decays to 0: no lr_min (lr_min={lr_min!r})")
+
+
+def cosine_schedule(step, warmup, total, lr_max, lr_min):
+    """get_cosine_schedule_with_warmup(optimizer, warmup, total): the default num_cycles = 0.5
+    is the contract's half cosine; it has no minimum (lr_min ≠ 0 is refused)."""
+    from transformers.optimization import get_cosine_schedule_with_warmup
+
+    _decays_to_zero("get_cosine_schedule_with_warmup", lr_min)
+    return _schedule(lambda opt: get_cosine_schedule_with_warmup(opt, warmup, total), step,
+                     lr_max)
+
+
+def cosine_min_lr_schedule(step, warmup, total, lr_max, lr_min):
+    """get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total, min_lr=lr_min)."""
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    return _schedule(lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
+        opt, warmup, total, min_lr=lr_min), step, lr_max)
+
+
+def cosine_min_lr_rate_schedule(step, warmup, total, lr_max, lr_min):
+    """get_cosine_with_min_lr_schedule_with_warmup_lr_rate(optimizer, warmup, total,
+    min_lr=lr_min), warmup_lr_rate left at its default."""
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup_lr_rate
+
+    return _schedule(lambda opt: get_cosine_with_min_lr_schedule_with_warmup_lr_rate(
+        opt, warmup, total, min_lr=lr_min), step, lr_max)
+
+
+def cosine_hard_restarts_schedule(step, warmup, total, lr_max, lr_min):
+    """get_cosine_with_hard_restarts_schedule_with_warmup(optimizer, warmup, total,
+    num_cycles=1): one cosine period, 0 from `total` on; no minimum (lr_min ≠ 0 refused)."""
+    from transformers.optimization import get_cosine_with_hard_restarts_schedule_with_warmup
+
+    _decays_to_zero("get_cosine_with_hard_restarts_schedule_with_warmup", lr_min)
+    return _schedule(lambda opt: get_cosine_with_hard_restarts_schedule_with_warmup(
+        opt, warmup, total, num_cycles=1), step, lr_max)
+
+
+def wsd_schedule(step, warmup, total, lr_max, lr_min):
+    """get_wsd_schedule with no stable phase: warmup W (linear), cosine decay over T − W steps
+    (its defaults warmup_type="linear", decay_type="cosine"), min_lr_ratio = lr_min / lr_max
+    (its parameter is the ratio)."""
+    from transformers.optimization import get_wsd_schedule
+
+    return _schedule(lambda opt: get_wsd_schedule(
+        opt, warmup, total - warmup, num_stable_steps=0, min_lr_ratio=lr_min / lr_max), step,
+        lr_max)
+
+
 _M = "falsify.conformance.lib_transformers"
 
 _JVP = ("built from plain torch operations, so torch.func.jvp computes a forward-mode derivative; "
@@ -185,6 +353,12 @@ _LLAMA_RMSNORM_FP16 = (
     "(`hidden_states.to(input_dtype)`), then multiplies by the fp16 weight, which rounds "
     "again: two roundings where the contract allows one after fp32 arithmetic. {what}: about "
     "1 fp16 ulp. In fp32 every parity and gradient check passes.")
+_T5_FP16 = (
+    "T5LayerNorm.forward scales x by the fp32 rsqrt of its variance, casts the normalized row "
+    "to the fp16 weight's dtype (`hidden_states.to(self.weight.dtype)`) and multiplies by the "
+    "weight, which rounds again: two roundings where the contract allows one after fp32 "
+    "arithmetic (the arithmetic LlamaRMSNorm's is, in other code). {what}. In fp32 every "
+    "parity and gradient check passes.")
 _LLAMA_TABLE = (
     "LlamaRotaryEmbedding computes inv_freq = 1/theta^(2k/D) in fp32 "
     "(compute_default_rope_parameters) and the angles `position_ids.float() * inv_freq` in fp32 "
@@ -212,6 +386,31 @@ _GELU_TANH_AD = {
         "difference 3.36493e-4, |diff| 9.74e-8 > 7.36e-8 + 1.06e-8. The exact form "
         "passes.")),
 }
+
+# ForCausalLMLoss computes the contract's `plain-mean` variant only
+_CE_ONLY = "plain-mean"
+
+
+# the transformers schedules past num_training_steps and at step 0
+_LRS_RISES = "cosine continues past num_training_steps"
+_LRS_RISES_WHY = (
+    "the lambda is 0.5·(1 + cos(π·2·num_cycles·progress)) with progress = (s − W)/(T − W) "
+    "unbounded: past T (progress > 1) the cosine rises again towards lr_max (no floor; the "
+    "docstring describes the schedule up to num_training_steps only); the contract holds "
+    "lr_min from T on")
+_LRS_RATIO = "parametrized by min_lr_ratio (floor lr_max·ratio, warmup from it)"
+_LRS_WSD = (
+    "get_wsd_schedule takes the floor as a ratio of lr_max (min_lr_ratio, passed as lr_min / "
+    "lr_max) and documents its warmup as rising \"from min_lr_ratio times the initial learning "
+    "rate\": lr(0) = lr_max·ratio, not 0, and the floor lr_max·(lr_min/lr_max) = "
+    "2.9999999999999997e-05 for lr_min = 3e-5 (one ulp below; the ratio is the API's only "
+    "parameter)")
+_LRS_ONE_BASED = "1-based steps (lr(s) is the contract's lr(s + 1))"
+_LRS_ONE_BASED_WHY = (
+    "with warmup_lr_rate unset the lambda is (s + 1)/W in the warmup (its docstring: "
+    "warmup_lr_rate \"treated as float(1/num_warmup_steps)\") and progress = (s − W + 1)/"
+    "(T − W) in the decay: every rate is the contract's rate one step later, the peak is at "
+    "W − 1 and the floor at T − 1")
 
 LIBRARY = Library(
     name="transformers",
@@ -254,6 +453,28 @@ LIBRARY = Library(
                     "hidden_states.to(input_dtype)`) and reduces fp16 products; Inductor fuses "
                     "the cast and the reduction and keeps fp32, so the library's result depends "
                     "on whether it is compiled. fp32 passes.")),
+            },
+        ),
+        Binding(
+            name="GemmaRMSNorm",
+            contract="rmsnorm-kernel-v1",
+            binds={"rmsnorm": f"{_M}:gemma_rmsnorm"},
+            variant="one-plus-w",  # y = x̂ ⊙ (1 + w): judged against that variant's reference
+            dtypes=_FLOAT_EXTRA,
+            zero_size={"n": "empty"},
+            not_claimed={
+                "FALSIFY-RN-021": _JVP,
+                "FALSIFY-RN-008": (
+                    "saved-tensor probe: GemmaRMSNorm is a chain of torch ops (an fp32 copy of x, "
+                    "its normalized rows, 1 + w) whose autograd keeps what they need; "
+                    "transformers promises no recomputing backward"),
+            },
+            findings={
+                "FALSIFY-RN-015": Finding("deviation", (
+                    "integer x is accepted and truncated: GemmaRMSNorm.forward normalizes "
+                    "x.float(), scales by 1 + w and casts back with `type_as(x)`, so an int64 "
+                    "[4, 128] comes back int64; x = [4, -3, 2, 0, -2] with w = 0 gives "
+                    "[1, -1, 0, 0, 0] (x̂ = [1.56, -1.17, 0.78, 0, -0.78] truncated).")),
             },
         ),
         Binding(
@@ -403,5 +624,253 @@ LIBRARY = Library(
                     "(1118 of 3300 elements).")),
             },
         ),
+        Binding(
+            name='ACT2FN["gelu"/"gelu_fast"]',
+            contract="gelu-kernel-v1",
+            binds={"gelu": f"{_M}:act_gelu_fast"},
+            dtypes=_FLOAT_EXTRA,  # the formula's torch ops in float64 / bfloat16
+            # the dtypes check calls the exact form (ACT2FN["gelu"]): NotImplementedError
+            errors=("NotImplementedError",),
+            findings={
+                "FALSIFY-GELU-003/float16": Finding("deviation", (
+                    "FastGELUActivation evaluates 0.5·x·(1 + tanh(x·0.7978845608·(1 + "
+                    "0.044715·x²))) op by op in x's dtype: in fp16 every operation rounds, and "
+                    "1 + tanh u cancels for negative x. got -0.0091552734375 vs -0.00945107348 "
+                    "at (0, 0) (x = -2.678), 3 % off; max |err| 2.04e-3 > rtol 4.89e-4 (901 of "
+                    "3300 elements). fp32 passes."), repro="transformers_gelu_fast.py"),
+                "FALSIFY-GELU-004/float16": Finding("deviation", (
+                    "as FALSIFY-GELU-003/float16 (fp16 op-by-op evaluation): got "
+                    "-0.0125885009765625 vs -0.0123441568 at (1, 40), |err| 2.44e-4 > rtol "
+                    "4.89e-4·|ref| + atol 3e-7 (1 of 82)."), repro="transformers_gelu_fast.py"),
+                "FALSIFY-GELU-006/float16": Finding("deviation", (
+                    "the gradient is autograd through the same fp16 operations: got "
+                    "-0.007965087890625 vs -0.0082310901 at (0, 0), max |err| 3.88e-3 > rtol "
+                    "4.88e-4 (1115 of 3300 elements)."), repro="transformers_gelu_fast.py"),
+                "FALSIFY-GELU-020": Finding("deviation", (
+                    "double backward: autograd of the fast formula differentiates 1 + tanh u, "
+                    "which cancels for negative x: ∂S/∂x(0, 3) 3.36591e-4 vs central difference "
+                    "3.36493e-4, |diff| 9.75e-8 > 7.36e-8 + 1.06e-8 (x = [1.0957, -1.8417, "
+                    "-3.6722, -3.8678]). The exact form passes."),
+                    repro="transformers_gelu_fast.py"),
+                "FALSIFY-GELU-023": Finding("deviation", (
+                    "forward mode through the same 1 + tanh u: Σ⟨dy, J·t⟩ = 0.00184568751 vs "
+                    "0.00184557021, |diff| 1.17e-7 > 7.35e-8 (32·eps·Σ|g||t|). The exact form "
+                    "passes."), repro="transformers_gelu_fast.py"),
+            },
+        ),
+        Binding(
+            name='ACT2FN["gelu_python"/"gelu_pytorch_tanh"]',
+            contract="gelu-kernel-v1",
+            binds={"gelu": f"{_M}:act_gelu_python"},
+            dtypes=_FLOAT_EXTRA,  # the erf formula's torch ops in float64 / bfloat16
+            errors=("NotImplementedError",),
+            findings={
+                **_GELU_TANH_AD,  # its tanh half is gelu_pytorch_tanh, bound above
+                "FALSIFY-GELU-001/float16": Finding("deviation", (
+                    "GELUActivation._gelu_python evaluates x·0.5·(1 + erf(x/√2)) op by op in "
+                    "x's dtype: in fp16 the division, erf, the sum and the products each round, "
+                    "and 1 + erf cancels for negative x. got -0.00980377197 vs -0.00992394793 "
+                    "at (0, 0) (x = -2.678), 1.2 % off (15.8 fp16 ulps); max |err| 1.87e-3 > "
+                    "rtol 4.89e-4 (887 of 3300 elements). fp32 passes; ACT2FN[\"gelu\"] (fp32 "
+                    "inside) passes in fp16."), repro="transformers_gelu_python_fp16.py"),
+                "FALSIFY-GELU-005/float16": Finding("deviation", (
+                    "the gradient is autograd through the same fp16 operations: got "
+                    "-0.00823211670 vs -0.00822024774 at (0, 0), max |err| 2.42e-3 > rtol "
+                    "4.88e-4 (784 of 3300 elements)."), repro="transformers_gelu_python_fp16.py"),
+                "FALSIFY-GELU-015": Finding("variant", (
+                    "int64 x is accepted and returned as float32 [4, 128]: x / math.sqrt(2.0) "
+                    "promotes the integers to float32 and the erf form is evaluated there (x = "
+                    "[1, -2, 3] gives [0.8413, -0.0455, 2.9960], the float32 GELU), not "
+                    "refused with an error naming the dtype."),
+                    variant="integer input promoted to float32"),
+            },
+        ),
+        Binding(
+            name="T5LayerNorm",
+            contract="rmsnorm-kernel-v1",
+            binds={"rmsnorm": f"{_M}:t5_layer_norm"},
+            dtypes=_FLOAT_EXTRA,  # float64 comes back float64 (x promoted by the fp32 rsqrt)
+            zero_size={"n": "empty"},
+            not_claimed={
+                "FALSIFY-RN-021": _JVP,
+                "FALSIFY-RN-008": (
+                    "saved-tensor probe: T5LayerNorm is a chain of torch ops and autograd keeps "
+                    "what they need (490 extra elements for 5×96 in fp32, 970 in fp16); "
+                    "transformers promises no recomputing backward"),
+            },
+            findings={
+                "FALSIFY-RN-015": Finding("variant", (
+                    "int64 x is accepted and returned as float32 [4, 128]: the fp32 rsqrt of "
+                    "the variance promotes `hidden_states * rsqrt(...)` to float32 (x = [4, -3, "
+                    "2, 0, -2], w = 1 gives [1.5570, -1.1677, 0.7785, 0, -0.7785], the float32 "
+                    "normalization), not refused with an error naming the dtype."),
+                    variant="integer input promoted to float32"),
+                "FALSIFY-RN-001/float16": Finding("deviation", _T5_FP16.format(
+                    what="got 0.6669921875 vs 0.66749877 at (0, 719), max |err| 1.81e-3 > rtol "
+                         "7.35e-4 (51 of 12297 elements), 1.04 fp16 ulps off"),
+                    repro="transformers_t5_layernorm_fp16.py"),
+                "FALSIFY-RN-002/float16": Finding("deviation", _T5_FP16.format(
+                    what="got 1.62890625 vs 1.62984678 at (0, 7), max |err| 1.48e-3 > rtol "
+                         "4.95e-4 (19 of 194), 0.96 fp16 ulps off"),
+                    repro="transformers_t5_layernorm_fp16.py"),
+                "FALSIFY-RN-006/float16": Finding("deviation", _T5_FP16.format(
+                    what="d/dx (autograd through the same ops): got 0.6611328125 vs 0.66156894 "
+                         "at (0, 51), max |err| 1.03e-3 > atol 7.54e-5 + rtol 4.88e-4·|ref| (9 "
+                         "of 201), 0.89 fp16 ulps off"),
+                    repro="transformers_t5_layernorm_fp16.py"),
+                "FALSIFY-RN-024/float16": Finding("deviation", (
+                    "compiled vs eager d/dw differ: 0.5126953125 (compiled) vs 0.51171875 "
+                    "(eager) at (16,), max |err| 3.91e-3 > atol 4.74e-4 + rtol 9.77e-4 (2 of "
+                    "64). Eager autograd forms dw from the fp16-rounded normalized rows "
+                    "(`self.weight * hidden_states.to(self.weight.dtype)`) and reduces fp16 "
+                    "products; Inductor fuses the cast and the reduction and keeps fp32. fp32 "
+                    "passes."), repro="transformers_t5_layernorm_compile.py"),
+            },
+        ),
+        Binding(
+            name="Olmo2RMSNorm",
+            contract="rmsnorm-kernel-v1",
+            binds={"rmsnorm": f"{_M}:olmo2_rmsnorm"},
+            dtypes=_FLOAT_EXTRA,  # float64 comes back float64 (normalized in fp32)
+            zero_size={"n": "empty"},
+            not_claimed={
+                "FALSIFY-RN-021": _JVP,
+                "FALSIFY-RN-008": (
+                    "saved-tensor probe: Olmo2RMSNorm is a chain of torch ops and autograd keeps "
+                    "what they need (490 extra elements for 5×96 in fp32, 1450 in fp16: an fp32 "
+                    "copy of x); transformers promises no recomputing backward"),
+            },
+            findings={
+                "FALSIFY-RN-015": Finding("deviation", (
+                    "integer x is accepted and returned truncated: Olmo2RMSNorm.forward casts x "
+                    "to fp32, normalizes, multiplies by the weight and casts back with "
+                    "`.to(input_dtype)`: x = [4, -3, 2, 0, -2] int64 with w = 1 gives [1, -1, "
+                    "0, 0, 0] (int64 [4, 128] in the run), without an error."),
+                    repro="transformers_olmo2_rmsnorm_integer.py"),
+            },
+        ),
+        Binding(
+            name="ForCausalLMLoss",
+            contract="cross-entropy-kernel-v1",
+            binds={"cross_entropy": f"{_M}:causal_lm_loss",
+                   "cross_entropy_grad": f"{_M}:causal_lm_loss_grad"},
+            variant="plain-mean",  # mean of plain CE: judged at ζ = 0, ε = 0, mean
+            dtypes=_FLOAT_EXTRA,  # float64 logits: a float32 loss (`logits.float()`)
+            errors=("NotImplementedError",),
+            not_claimed={
+                "FALSIFY-CE-027": _JVP,
+                "FALSIFY-CE-028": (
+                    "size 0: T = 0 and the strided and transposed views agree with the "
+                    "reference, but V = 0 is refused with RuntimeError \"cannot reshape tensor "
+                    "of 0 elements into shape [-1, 0]\" (`logits.view(-1, vocab_size)`), not "
+                    "the ValueError naming V the contract's rule states"),
+            },
+            findings={
+                "FALSIFY-CE-013": Finding("variant", (
+                    "the probe compares with F.cross_entropy over its own 18 cases, every "
+                    "reduction and ε ∈ {0, 0.1}; ForCausalLMLoss computes only the mean (or sum "
+                    "/ num_items_in_batch) with no label smoothing (fixed_cross_entropy; its "
+                    "**kwargs swallow the rest), so the first case, reduction 'none', is refused "
+                    "(NotImplementedError from the adapter, which computes nothing itself)."),
+                    variant=_CE_ONLY),
+            },
+        ),
+        Binding(name="get_cosine_schedule_with_warmup", contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{_M}:cosine_schedule"},
+                variant="to-zero",  # no lr_min: judged at lr_min = 0
+                findings={
+                    "FALSIFY-LRS-001": Finding("variant", (
+                        "W = 0, T = 1, lr_min 0, step 86: got 3e-4, reference 0: "
+                        + _LRS_RISES_WHY + "."), variant=_LRS_RISES),
+                    "FALSIFY-LRS-006": Finding("variant", (
+                        "W = 500, T = 5016, lr_max 1, lr_min 0: warmup and decay monotone, "
+                        "y[W] = lr_max, but y[T + 1] > 0: " + _LRS_RISES_WHY + "."),
+                        variant=_LRS_RISES),
+                    **{c: Finding("variant", f"{first}: " + _LRS_RISES_WHY + ".",
+                                  variant=_LRS_RISES) for c, first in (
+                        ("FALSIFY-LRS-002", "W = 0, T = 1, lr_max 3e-4, steps 0 … 6: got 3e-4 "
+                                            "at steps 2, 4, 6, reference 0"),
+                        ("FALSIFY-LRS-005", "W = 0, T = 1, steps 0 … 6: y[T:] == lr_min = 0 "
+                                            "fails, the cosine rises again past T"),
+                        ("FALSIFY-LRS-013", "a strided step view [86] (W = 0, T = 1): got 3e-4, "
+                                            "reference 0"))},
+                }),
+        Binding(name="get_cosine_with_min_lr_schedule_with_warmup",
+                contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{_M}:cosine_min_lr_schedule"},
+                findings={
+                    "FALSIFY-LRS-001": Finding("variant", (
+                        "W = 0, T = 1, lr_min 0, step 86: got 3e-4, reference 0: "
+                        + _LRS_RISES_WHY + "."), variant=_LRS_RISES),
+                    "FALSIFY-LRS-002": Finding("variant", (
+                        "W = 0, T = 1, lr_min 0, steps 0 … 6: got 3e-4 at steps 2, 4, 6, "
+                        "reference 0 (3 of 7): " + _LRS_RISES_WHY + "."), variant=_LRS_RISES),
+                    "FALSIFY-LRS-005": Finding("variant", (
+                        "W = 0, T = 1: y[T:] = [0, 3e-4, 0, …], not lr_min from T on: "
+                        + _LRS_RISES_WHY + "."), variant=_LRS_RISES),
+                    "FALSIFY-LRS-006": Finding("variant", (
+                        "W = 500, T = 5016, lr_max 1, lr_min 0: y[T + 1] > 0 = lr_min: "
+                        + _LRS_RISES_WHY + "."), variant=_LRS_RISES),
+                    "FALSIFY-LRS-007": Finding("deviation", (
+                        "W = 59, T = 60, lr 3e-4, min_lr 3e-5: lr(60) = 2.9999999999999997e-05 "
+                        "< min_lr: the function converts min_lr to min_lr_rate = min_lr / lr "
+                        "and the LambdaLR multiplies it back, lr·min_lr_rate, one ulp below "
+                        "the \"minimum learning rate to reach\" it documents."),
+                        repro="transformers_cosine_min_lr_floor.py"),
+                    "FALSIFY-LRS-013": Finding("variant", (
+                        "stepped view, W = 0, T = 1, step 86: got 3e-4, reference lr_min 3e-5: "
+                        + _LRS_RISES_WHY + "; n = 0 and the other views agree."),
+                        variant=_LRS_RISES),
+                }),
+        Binding(name="get_cosine_with_min_lr_schedule_with_warmup_lr_rate",
+                contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{_M}:cosine_min_lr_rate_schedule"},
+                findings={
+                    **{c: Finding("variant", f"{first}: " + _LRS_ONE_BASED_WHY + ".",
+                                  variant=_LRS_ONE_BASED) for c, first in (
+                        ("FALSIFY-LRS-001", "W = 0, T = 576, lr_min 0, step 575: got 0.0 "
+                                            "(the floor), reference 2.23e-9"),
+                        ("FALSIFY-LRS-002", "W = 0, T = 1, steps 0 … 6: got 0.0 at step 0, "
+                                            "reference lr_max 3e-4 (4 of 7)"),
+                        ("FALSIFY-LRS-003", "W = 0, T = 1: y[W] = 0, not lr_max"),
+                        ("FALSIFY-LRS-004", "W = 2000, lr(43) = 3e-4·44/2000 = 6.6e-6, not "
+                                            "6.45e-6"),
+                        ("FALSIFY-LRS-005", "W = 0, T = 1: y[0] = 0 ≠ lr_max"),
+                        ("FALSIFY-LRS-006", "W = 500, T = 5016: y[W] < lr_max (the peak is "
+                                            "at W − 1)"),
+                        ("FALSIFY-LRS-008", "W = 7, T = 97, lr_max 1: lr(W + k) + lr(T − k) "
+                                            "≠ 1 at 89 positions (the pairs are one step "
+                                            "off)"),
+                        ("FALSIFY-LRS-013", "stepped view, W = 0, T = 1, step 0: got 3e-5 "
+                                            "(the floor), reference 3e-4"))},
+                    "FALSIFY-LRS-007": Finding("deviation", (
+                        "W = 59, T = 60, lr 3e-4, min_lr 3e-5: lr(59) = 2.9999999999999997e-05 "
+                        "< min_lr: min_lr_rate = min_lr / lr multiplied back by the LambdaLR, "
+                        "one ulp below min_lr (as get_cosine_with_min_lr_schedule_with_warmup; "
+                        "the floor comes a step early, " + _LRS_ONE_BASED + ")."),
+                        repro="transformers_cosine_min_lr_floor.py"),
+                }),
+        Binding(name="get_cosine_with_hard_restarts_schedule_with_warmup(num_cycles=1)",
+                contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{_M}:cosine_hard_restarts_schedule"},
+                variant="to-zero"),  # no lr_min: judged at lr_min = 0
+        Binding(name='get_wsd_schedule(decay_type="cosine")', contract="lr-schedule-kernel-v1",
+                binds={"lr_at": f"{_M}:wsd_schedule"},
+                findings={c: Finding("variant", f"{first}: " + _LRS_WSD + ".",
+                                     variant=_LRS_RATIO) for c, first in (
+                    ("FALSIFY-LRS-001", "W = 1, T = 2, lr_min 3e-5, step 0: got "
+                                        "2.9999999999999997e-05, reference 0"),
+                    ("FALSIFY-LRS-002", "W = 59, T = 60, lr_min 3e-5: 59 of 66 differ, "
+                                        "lr(0) = 2.9999999999999997e-05 vs 0 (the warmup "
+                                        "rises from the floor)"),
+                    ("FALSIFY-LRS-004", "W = 2000, lr_min 3e-5: lr(43) = 3e-5 + (3e-4 − "
+                                        "3e-5)·43/2000 = 3.58e-5, not 6.45e-6"),
+                    ("FALSIFY-LRS-005", "W = 59, T = 60: y[0] = 3e-5·(1 − ε) ≠ 0"),
+                    ("FALSIFY-LRS-006", "W = 0, T = 1, lr_min 3e-5: y[T:] = "
+                                        "2.9999999999999997e-05 ≠ lr_min"),
+                    ("FALSIFY-LRS-007", "W = 59, T = 60, lr_min 3e-5: y[T] = "
+                                        "2.9999999999999997e-05 < lr_min"),
+                    ("FALSIFY-LRS-013", "stepped view, W = 1, T = 2, step 0: got "
+                                        "2.9999999999999997e-05, reference 0"))}),
     ),
 )

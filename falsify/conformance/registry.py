@@ -42,11 +42,14 @@ class Finding:
     """Why a check fails for a binding, judged once by a person and kept with the binding:
     `deviation` (the library departs from the math), `variant` (a different, documented
     convention: `variant` names it), `ours` (our contract was wrong: a finding of this kind
-    must be fixed in the contract, not kept). `evidence` says what shows it."""
+    must be fixed in the contract, not kept). `evidence` says what shows it; `repro` names the
+    standalone reproduction script of a deviation (a file under evidence/conformance/ that
+    uses only the library, numpy and mpmath: what a maintainer is sent)."""
 
     kind: str
     evidence: str
     variant: str | None = None
+    repro: str | None = None
 
     def __post_init__(self):
         if self.kind not in ("deviation", "variant", "ours"):
@@ -70,6 +73,9 @@ class Binding:
     - `errors`: exception type names it refuses bad input with, besides TypeError and
       ValueError (torch's kernels: NotImplementedError for an unsupported dtype);
     - `not_claimed`: check id -> why the library makes no such promise (shown as n/a);
+    - `variant`: the named variant of a bound equation it follows (the contract's
+      `equations.<eq>.variants`): its checks then run at the variant's pins, against its
+      reference if it has one, and its math cells read `variant NAME` where they pass;
     - `needs_gpu`: the reason, when the function cannot run without a GPU (never a pass);
     - `findings`: check id (or `CHECK/dtype`) -> Finding, for each failure judged.
     """
@@ -81,6 +87,7 @@ class Binding:
     zero_size: dict = field(default_factory=dict)
     errors: tuple = ()
     not_claimed: dict = field(default_factory=dict)
+    variant: str | None = None
     needs_gpu: str | None = None
     findings: dict = field(default_factory=dict)
 

@@ -164,6 +164,20 @@ class HP:
         return self
 
 
+def _array_is_numpys(op):
+    """An array operand is numpy's to broadcast, element by element (each an HP operation):
+    mpmath would take the whole array as one operand and wrap the array in an HP."""
+    def wrapped(self, o):
+        return NotImplemented if isinstance(o, np.ndarray) else op(self, o)
+
+    return wrapped
+
+
+for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "pow", "rpow",
+              "lt", "le", "gt", "ge"):
+    setattr(HP, f"__{_name}__", _array_is_numpys(getattr(HP, f"__{_name}__")))
+
+
 def _to_hp(v):
     mp = _mp()
     if isinstance(v, np.ndarray) and v.dtype.kind == "f":

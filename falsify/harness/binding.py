@@ -69,6 +69,21 @@ def active_policy(contract: Contract, equation: str, backend: str) -> dict:
     return {}
 
 
+def active_pins(contract: Contract, equation: str) -> dict:
+    """The input arguments a bound equation variant fixes (its `pins`), for the checks of
+    `equation`: a conformance binding that follows a variant names it in its policy, on
+    whichever backend it binds. Empty outside such a run."""
+    m = handover.active()
+    if m is None or not m.policy:
+        return {}
+    out = {}
+    for key, pol in m.policy.items():
+        eq_key = key.rsplit(".", 1)[0]
+        if eq_key in (f"{contract.id}:{equation}", equation):
+            out.update(pol.get("pins") or {})
+    return out
+
+
 def binding_ref(contract: Contract, equation: str, backend: str) -> tuple[str, bool]:
     """(module:function, overridden?) for an equation on a backend."""
     ov = active_overrides()

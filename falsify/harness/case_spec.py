@@ -20,3 +20,13 @@ def dtype_takers(spec: dict, call: dict | None) -> list[str]:
     out += [k for k, v in (call or {}).items()
             if isinstance(v, str) and "dtype" in expr.names_in(v)]
     return out
+
+
+def pin_admitted(argspec: dict, value) -> bool:
+    """Whether an input argument's domain holds an equation variant's pinned value: one of its
+    `choices`, its `const`; any value of an argument that is drawn."""
+    if "choices" in argspec:
+        return value in argspec["choices"]
+    if "const" in argspec:
+        return argspec["const"] == value
+    return True

@@ -363,15 +363,25 @@ def _check_dims(spec: dict, dims: dict, where: str) -> bool:
     return True
 
 
-def case_strategy(spec: dict, dtype: str, params: dict | None = None, where: str = "input"):
+def _pinned(args: dict, pins: dict | None) -> dict:
+    """An equation variant's pinned arguments replace what was drawn for them. The draw is
+    still made, so every other argument of a case is what it would be without the pin: the
+    variant is judged on the contract's own examples."""
+    if pins:
+        args.update({k: v for k, v in pins.items() if k in args})
+    return args
+
+
+def case_strategy(spec: dict, dtype: str, params: dict | None = None, where: str = "input",
+                  pins: dict | None = None):
     params = params or {}
 
     @st.composite
     def draw_case(draw):
         dims = {k: draw(dim_strategy(v)) for k, v in (spec.get("dims") or {}).items()}
         assume(_check_dims(spec, dims, where))
-        args = {name: _arg_value(draw, a, dims, dtype, f"{where}.args.{name}")
-                for name, a in spec["args"].items()}
+        args = _pinned({name: _arg_value(draw, a, dims, dtype, f"{where}.args.{name}")
+                        for name, a in spec["args"].items()}, pins)
         ps = {k: draw(param_strategy(v)) for k, v in params.items()}
         seed = draw(st.integers(0, 2**32 - 1))
         return Case(dtype, dims, args, ps, seed)
@@ -380,7 +390,8 @@ def case_strategy(spec: dict, dtype: str, params: dict | None = None, where: str
 
 
 def sample_case(spec: dict, dtype: str, rng: np.random.Generator, params: dict | None = None,
-                dims: dict | None = None, where: str = "input", label: str = "") -> Case:
+                dims: dict | None = None, where: str = "input", label: str = "",
+                pins: dict | None = None) -> Case:
     """A case drawn with numpy's RNG: for pinned examples and statistical checks."""
     if dims is None:
         for _ in range(1000):
@@ -436,10 +447,11 @@ def sample_case(spec: dict, dtype: str, rng: np.random.Generator, params: dict |
                      else float(rng.uniform(v[0], v[1])))
         else:
             ps[k] = v[int(rng.integers(len(v)))]
-    return Case(dtype, dims, args, ps, int(rng.integers(2**32)), label)
+    return Case(dtype, dims, _pinned(args, pins), ps, int(rng.integers(2**32)), label)
 
 
-def pinned_cases(spec: dict, dtype: str, params: dict | None = None, where="input") -> list[Case]:
+def pinned_cases(spec: dict, dtype: str, params: dict | None = None, where="input",
+                 pins: dict | None = None) -> list[Case]:
     """The input's `examples` (normal and weird shapes), with deterministic values."""
     out = []
     for i, ex in enumerate(spec.get("examples") or []):
@@ -447,5 +459,5 @@ def pinned_cases(spec: dict, dtype: str, params: dict | None = None, where="inpu
         seed = int(ex.pop("seed", 1000 + i))
         rng = np.random.default_rng(seed)
         out.append(sample_case(spec, dtype, rng, params, dims=ex, where=where,
-                               label=f"example {i}: {ex}"))
+                               label=f"example {i}: {ex}", pins=pins))
     return out

@@ -49,24 +49,23 @@ def record(lib, b, contract, planned: list, entries: list[dict], seconds: float,
             r.update(message=e.get("message"), example=e.get("example"),
                      arbiter=(e.get("evidence") or {}).get("arbiter"))
             f = finding_for(b, p.check.id, p.variant)
-            r["finding"] = (dict(kind=f.kind, variant=f.variant, evidence=f.evidence)
-                            if f else None)
+            r["finding"] = (dict(kind=f.kind, variant=f.variant, evidence=f.evidence,
+                                 repro=f.repro) if f else None)
         results.append(r)
-    return dict(library=lib.name, distribution=lib.distribution, version=lib.version(),
-                binding=b.name, contract=contract.id, contract_version=contract.version,
-                contract_sha=contract.sha256, binds=dict(b.binds), policy=b.policy,
-                not_claimed=dict(b.not_claimed), needs_gpu=b.needs_gpu, profile=profile,
-                seconds=round(seconds, 1),
-                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), results=results)
+    return _header(lib, b, contract, profile, seconds, results)
 
 
 def gpu_record(lib, b, contract, profile: str) -> dict:
+    return _header(lib, b, contract, profile, 0.0, [])
+
+
+def _header(lib, b, contract, profile: str, seconds: float, results: list) -> dict:
     return dict(library=lib.name, distribution=lib.distribution, version=lib.version(),
                 binding=b.name, contract=contract.id, contract_version=contract.version,
                 contract_sha=contract.sha256, binds=dict(b.binds), policy=b.policy,
-                not_claimed=dict(b.not_claimed), needs_gpu=b.needs_gpu, profile=profile,
-                seconds=0.0, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                results=[])
+                variant=b.variant, not_claimed=dict(b.not_claimed), needs_gpu=b.needs_gpu,
+                profile=profile, seconds=round(seconds, 1),
+                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), results=results)
 
 
 # ---------------------------------------------------------------- cells
@@ -104,7 +103,10 @@ def cells(rec: dict, dtypes: list[str]) -> dict[str, str]:
     out = {}
     for d in dtypes:
         rs = [r for r in rec["results"] if r["judges"] == "math" and r["variant"] == d]
-        out[f"math {d}"] = _cell_text(rs, rec.get("needs_gpu"))
+        text = _cell_text(rs, rec.get("needs_gpu"))
+        if rec.get("variant") and text.startswith("pass "):  # clean at the variant's pins
+            text = f"variant {rec['variant']} " + text[len("pass "):]
+        out[f"math {d}"] = text
     rs = [r for r in rec["results"] if r["judges"] == "policy"]
     out["policy"] = _cell_text(rs, rec.get("needs_gpu"))
     return out
@@ -112,7 +114,13 @@ def cells(rec: dict, dtypes: list[str]) -> dict[str, str]:
 
 def _cell_text(rs: list[dict], needs_gpu) -> str:
     v = cell(rs, needs_gpu)
-    return v if v in ("n/a", "needs GPU") else f"{v} {counts(rs)}"
+    if v in ("n/a", "needs GPU"):
+        return v
+    skipped = [r for r in rs if r["outcome"] == "skipped"]
+    gpu = sum(r.get("kind") == "device" for r in skipped)  # a device check needs CUDA
+    rest = len(skipped) - gpu
+    return f"{v} {counts(rs)}" + (f" ({gpu} need GPU)" if gpu else "") + (
+        f" ({rest} skipped)" if rest else "")
 
 
 def failures(rec: dict) -> list[dict]:
@@ -207,8 +215,10 @@ def failure_lines(rec: dict) -> list[str]:
                    else "  (no message)")
         if r.get("arbiter"):
             a = r["arbiter"]
-            out.append(f"  arbiter ({a.get('method')}): library off by {a.get('impl_ulps')} "
-                       f"ulps of {a.get('dtype')}, reference by {a.get('ref_ulps')}")
+            out.append(f"  arbiter ({a.get('method')}): library off by {a['impl_ulps']:.3g} "
+                       f"ulps of {a.get('dtype')}, reference by {a['ref_ulps']:.3g}"
+                       if a.get("impl_ulps") is not None and a.get("ref_ulps") is not None
+                       else f"  arbiter: {a.get('method')}")
         if r.get("example"):
             ex = [ln.strip() for ln in r["example"].splitlines() if "case=" in ln or "Case(" in ln]
             if ex:
@@ -242,8 +252,9 @@ def page(data: dict, source: str, contract_ids: set[str]) -> list[str]:
     libs = sorted({(r["library"], r.get("version") or "?") for r in records})
     lines = ["# Conformance", "",
              f"Every binding below runs a contract's torch-backend checks on a third-party "
-             f"function (`falsify conformance`), from `{source}`: {len(libs)} libraries, "
-             f"{len(records)} bindings, on a CPU without a GPU. *Math* is the equation's values "
+             f"function (`falsify conformance`), from `{source}`: {len(libs)} "
+             f"librar{'y' if len(libs) == 1 else 'ies'}, {len(records)} binding"
+             f"{'' if len(records) == 1 else 's'}, on a CPU without a GPU. *Math* is the equation's values "
              "and derivatives, per dtype; *policy* the API's promises (dtypes accepted, size-0 "
              "rules, refusals, determinism, compilation), judged against what the binding "
              "declares. A failed cell is classified: *deviates* (the library departs from the "
@@ -277,14 +288,29 @@ def _binding_section(rec: dict) -> list[str]:
         f"size-0 `{d}`: {r}" for d, r in (pol.get("zero_size") or {}).items()]
     if declared:
         out += ["Declared policy: " + "; ".join(declared) + ".", ""]
+    if rec.get("variant"):
+        out += [f"Follows the contract's variant `{rec['variant']}` (see the equation's "
+                f"variants on [its page]({rec['contract']}.md)): judged by the same checks and "
+                "bounds at the variant's pins.", ""]
     for check, why in (rec.get("not_claimed") or {}).items():
         out.append(f"- `{check}` not claimed: {why}")
     for r in failures(rec):
         f = r.get("finding") or {}
         kind = f.get("kind", "UNCLASSIFIED") + (f" ({f['variant']})" if f.get("variant") else "")
-        first = (r.get("message") or "").splitlines()[:1]
+        first = (r.get("message") or "").split("; arbiter")[0].splitlines()[:1]
         out.append(f"- **{r['check']}** {r['variant']} ({r['judges']}, {r['obligation']}): "
                    f"**{kind}**. {_md(first[0][:300]) if first else ''}"
-                   + (f" Evidence: {_md(f['evidence'])}" if f.get("evidence") else ""))
+                   + (f" {_arbiter_text(r['arbiter'])}" if r.get("arbiter") else "")
+                   + (f" Evidence: {_md(f['evidence'])}" if f.get("evidence") else "")
+                   + (f" Reproduce: `python evidence/conformance/{f['repro']}`"
+                      if f.get("repro") else ""))
     out.append("")
     return out
+
+
+def _arbiter_text(a: dict) -> str:
+    """Which side the high-precision re-run of the reference puts the error on, in ulps."""
+    if a.get("impl_ulps") is None or a.get("ref_ulps") is None:
+        return f"Arbiter: {_md(str(a.get('method')))}."
+    return (f"Arbiter ({_md(str(a.get('method')))}): the library is {a['impl_ulps']:.3g} ulps "
+            f"of {a.get('dtype')} from the truth, the float64 reference {a['ref_ulps']:.3g}.")

@@ -614,6 +614,14 @@ def _equation(c: Contract, eq) -> list[str]:
     if eq.gpu_only:
         L += ["**GPU-only dtypes** (not run under the Triton interpreter)", ""]
         L += table(["dtype", "reason"], [[code(k), text(v)] for k, v in eq.gpu_only.items()])
+    if eq.variants:
+        L += ["**Variants** (documented conventions other implementations follow; judged by "
+              "the same checks and bounds)", ""]
+        L += table(["variant", "convention", "pins", "reference"], [
+            [code(v.name), text(v.convention),
+             ", ".join(code(f"{k} = {x!r}") for k, x in v.pins.items()) or "–",
+             code(v.reference) if v.reference else "the equation's"]
+            for v in eq.variants.values()])
     return L
 
 
@@ -735,7 +743,7 @@ def _tolerance(tol) -> list[str]:
 
 
 def index_page(contracts: list[Contract], views: dict[str, ContractView], coverage,
-               sources=()) -> str:
+               sources=(), conformance: bool = False) -> str:
     covered, total = overall(coverage, views)
     names = backend_order({b for c in contracts for b in backend_counts(c, views[c.id])})
     L = _head("Contracts", hide_toc=True) + ["# Contracts", ""]
@@ -748,6 +756,9 @@ def index_page(contracts: list[Contract], views: dict[str, ContractView], covera
         L += ['!!! note "Local results"', "",
               "    These pages show a local ledger, not the project's committed evidence.", ""]
     L += [sources_line(sources), ""]
+    if conformance:
+        L += ["Third-party libraries judged by these contracts: [Conformance](conformance.md).",
+              ""]
     stale = sum(v.stale for v in views.values())
     # a result recorded against an older contract text or implementation proves nothing now:
     # say how many, so that a low figure from old evidence is not read as failures
@@ -817,8 +828,8 @@ def render_site(contracts: list[Contract], coverage=None, sources=(),
     committed conformance ledger, for the conformance page."""
     contracts = sorted(contracts, key=lambda c: c.id)
     views = {c.id: adapt_coverage(coverage, c) for c in contracts}
-    pages = {(PAGES_SUBDIR / "index.md").as_posix(): index_page(contracts, views, coverage,
-                                                                sources)}
+    pages = {(PAGES_SUBDIR / "index.md").as_posix(): index_page(
+        contracts, views, coverage, sources, conformance=conformance is not None)}
     for c in contracts:
         pages[(PAGES_SUBDIR / f"{c.id}.md").as_posix()] = contract_page(c, contracts, views[c.id],
                                                                         sources)

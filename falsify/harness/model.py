@@ -48,6 +48,18 @@ class Finding:
                     field=self.field, message=self.message)
 
 
+@dataclass(frozen=True)
+class EquationVariant:
+    """A different, documented convention of an equation that some implementation follows:
+    `pins` fix input arguments to the one value it is defined at, `reference` (optional) is its
+    own float64 reference. Judged by the equation's checks and derived bounds unchanged."""
+
+    name: str
+    convention: str
+    pins: dict = field(default_factory=dict)
+    reference: str | None = None
+
+
 @dataclass
 class Equation:
     name: str
@@ -65,6 +77,7 @@ class Equation:
     # floating outputs the optimized backends return in the dtype the inputs came in (True:
     # every output); the parity kind checks it
     keeps_dtype: bool | list[str] = False
+    variants: dict[str, EquationVariant] = field(default_factory=dict)
 
 
 @dataclass
@@ -273,6 +286,20 @@ def _text(x) -> str:
     return str(x)
 
 
+def _variants(raw) -> dict[str, EquationVariant]:
+    """An equation's `variants` (schema errors are reported by the schema; what is malformed
+    here is left out, never guessed)."""
+    out = {}
+    for name, v in (raw or {}).items() if isinstance(raw, dict) else ():
+        if isinstance(v, dict):
+            pins = v.get("pins")
+            out[str(name)] = EquationVariant(
+                name=str(name), convention=_str(v.get("convention")) or "",
+                pins=dict(pins) if isinstance(pins, dict) else {},
+                reference=v["reference"] if isinstance(v.get("reference"), str) else None)
+    return out
+
+
 def well_typed(value, defname: str, at: tuple = (), bad: set | None = None) -> dict | None:
     """The fields of `value` that satisfy their part of `$defs/<defname>` (unknown or
     ill-typed fields dropped); None if `value` is not a mapping. `bad` holds the paths of the
@@ -351,6 +378,7 @@ def _build_equations(data: dict) -> dict[str, Equation]:
             keeps_dtype=(e["keeps_dtype"] is True if isinstance(e.get("keeps_dtype"), bool)
                          else [o for o in e["keeps_dtype"] if isinstance(o, str)]
                          if isinstance(e.get("keeps_dtype"), list) else False),
+            variants=_variants(e.get("variants")),
         )
     return eqs
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 
-from falsify.harness import backends, cases, expr, handover, project
+from falsify.harness import backends, binding, cases, expr, handover, project
 from falsify.harness.model import Check, Contract, load_contract
 from falsify.harness.plan import INPUT_KINDS, equation_of, output_index, runs
 
@@ -156,6 +156,11 @@ class Ctx:
     @property
     def input_spec(self) -> dict:
         return self.contract.inputs.get(self.spec.get("input", ""), {})
+
+    @property
+    def pins(self) -> dict:
+        """Arguments a bound equation variant fixes (falsify.harness.binding.active_pins)."""
+        return binding.active_pins(self.contract, self.equation)
 
     def output_indices(self, default) -> list[int]:
         """The check's `outputs` as indices (a name is looked up in the equation's `outputs`),
@@ -458,7 +463,8 @@ def strategy(contract_ref: str | Contract, check_id: str, variant: str):
     t = _check(c, check_id)
     spec = c.inputs[t.spec["input"]]
     return cases.case_strategy(spec, variant, t.spec.get("params"),
-                               where=f"{c.id}.inputs.{t.spec['input']}")
+                               where=f"{c.id}.inputs.{t.spec['input']}",
+                               pins=binding.active_pins(c, equation_of(c, t)))
 
 
 def examples(contract_ref: str | Contract, check_id: str, variant: str) -> list[cases.Case]:
@@ -468,7 +474,8 @@ def examples(contract_ref: str | Contract, check_id: str, variant: str) -> list[
         return []
     spec = c.inputs[t.spec["input"]]
     return cases.pinned_cases(spec, variant, t.spec.get("params"),
-                              where=f"{c.id}.inputs.{t.spec['input']}")
+                              where=f"{c.id}.inputs.{t.spec['input']}",
+                              pins=binding.active_pins(c, equation_of(c, t)))
 
 
 def uses_hypothesis(kind: str) -> bool:

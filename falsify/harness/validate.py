@@ -60,6 +60,8 @@ Errors (native mode):
        the parsed tree; nothing is evaluated
   V034 a `metadata.fixtures` entry that is not a file inside the contract's directory (absolute,
        `..`, a link out of it, a directory, missing)
+  V035 an equation variant's `pins` name an argument no input has, or a value no input's
+       `choices`/`const` for it holds
 Warnings (compat mode, where pv would have accepted the file): W101 derived id, W102 schema,
   W103 unknown key, W104 duplicate key, W105 test without an executable check, W106 no bindings,
   W107 obligation without an executable check, W108 no references, W109 dangling reference,
@@ -80,6 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from falsify.harness import case_spec, expr, graph
+from falsify.harness.case_spec import pin_admitted
 from falsify.harness.model import (
     BACKENDS,
     Contract,
@@ -418,10 +421,36 @@ def _binding_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
             has_binding = True
             _check_binding(ctx, ref, ("equations", name, "bindings", backend),
                            f"equations.{name}.bindings.{backend}", allow_import, import_bindings)
+        for vname, v in eq.variants.items():
+            if v.reference:
+                _check_binding(ctx, v.reference, ("equations", name, "variants", vname,
+                                                  "reference"),
+                               f"equations.{name}.variants.{vname}.reference", allow_import,
+                               import_bindings)
+            _variant_pin_rules(ctx, c, name, vname, v.pins)
     if not has_binding and not native:
         ctx.add("W106", ("equations",), "equations",
                 "no bindings: nothing can be executed against this contract", native_only=True,
                 warn_rule="W106")
+
+
+def _variant_pin_rules(ctx, c: Contract, eq: str, vname: str, pins: dict) -> None:
+    """V035: a variant pins an argument some input draws, to a value at least one input's
+    domain holds (its `choices`, its `const`, or any value of a drawn argument). An input whose
+    domain excludes the value is outside the variant (its checks are not applicable to it);
+    a value no input holds would leave the variant nothing to be judged by."""
+    for arg, value in pins.items():
+        path = ("equations", eq, "variants", vname, "pins", arg)
+        field_ = f"equations.{eq}.variants.{vname}.pins.{arg}"
+        specs = [(i, (spec.get("args") or {})[arg]) for i, spec in c.inputs.items()
+                 if isinstance(spec, dict) and arg in (spec.get("args") or {})]
+        if not specs:
+            ctx.add("V035", path, field_, f"no input has an argument {arg!r} to pin")
+        elif not any(pin_admitted(a, value) for _, a in specs):
+            ctx.add("V035", path, field_,
+                    f"{value!r} lies outside every input's {arg!r} (" + "; ".join(
+                        f"inputs.{i}: {a.get('choices', a.get('const'))}" for i, a in specs)
+                    + "): the variant would be judged by no check")
 
 
 def _build_rules(ctx, c: Contract, allow_import, import_bindings) -> None:

@@ -21,6 +21,13 @@ import numpy as np
 REDUCTIONS = ("none", "sum", "mean")
 
 
+def _real(x) -> bool:
+    """A real scalar: a Python or numpy number, or the arbiter's high-precision value (which
+    compares with floats but refuses to become one)."""
+    return not isinstance(x, (str, bytes, np.ndarray)) and hasattr(x, "__lt__") and hasattr(
+        x, "__truediv__")
+
+
 def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing):
     if np.ndim(logits) != 2 or np.ndim(labels) != 1 or np.shape(logits)[0] != np.shape(labels)[0]:
         raise ValueError(f"expected logits [T, V] and labels [T]; got {np.shape(logits)}, "
@@ -30,9 +37,9 @@ def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothi
         raise ValueError(f"vocabulary size V = {V}: must be ≥ 1")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}: must be one of {REDUCTIONS}")
-    if not (isinstance(z_loss, (int, float)) and math.isfinite(z_loss) and z_loss >= 0):
+    if not (_real(z_loss) and 0 <= z_loss < math.inf):
         raise ValueError(f"z_loss={z_loss!r}: must be finite and ≥ 0")
-    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
+    if not (_real(label_smoothing) and 0.0 <= label_smoothing <= 1.0):
         raise ValueError(f"label_smoothing={label_smoothing!r}: must lie in [0, 1]")
     lab = np.asarray(labels)
     bad = (lab != ignore_index) & ((lab < 0) | (lab >= V))
@@ -47,7 +54,7 @@ def logsumexp(z):
 
 
 def _rows(logits, labels, ignore_index, z_loss, label_smoothing):
-    z = np.asarray(logits, np.float64)
+    z = np.asarray(logits)  # float64 (or the arbiter's high-precision values): never narrowed
     y = np.asarray(labels)
     valid = y != ignore_index
     safe_y = np.where(valid, y, 0)
@@ -65,9 +72,9 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.
     if reduction == "none":
         return loss
     if reduction == "sum":
-        return np.float64(loss.sum())
+        return loss.sum()
     n = int(valid.sum())
-    return np.float64(loss.sum() / n) if n else np.float64(np.nan)
+    return loss.sum() / n if n else np.float64(np.nan)
 
 
 def cross_entropy_backward(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
@@ -80,14 +87,14 @@ def cross_entropy_backward(logits, labels, ignore_index=-100, reduction="mean", 
     q = np.full((T, V), label_smoothing / V)
     q[np.arange(T), safe_y] += 1.0 - label_smoothing
     g = p * (1.0 + 2.0 * z_loss * lse)[:, None] - q
-    dy = np.asarray(1.0 if dy is None else dy, np.float64)
+    dy = np.asarray(1.0 if dy is None else dy)
     if reduction == "none":
         scale = dy.reshape(T)
     elif reduction == "sum":
-        scale = np.full(T, float(dy))
+        scale = np.full(T, dy[()])
     else:
         n = int(valid.sum())
-        scale = np.full(T, float(dy) / n if n else np.nan)
+        scale = np.full(T, dy[()] / n if n else np.nan)
     return {"logits": np.where(valid[:, None], g * scale[:, None], 0.0)}
 
 

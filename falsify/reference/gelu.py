@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from falsify.reference import wide
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 COEF = 0.044715
 MAX_GAP = 4.7324e-4  # max |gelu_tanh − gelu_exact| over ℝ (at |x| = 2.69894)
@@ -38,15 +40,15 @@ def _z(x):
 
 
 def gelu(x, approximate):
-    x = np.asarray(x, dtype=np.float64)
+    x = wide(x)
     if _form(approximate) == "none":
         return 0.5 * x * _erfc(-x / math.sqrt(2.0))
     return x * _sigmoid(_z(x))
 
 
 def gelu_backward(x, approximate, dy):
-    x = np.asarray(x, dtype=np.float64)
-    dy = np.asarray(dy, dtype=np.float64)
+    x = wide(x)
+    dy = wide(dy)
     if _form(approximate) == "none":
         d = 0.5 * _erfc(-x / math.sqrt(2.0)) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     else:

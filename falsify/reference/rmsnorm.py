@@ -38,3 +38,13 @@ def rmsnorm_backward(x, w, eps, dy):
     dx = r * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
     dw = (dy * xhat).reshape(-1, x.shape[-1]).sum(axis=0)
     return {"x": dx, "w": dw}
+
+
+# The `one-plus-w` variant (Gemma): the weight is an offset from 1, y = x̂ ⊙ (1 + w). Since
+# ∂(1 + w)/∂w = 1 its gradients are the plain ones at weight 1 + w.
+def rmsnorm_one_plus_w(x, w, eps):
+    return rmsnorm(x, 1.0 + _f64(w), eps)
+
+
+def rmsnorm_one_plus_w_backward(x, w, eps, dy):
+    return rmsnorm_backward(x, 1.0 + _f64(w), eps, dy)

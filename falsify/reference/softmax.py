@@ -2,9 +2,11 @@
 
 import numpy as np
 
+from falsify.reference import wide
+
 
 def softmax(x):
-    x = np.asarray(x, dtype=np.float64)
+    x = wide(x)
     if x.ndim < 1 or x.shape[-1] == 0:  # a row of no entries: its normalizer is 0/0
         raise ValueError(f"softmax: the last dimension n = 0 (x {x.shape}): no distribution")
     z = x - x.max(axis=-1, keepdims=True)  # exp(z) <= 1: no overflow for any finite x

@@ -10,23 +10,25 @@ relative accuracy in both tails.
 
 import numpy as np
 
+from falsify.reference import wide
+
 
 def sigmoid(x):
-    return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
+    return np.exp(-np.logaddexp(0.0, -wide(x)))
 
 
 def silu(x):
-    x = np.asarray(x, dtype=np.float64)
+    x = wide(x)
     return x * sigmoid(x)
 
 
 def swiglu(gate, up):
-    return silu(gate) * np.asarray(up, dtype=np.float64)
+    return silu(gate) * wide(up)
 
 
 def swiglu_backward_pair(gate, up, dy):
     """(d_gate, d_up)."""
-    g, u, dy = (np.asarray(a, dtype=np.float64) for a in (gate, up, dy))
+    g, u, dy = (wide(a) for a in (gate, up, dy))
     s = sigmoid(g)
     return dy * u * s * (1.0 + g * (1.0 - s)), dy * g * s
 
@@ -38,5 +40,5 @@ def swiglu_backward(gate, up, dy):
 
 def silu_backward(x, dy):
     s = sigmoid(x)
-    x = np.asarray(x, dtype=np.float64)
-    return {"x": np.asarray(dy, dtype=np.float64) * s * (1.0 + x * (1.0 - s))}
+    x = wide(x)
+    return {"x": wide(dy) * s * (1.0 + x * (1.0 - s))}

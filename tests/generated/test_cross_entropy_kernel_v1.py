@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "49b48b79347b96366a945903b0f95f29d15bf6c80c01bddf433d0fe4d8332c48"
+SHA256 = "827ac304dd16e3594249740be5ab943d84b70a1e2e8170dee9ed8e437ca94f0e"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "503fbec099113bf7b6a16090086080fa2f1235027bf0a5e6ffb49ab166f5934d"
+SHA256 = "134bc46b3c7c113f476444b79de7c563abdd1c30039e32777f406f04c7d6b41e"
 CONTRACT = rt.library_contract("gemm-kernel-v1.yaml", SHA256)
 
 

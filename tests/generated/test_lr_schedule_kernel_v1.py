@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "360a5133182129bfd78e1765652bd6c51d5df91ec49d0d2019be623cf3b4f8a7"
+SHA256 = "9c9855be2822913b3ba6b8d555b1617a3d41dc3544459f02dcaa70bd3484ce48"
 CONTRACT = rt.library_contract("lr-schedule-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "6041ffced85613c15be6b54577c5635c8fe749a8872d3daa41833c184a0204ce"
+SHA256 = "b8964f990574e6d66c9c7c0ce1f8b7b86c5e60efd13ed6f18e41dc38440aaf63"
 CONTRACT = rt.library_contract("rmsnorm-kernel-v1.yaml", SHA256)
 
 

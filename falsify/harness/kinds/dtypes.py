@@ -164,7 +164,8 @@ def run(ctx, case=None):
     gpu_only = set(eq.gpu_only) if eq is not None and ctx.backend == "triton" else set()
     where = f"{ctx.contract.id}.inputs.{ctx.spec['input']}"
     base = sorted(declared)[0]
-    pinned = cases.pinned_cases(ctx.input_spec, base, ctx.spec.get("params"), where=where)
+    pinned = cases.pinned_cases(ctx.input_spec, base, ctx.spec.get("params"), where=where,
+                                pins=ctx.pins)
     if not pinned:
         raise CheckFailed(f"{where} has no examples: the dtypes check probes the first one")
     accepts = set(binding.active_policy(ctx.contract, ctx.equation, ctx.backend)

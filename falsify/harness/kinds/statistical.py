@@ -30,7 +30,7 @@ def run(ctx, case=None):
     for i in range(int(ctx.spec["samples"])):
         c = cases.sample_case(spec, ctx.variant, rng, ctx.spec.get("params"),
                               where=f"{ctx.contract.id}.inputs.{ctx.spec['input']}",
-                              label=f"sample {i}")
+                              label=f"sample {i}", pins=ctx.pins)
         outs = backends.outputs(backends.call(fn, **ctx.args(c)))
         atol, rtol = ctx.tol(c)
         env = ctx.env(c, y=outs[0], outs=outs, tol=atol, rtol=rtol)
