@@ -93,9 +93,11 @@ LIBRARY = Library(
             dtypes=_BF16,
             zero_size=_EMPTY,
             findings={
-                "FALSIFY-NF4-003": Finding(kind="deviation", evidence=_TAIL_FLOOR),
+                "FALSIFY-NF4-003": Finding(kind="deviation", evidence=_TAIL_FLOOR,
+                                           repro="bitsandbytes_nf4_tail_block_absmax_floor.py"),
                 "FALSIFY-NF4-008": Finding(
                     kind="deviation",
+                    repro="bitsandbytes_nf4_double_quant_codes.py",
                     evidence=(
                         "compress_statistics quantizes absmax − offset with the native CPU "
                         "quantize_blockwise (cquantize_blockwise_cpu_fp32), which does not "
@@ -106,6 +108,7 @@ LIBRARY = Library(
                         "code); with absmax2 = 0 both decode to the offset.")),
                 "FALSIFY-NF4-009": Finding(
                     kind="deviation",
+                    repro="bitsandbytes_nf4_double_quant_offset.py",
                     evidence=(
                         "the offset is `_absmax.mean()`, a float32 reduction, not the exact "
                         "mean rounded once; absmax2 = max|absmax − offset| moves with it: "
@@ -122,7 +125,9 @@ LIBRARY = Library(
             binds={"nf4_dequantize": f"{_M}:nf4_dequantize"},
             dtypes=_BF16,
             zero_size=_EMPTY,
-            findings={"FALSIFY-NF4-010": Finding(kind="deviation", evidence=_ROW_T)},
+            findings={"FALSIFY-NF4-010": Finding(
+                kind="deviation", evidence=_ROW_T,
+                repro="bitsandbytes_dequantize_4bit_single_row_transpose.py")},
         ),
         Binding(
             name="quantize_4bit → dequantize_4bit",
@@ -130,10 +135,16 @@ LIBRARY = Library(
             binds={"nf4_roundtrip": f"{_M}:nf4_roundtrip"},
             dtypes=_BF16,
             findings={
-                "FALSIFY-NF4-006/float16": Finding(kind="deviation", evidence=_ROW_T + (
+                "FALSIFY-NF4-006/float16": Finding(
+                    kind="deviation",
+                    repro="bitsandbytes_dequantize_4bit_single_row_transpose.py",
+                    evidence=_ROW_T + (
                     " Here [m 1, n 2, bs 32]: the (2, 1) result does not broadcast against "
                     "the (1, 2) weight in the bound's predicate.")),
-                "FALSIFY-NF4-011": Finding(kind="deviation", evidence=_ROW_T + (
+                "FALSIFY-NF4-011": Finding(
+                    kind="deviation",
+                    repro="bitsandbytes_dequantize_4bit_single_row_transpose.py",
+                    evidence=_ROW_T + (
                     " Hypothesis drew weights of two elements; the contract's examples "
                     "[3, 3001] bs 32, [4, 4096] bs 64, [1, 5] bs 64 are within the bound.")),
             },

@@ -92,19 +92,23 @@ def _m0(qtype: str, line: str) -> str:
 
 _GQ_017 = Finding(
     kind="deviation",
+    repro="gguf_zero_blocks_per_row.py",
     evidence=("nb = 0 (q8_0 blocks [m, 0]): the contract's rule is an empty [m, 0] float32 "
               "result (the reference's); gguf raises " + _NB0 + ". m = 0 passes (an empty "
               "[0, 32·nb] result)"))
 _GQ_018 = Finding(
     kind="deviation",
+    repro="gguf_kquants_zero_rows.py",
     evidence=_m0("Q4_K", "'cannot reshape array of size 0 into shape (0,newaxis,1)' at d = "
                          "(d * sc).reshape((n_blocks, -1, 1))"))
 _GQ_019 = Finding(
     kind="deviation",
+    repro="gguf_kquants_zero_rows.py",
     evidence=_m0("Q6_K", "'cannot reshape array of size 0 into shape (0,newaxis,1,64)' at "
                          "ql.reshape((n_blocks, -1, 1, 64))"))
 _GQ_020 = Finding(
     kind="deviation",
+    repro="gguf_zero_blocks_per_row.py",
     evidence=("nb = 0 (x [m, 0] float32): the contract's rule is an empty [m, 0] uint8 result; "
               "gguf.quants.quantize raises " + _NB0 + " (Q8_0.__quantize_array). m = 0 passes"))
 

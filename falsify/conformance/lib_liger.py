@@ -218,27 +218,37 @@ _HF_TABLE = (
     "for fp16 x). Same values as the transformers apply_rotary_pos_emb binding: {what} With the "
     "contract's table (the fp32-table binding) this check passes.")
 _ROPE_SHARED = {
-    "FALSIFY-ROPE-009": Finding("deviation", _IN_PLACE.format(
+    "FALSIFY-ROPE-009": Finding(
+        kind="deviation", repro="liger_rope_in_place.py",
+        evidence=_IN_PLACE.format(
         what="Run twice on the same tensor, the second call rotates the already rotated x: "
              "x = [0.846713, -3.414606], pos 668, theta 5e5 gives 2.79075837 then -3.07954597 "
              "(fp32; fp16 2.7910 then -3.0801).")),
-    "FALSIFY-ROPE-003": Finding("deviation", _IN_PLACE.format(
+    "FALSIFY-ROPE-003": Finding(
+        kind="deviation", repro="liger_rope_in_place.py",
+        evidence=_IN_PLACE.format(
         what="The relative-position check calls rope twice on x (positions pos and pos + c); "
              "the second call sees the rotated x, so ⟨R_m q, R_n k⟩ changes at 54-60 of the "
              "(s, t) pairs, fp32 and fp16.")),
-    "FALSIFY-ROPE-014": Finding("deviation", (
+    "FALSIFY-ROPE-014": Finding(
+        kind="deviation", repro="liger_rope_double_backward.py",
+        evidence=(
         "LigerRopeFunction.backward (not once_differentiable) rotates dq in place with the "
         "Triton kernel, so under create_graph the second derivative is not the rotation of v: "
         "∂S/∂dy(0, 0, 0, 0) 0.10169893 vs central difference 0.07811702 (|diff| 2.36e-2 > "
         "4.49e-6); a silent wrong value instead of a refusal.")),
 }
 _ROPE_SHARED.update({
-    "FALSIFY-ROPE-018": Finding("deviation", (
+    "FALSIFY-ROPE-018": Finding(
+        kind="deviation", repro="liger_rope_zero_heads.py",
+        evidence=(
         "h = 0 crashes instead of returning the empty result: rope_forward launches _triton_rope "
         "with pad_n_q_head = next_power_of_2(0) and `tl.arange(0, 0)` raises (InterpreterError "
         "ValueError \"arange's end argument must be greater than the start argument\"); b, s = 0 "
         "return empty results.")),
-    "FALSIFY-ROPE-011": Finding("deviation", (
+    "FALSIFY-ROPE-011": Finding(
+        kind="deviation", repro="liger_rope_integer_input.py",
+        evidence=(
         "integer x is accepted and returned as integers: the kernel loads x, rotates in the "
         "table's dtype and stores into x's own int64 buffer (truncating), with no error.")),
 })
@@ -271,11 +281,15 @@ LIBRARY = Library(
             not_claimed={"FALSIFY-ROPE-019": _COMPILE},
             findings={
                 **_ROPE_SHARED,
-                "FALSIFY-ROPE-001": Finding("deviation", _HF_TABLE.format(
+                "FALSIFY-ROPE-001": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_HF_TABLE.format(
                     what="theta 5e5, pos up to 7583: fp32 -3.50091934 vs -3.50092783 (max "
                          "|err| 2.84e-4 > atol 1.97e-6), fp16 -0.67578125 vs -0.67647269 (max "
                          "|err| 4.19e-3).")),
-                "FALSIFY-ROPE-005": Finding("deviation", _HF_TABLE.format(
+                "FALSIFY-ROPE-005": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_HF_TABLE.format(
                     what="d/dx fp32 0.48819277 vs 0.48819413 (max |err| 9.38e-5 > atol "
                          "1.09e-6), fp16 0.20703125 vs 0.20733975.")),
             },
@@ -294,19 +308,25 @@ LIBRARY = Library(
             dtypes=_FLOAT_EXTRA,  # float64 computed in float64 (interpreter); bfloat16 returned
             not_claimed={"FALSIFY-CE-029": _COMPILE, "FALSIFY-CE-023": _LEAF},
             findings={
-                "FALSIFY-CE-028": Finding("deviation", (
+                "FALSIFY-CE-028": Finding(
+                    kind="deviation", repro="liger_cross_entropy_empty_batch.py",
+                    evidence=(
                     "T = 0 crashes where the contract asks for an empty result: torch's "
                     "RuntimeError 'max(): Expected reduction dim to be specified for "
                     "input.numel() == 0', from a reduction over the empty batch in "
                     "cross_entropy_forward.")),
-                "FALSIFY-CE-022": Finding("deviation", (
+                "FALSIFY-CE-022": Finding(
+                    kind="deviation", repro="liger_cross_entropy_integer_logits.py",
+                    evidence=(
                     "integer logits are accepted and an integer loss comes back (int64 in, "
                     "int64 out): the Triton kernel computes and stores the loss into a buffer "
                     "of the logits' dtype, with no error.")),
                 "FALSIFY-CE-002": _empty_mean(
                     "every label ignore_index, reduction 'mean' (T = 1, V = 5, ε = 0.1)",
                     "liger_cross_entropy divides by n_non_ignore clamped to ≥ 1."),
-                "FALSIFY-CE-025": Finding("deviation", (
+                "FALSIFY-CE-025": Finding(
+                    kind="deviation", repro="liger_cross_entropy_double_backward.py",
+                    evidence=(
                     "Liger computes ∂loss/∂logits in its forward and hands it back as a constant "
                     "(scaled by grad_output), so differentiating the backward again gives 0: "
                     "∂S/∂logits(2, 0) 0.0 vs central difference of the reference backward "
@@ -321,7 +341,9 @@ LIBRARY = Library(
             binds={"fused_linear_cross_entropy": f"{_M}:fused_linear_cross_entropy"},
             not_claimed={"FALSIFY-FLCE-015": _COMPILE},
             findings={
-                "FALSIFY-FLCE-014": Finding("deviation", (
+                "FALSIFY-FLCE-014": Finding(
+                    kind="deviation", repro="liger_fused_linear_cross_entropy_empty.py",
+                    evidence=(
                     "T = 0 (and H = 0) crash with ZeroDivisionError where the contract asks for "
                     "an empty result: fused_linear_cross_entropy_forward sizes its chunks with "
                     "triton.cdiv(V, chunk_mem_const·H) and triton.cdiv(T, chunk_size), which "
@@ -329,13 +351,17 @@ LIBRARY = Library(
                 "FALSIFY-FLCE-002": _empty_mean(
                     "every label ignored, reduction 'mean' (T = 1, z-loss 1e-4, ε = 0.1)",
                     "The fused loss divides by the non-ignored count clamped to ≥ 1."),
-                "FALSIFY-FLCE-008": Finding("deviation", (
+                "FALSIFY-FLCE-008": Finding(
+                    kind="deviation", repro="liger_fused_linear_cross_entropy_dtype.py",
+                    evidence=(
                     "float64 x and W are accepted and the loss comes back float32 "
                     "(float32[37] for reduction 'none'): Liger allocates its per-token loss "
                     "buffer in fp32 whatever the input dtype, so float64 is neither refused nor "
                     "kept (fp16 input also returns an fp32 loss, where the contract states the "
                     "input dtype).")),
-                "FALSIFY-FLCE-010": Finding("deviation", (
+                "FALSIFY-FLCE-010": Finding(
+                    kind="deviation", repro="liger_fused_linear_cross_entropy_double_backward.py",
+                    evidence=(
                     "the gradients are computed in the forward and returned by the backward as "
                     "constants scaled by grad_output, without once_differentiable: under "
                     "create_graph=True they carry no graph, so every second derivative would "
@@ -368,22 +394,30 @@ LIBRARY = Library(
                     "N = 0 (no token at all)",
                     "The same clamp_min(1) in _compute_loss; the contract's size-0 rule is the "
                     "empty result, i.e. the NaN mean."),
-                "FALSIFY-FLKD-002": Finding("deviation", (
+                "FALSIFY-FLKD-002": Finding(
+                    kind="deviation", repro="liger_fused_linear_jsd_logged_terms_grad.py",
+                    evidence=(
                     "with return_soft_hard_loss=True the soft (KL) and hard (CE) losses are "
                     "outputs of the autograd Function and carry a graph, but its backward "
                     "ignores their upstream gradients (`backward(ctx, grad_output, *args)`): a "
                     "loss that uses the logged KL or CE silently gets no gradient from them.")),
-                "FALSIFY-FLKD-004": Finding("deviation", (
+                "FALSIFY-FLKD-004": Finding(
+                    kind="deviation", repro="liger_fused_linear_jsd_logged_terms_grad.py",
+                    evidence=(
                     "as FALSIFY-FLKD-002: graph_on_logged_terms = 4 (KL and CE, fp32 and fp16) "
                     "where the contract requires the logged terms without a graph; the teacher "
                     "gets no gradient and x, W get theirs (teacher_grads = 0, "
                     "student_without_grad = 0).")),
-                "FALSIFY-FLKD-018": Finding("deviation", (
+                "FALSIFY-FLKD-018": Finding(
+                    kind="deviation", repro="liger_fused_linear_jsd_double_backward.py",
+                    evidence=(
                     "the gradients are computed in the forward (torch.func.grad_and_value per "
                     "chunk) and the backward returns them times grad_output, without "
                     "once_differentiable: a double backward returns values (only the ∂/∂dy "
                     "part; the Hessian through x and W is silently 0) instead of refusing.")),
-                "FALSIFY-FLKD-014": Finding("deviation", (
+                "FALSIFY-FLKD-014": Finding(
+                    kind="deviation", repro="liger_fused_linear_jsd_dtype.py",
+                    evidence=(
                     "float64 x, W and teacher logits are accepted and (loss, KL, CE) come back "
                     "float32: the chunk accumulators are `torch.zeros(())` in fp32 whatever the "
                     "input dtype, so float64 is neither refused nor kept (fp16 input also "
@@ -397,16 +431,22 @@ LIBRARY = Library(
             dtypes=_FLOAT_EXTRA,  # plain torch ops: float64 / bfloat16 in, the same out
             not_claimed={"FALSIFY-DPO-012": _LEAF},
             findings={
-                "FALSIFY-DPO-011": Finding("deviation", (
+                "FALSIFY-DPO-011": Finding(
+                    kind="deviation", repro="liger_dpo_integer_logps.py",
+                    evidence=(
                     "integer log-probs are accepted and the loss and rewards come back float32 "
                     "(β·(π − ref) promotes int64 to the default float), with no error.")),
-                "FALSIFY-DPO-001/float16": Finding("deviation", (
+                "FALSIFY-DPO-001/float16": Finding(
+                    kind="deviation", repro="liger_dpo_fp16.py",
+                    evidence=(
                     "preference_loss_fn computes in the log-probs' dtype: for fp16 the log "
                     "ratios π − ref (of summed log-probs, magnitudes in the tens to hundreds, "
                     "fp16 spacing up to 0.06), β·(…), logsigmoid, the sum and the division by "
                     "the pair count all round to fp16; got 7.8515625 vs 7.84726590, |err| "
                     "4.3e-3 > atol 1.2e-4 + rtol 4.89e-4·|ref|. fp32 passes.")),
-                "FALSIFY-DPO-004/float16": Finding("deviation", (
+                "FALSIFY-DPO-004/float16": Finding(
+                    kind="deviation", repro="liger_dpo_fp16.py",
+                    evidence=(
                     "the gradient is autograd through the same fp16 operations: "
                     "d/dπ_c[9] -0.00172710 vs -0.00169986, |err| 2.72e-5 > atol 1.77e-5 + "
                     "rtol 4.88e-4·|ref|. fp32 passes.")),
@@ -418,7 +458,9 @@ LIBRARY = Library(
             binds={"grpo_loss": f"{_M}:grpo_loss"},
             dtypes=("float64",),  # plain torch ops: float64 in, float64 out
             findings={
-                "FALSIFY-GRPO-015": Finding("deviation", (
+                "FALSIFY-GRPO-015": Finding(
+                    kind="deviation", repro="liger_grpo_loss_dtype.py",
+                    evidence=(
                     "bfloat16 log-probs are accepted and the loss comes back float32: the 'dapo' "
                     "normalizer (_compute_dapo_normalizer: `mask.to(torch.float32).sum()`) is "
                     "fp32 and the division promotes, so neither is bfloat16 refused nor kept; "
@@ -432,21 +474,27 @@ LIBRARY = Library(
                                                                       "012")},
                 "FALSIFY-GRPO-023": _empty_mean(
                     "B = 0 (no sequence)", "The same clamp of the normalizer to ≥ 1."),
-                "FALSIFY-GRPO-011": Finding("deviation", (
+                "FALSIFY-GRPO-011": Finding(
+                    kind="deviation", repro="liger_grpo_padding_nan.py",
+                    evidence=(
                     "padding changes the loss: ppo_loss_fn computes the per-token loss on "
                     "every position and multiplies by the mask afterwards "
                     "(`(per_token_loss * attention_mask).sum()`), so a padded position holding "
                     "inf or NaN (in the contract's domain) gives inf·0 = NaN in the sum; the "
                     "contract masks before any arithmetic (B = 3, T = 37, β = 0.5; fp32 and "
                     "fp16).")),
-                "FALSIFY-GRPO-006/float16": Finding("deviation", (
+                "FALSIFY-GRPO-006/float16": Finding(
+                    kind="deviation", repro="liger_grpo_fp16_clip.py",
+                    evidence=(
                     "ppo_loss_fn computes in logp's dtype: for fp16, ρ = exp(logp − old) and "
                     "clamp(ρ, 1 − ε, 1 + ε) (with 1 + ε itself rounded to fp16) are fp16, so a "
                     "ratio just outside the clip range lands on or inside the bound and takes "
                     "the unclipped gradient −ρ·A/n: d/dlogp(5, 39) -0.01195526 vs 0.00037781 "
                     "(clip active: only the KL term), |err| 1.23e-2 > atol 7.71e-4. fp32 "
                     "passes.")),
-                "FALSIFY-GRPO-007/float16": Finding("deviation", (
+                "FALSIFY-GRPO-007/float16": Finding(
+                    kind="deviation", repro="liger_grpo_fp16_clip.py",
+                    evidence=(
                     "as FALSIFY-GRPO-006/float16 (the fp16 ratio at the clip boundary): "
                     "d/dlogp(5, 39) -0.01232910 vs 0.0 (policy gradient zero where the clip is "
                     "active), |err| 1.23e-2 > atol 7.61e-4.")),

@@ -78,9 +78,9 @@ _M = "falsify.conformance.lib_mergekit"
 _FLOATS = ("float64", "bfloat16")
 
 
-def _int_refusal(method: str, error: str) -> Finding:
+def _int_refusal(method: str, error: str, repro: str | None = None) -> Finding:
     return Finding(
-        kind="deviation",
+        kind="deviation", repro=repro,
         evidence=(f"int64 (and int32) tensors are refused by {method} with {error}: not an "
                   "error that names the dtype, which the dtypes check (MRG-DTY-001) asks of "
                   "every refusal. float64 and bfloat16 are accepted, with results of that "
@@ -98,9 +98,11 @@ LIBRARY = Library(
             findings={
                 "FALSIFY-MRG-022": _int_refusal(
                     "linear_merge",
-                    "TypeError 'Linear merging requires floating-point tensors', before any work"),
+                    "TypeError 'Linear merging requires floating-point tensors', before any work",
+                    repro="mergekit_integer_dtype_message.py"),
                 "FALSIFY-MRG-027": Finding(
                     kind="deviation",
+                    repro="mergekit_linear_no_models.py",
                     evidence=("k = 0 (no models): the contract's rule is a ValueError naming "
                               "'k = 0'; mergekit refuses before any work, but with "
                               "TensorBatch.__post_init__'s ValueError 'TensorBatch requires "
@@ -117,7 +119,8 @@ LIBRARY = Library(
             findings={
                 "FALSIFY-MRG-023": _int_refusal(
                     "slerp_merge_method",
-                    "TypeError 'SLERP requires floating-point tensors', before any work"),
+                    "TypeError 'SLERP requires floating-point tensors', before any work",
+                    repro="mergekit_integer_dtype_message.py"),
             },
         ),
         Binding(
@@ -144,6 +147,7 @@ LIBRARY = Library(
                               "in float16")),
                 "FALSIFY-MRG-011/float16": Finding(
                     kind="deviation",
+                    repro="mergekit_ties_fp16.py",
                     evidence=("k = 1, base 0.4233, θ −0.4424, w 0.3625 (fp16), density 0.25, "
                               "λ = 1: mergekit −0.44287109375, reference −0.4423828125 (exact; "
                               "2 fp16 ulps, bound 2.29e-06 + eps16/2 relative). "
@@ -153,6 +157,7 @@ LIBRARY = Library(
                               "fp32 arithmetic and one final rounding")),
                 "FALSIFY-MRG-013/float16": Finding(
                     kind="deviation",
+                    repro="mergekit_ties_fp16.py",
                     evidence=("model 0 = base, density 1 (k = 2, [3, 37], w 0.3376, 0.603): "
                               "48 elements off base + λ(θ* − base) beyond the fp32-accumulation "
                               "bound (up to 1.5e-3 in a hand run of the same construction, our "
@@ -162,7 +167,8 @@ LIBRARY = Library(
                 "FALSIFY-MRG-025": _int_refusal(
                     "ties (merge_group)",
                     "RuntimeError 'result type Float can't be cast to the desired output type "
-                    "Long' from torch at mixed_delta /= divisor, after the merge's work"),
+                    "Long' from torch at mixed_delta /= divisor, after the merge's work",
+                    repro="mergekit_ties_integer_dtype.py"),
                 "FALSIFY-MRG-030": Finding(
                     kind="variant", variant="no models merge to the base",
                     evidence=("k = 0: the contract's rule is a ValueError naming 'k = 0'; "

@@ -135,17 +135,20 @@ LIBRARY = Library(
             findings={
                 "FALSIFY-LORA-002/float16": Finding(
                     kind="deviation",
+                    repro="peft_lora_fp16_forward.py",
                     evidence=_FP16_FORWARD + (
                         "Here [bsz 1, t 1, i 16, o 16, r 2, α 8]: got −0.08203125 at (0, 0, 8), "
                         "reference −0.0823272, max |err| 8.35e-4 > atol 1.81e-4 + rtol "
                         "4.88e-4·|ref|.")),
                 "FALSIFY-LORA-003/float16": Finding(
                     kind="deviation",
+                    repro="peft_lora_fp16_forward.py",
                     evidence=_FP16_FORWARD + (
                         "Here rsLoRA [m 4, i 64, o 32, r 8, α 8]: got −8.125 at (3, 9), "
                         "reference −8.1362917, max |err| 0.0183 > atol 0.0068 + rtol "
                         "4.88e-4·|ref|.")),
-                "FALSIFY-LORA-022": Finding(kind="deviation", evidence=_INT_ACCEPTED),
+                "FALSIFY-LORA-022": Finding(kind="deviation", evidence=_INT_ACCEPTED,
+                                            repro="peft_lora_integer_input.py"),
             },
         ),
         Binding(
@@ -163,6 +166,7 @@ LIBRARY = Library(
             findings={
                 "FALSIFY-LORA-004/float16": Finding(
                     kind="deviation",
+                    repro="peft_lora_merge_fp16.py",
                     evidence=(
                         "get_delta_weight computes s·B·A in float32 on the CPU and rounds it "
                         "to fp16 (`output_tensor.to(dtype=dtype)`), then merge adds it to the "
@@ -171,7 +175,8 @@ LIBRARY = Library(
                         "reproduces PEFT bit for bit; [i 99, o 45, r 3, α 24]: got 4.25 at "
                         "(0, 16), reference 4.2466235, 536 of 4455 entries beyond atol "
                         "7.32e-6 + rtol 4.88e-4·|ref|, max |err| 0.0106.")),
-                "FALSIFY-LORA-023": Finding(kind="deviation", evidence=_INT_ACCEPTED),
+                "FALSIFY-LORA-023": Finding(kind="deviation", evidence=_INT_ACCEPTED,
+                                            repro="peft_lora_integer_input.py"),
             },
         ),
         Binding(

@@ -66,14 +66,19 @@ LIBRARY = Library(
                 "quanto's weights are a torch.Tensor subclass (WeightQBytesTensor) built with "
                 "_make_wrapper_subclass, which Dynamo does not trace (6 graph breaks): quanto "
                 "quantizes once at load time, outside compiled code")
-                for c in ("FALSIFY-QNT-040", "FALSIFY-QNT-042")},
+                for c in ("FALSIFY-QNT-040", "FALSIFY-QNT-042")} | {c: (
+                "an int64 weight is refused, but by a bare `assert scale.dtype == base.dtype` in "
+                "AbsmaxOptimizer.__call__ (optimizers/symmetric_optimizer.py: the absmax scale "
+                "of an integer tensor is float), an AssertionError with no message, not an "
+                "error naming the dtype before any work; quanto validates no dtype")
+                for c in ("FALSIFY-QNT-028", "FALSIFY-QNT-030")},
             findings={
                 **{c: Finding(kind="variant", variant="scale stored in the weight's dtype",
                               evidence=_FP16)
                    for c in ("FALSIFY-QNT-001/float16", "FALSIFY-QNT-003/float16",
                              "FALSIFY-QNT-005/float16", "FALSIFY-QNT-011/float16",
                              "FALSIFY-QNT-013/float16")},
-                **{c: Finding(kind="deviation", evidence=(
+                **{c: Finding(kind="deviation", repro="quanto_qint8_no_columns.py", evidence=(
                     "i = 0 (a weight of no columns) crashes in AbsmaxOptimizer: torch.amax "
                     "over an empty dim raises IndexError (amax(): Expected reduction dim 1 "
                     "to have non-zero size) where the contract returns [o, 0] codes and a "

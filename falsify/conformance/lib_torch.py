@@ -415,6 +415,12 @@ def softmax_fp32(x):
 FLOAT_EXTRA = ("float64", "bfloat16")
 # torch refuses integer tensors in its kernels: NotImplementedError ("... not implemented for
 # 'Long'") or RuntimeError ("expected scalar type Float but found Long"), naming the dtype
+# the for-loop and foreach AdamW step a float16 parameter too (state in its dtype)
+ADAMW_DTYPES = FLOAT_EXTRA + ("float16",)
+SDPA_INT = ("int64 q, k, v are refused, but from inside the op, with RuntimeError \"expected m1 "
+            "and m2 to have the same dtype, but got: float != long int\" (the scaled q is "
+            "float, k is not): a refusal that names no dtype and comes after work has "
+            "started; SDPA validates no dtype up front")
 INT_REFUSAL = ("NotImplementedError", "RuntimeError")
 GRAD_LEAF = ("the gradient is taken through an autograd leaf, and torch refuses an integer "
              "leaf with RuntimeError \"only Tensors of floating point dtype can require "
@@ -451,6 +457,7 @@ def _clip_findings(variant_name):
     return {
         "FALSIFY-CLIP-001/float16": Finding(
             kind="deviation",
+            repro="torch_clip_grad_norm_fp16.py",
             evidence="the norm and the coefficient are computed in the gradients' dtype: "
                      "torch._foreach_norm / linalg.vector_norm of float16 grads return a "
                      "float16 norm (clip_grad._get_total_norm), and clip_coef = max_norm / "
@@ -461,18 +468,21 @@ def _clip_findings(variant_name):
                      "atol 3e-08 + rtol 4.89e-4·|ref|."),
         "FALSIFY-CLIP-002/float16": Finding(
             kind="deviation",
+            repro="torch_clip_grad_norm_fp16.py",
             evidence="as FALSIFY-CLIP-001/float16: a float16 norm and float16 clip coefficient "
                      "put the clipped norm off min(‖g‖, max_norm·‖g‖/(‖g‖ + 1e-6)) by more "
                      "than the contract's rtol for one fp32-accumulated rounding."),
         "FALSIFY-CLIP-004": Finding(
             kind="deviation",
+            repro="torch_clip_grad_norm_overflow.py",
             evidence="the fp32 norm overflows: with |g| up to 1e35, g² = 1e70 exceeds fp32's "
                      "range and torch._foreach_norm / linalg.vector_norm return +inf (no "
                      "scaling by max|g|), so clip_coef = 1/(inf + 1e-6) = 0 and every gradient "
                      "becomes ±0. Example r=c=n=k=1: g0' = -0.0 where the reference clips "
-                     "g0 to -0.52402507; the true norm (~3.3e34) is finite in fp32."),
+                     "g0 to -0.52402507; the true norm (6.39e34) is finite in fp32."),
         "FALSIFY-CLIP-005": Finding(
             kind="deviation",
+            repro="torch_clip_grad_norm_overflow.py",
             evidence="as FALSIFY-CLIP-004: the reported norm is +inf (not finite) for "
                      "gradients of magnitude 1e35, whose norm is representable in fp32; the "
                      "gradients are zeroed instead of clipped onto the ball."),
@@ -553,11 +563,14 @@ LIBRARY = Library(
                     "FALSIFY-RN-021": JVP}),
         Binding(name="F.scaled_dot_product_attention", contract="attention-kernel-v1",
                 binds={"attention": f"{M}:sdpa_attention"},
-                dtypes=FLOAT_EXTRA, zero_size={"hkv": "empty"}, errors=INT_REFUSAL),
+                dtypes=FLOAT_EXTRA, zero_size={"hkv": "empty", "d": "empty"},
+                errors=INT_REFUSAL, not_claimed={"FALSIFY-ATT-025": SDPA_INT}),
         Binding(name="F.scaled_dot_product_attention[math]", contract="attention-kernel-v1",
                 binds={"attention": f"{M}:sdpa_attention_math"},
-                dtypes=FLOAT_EXTRA, zero_size={"hkv": "empty"}, errors=INT_REFUSAL,
+                dtypes=FLOAT_EXTRA, zero_size={"hkv": "empty", "d": "empty"},
+                errors=INT_REFUSAL,
                 not_claimed={
+                    "FALSIFY-ATT-025": SDPA_INT,
                     "FALSIFY-ATT-013": "the math backend is the reference composition "
                                        "softmax(QKᵀ)·V and materialises the [B, H, S, S] scores "
                                        "by design (peak 54.5 MB at S = 1024, 13× that at S = "
@@ -584,6 +597,7 @@ LIBRARY = Library(
                 findings={
                     "FALSIFY-CE-002/float16": Finding(
                         kind="deviation",
+                        repro="torch_cross_entropy_label_smoothing_fp16.py",
                         evidence="with label smoothing in float16 the loss overflows to inf "
                                  "for a large vocabulary. "
                                  "cross_entropy_loss_label_smoothing (aten LossNLL.cpp) takes "
@@ -594,6 +608,7 @@ LIBRARY = Library(
                                  "log p, the sum and the combination separately."),
                     "FALSIFY-CE-001/float16": Finding(
                         kind="deviation",
+                        repro="torch_cross_entropy_label_smoothing_fp16.py",
                         evidence="label smoothing in float16 (ε = 0.1, ζ = 0, T = 8, V = 128, "
                                  "reduction none): row 2 got 30.5625, reference 30.581169, "
                                  "|err| 0.0187 > atol 8.9e-5 + rtol 4.88e-4·|ref| = 0.0150 "
@@ -602,6 +617,7 @@ LIBRARY = Library(
                                  "cross_entropy_loss_label_smoothing, as FALSIFY-CE-009/float16."),
                     "FALSIFY-CE-009/float16": Finding(
                         kind="deviation",
+                        repro="torch_cross_entropy_label_smoothing_fp16.py",
                         evidence="mean with label smoothing in float16 (T = 16, V = 3, "
                                  "ε = 0.1): got 10.8828125, reference 10.891616, |err| 0.0088 > "
                                  "atol 6.5e-4 + rtol 4.9e-4·|ref| (≈ 1.1 fp16 ulp at 10.9). "
@@ -611,6 +627,7 @@ LIBRARY = Library(
                                  "rounding of an fp32 accumulation."),
                     "FALSIFY-CE-010/float16": Finding(
                         kind="deviation",
+                        repro="torch_cross_entropy_fp16_grad.py",
                         evidence="the float16 gradient is exp of the float16-rounded "
                                  "log-probabilities (log_softmax_backward: g = dy − exp(out)·"
                                  "Σdy, `out` the saved fp16 log_softmax): for logits all 0, "
@@ -625,6 +642,7 @@ LIBRARY = Library(
                 findings={
                     "FALSIFY-SWG-001/float16": Finding(
                         kind="deviation",
+                        repro="torch_swiglu_fp16_double_rounding.py",
                         evidence="torch's SwiGLU is two ops, each rounded to float16: "
                                  "F.silu(gate) is rounded, then the product with up is rounded "
                                  "again, where the contract allows one rounding of an fp32 "
@@ -633,11 +651,13 @@ LIBRARY = Library(
                                  "float16 check)."),
                     "FALSIFY-SWG-002/float16": Finding(
                         kind="deviation",
+                        repro="torch_swiglu_fp16_double_rounding.py",
                         evidence="as FALSIFY-SWG-001/float16 (two float16 roundings): gate "
                                  "−9.016, got −0.0017509460, reference −0.0017519465, relative "
                                  "error 5.7e-4 > rtol 4.95e-4."),
                     "FALSIFY-SWG-003/float16": Finding(
                         kind="deviation",
+                        repro="torch_swiglu_fp16_double_rounding.py",
                         evidence="autograd of F.silu(gate)·up in float16 rounds dy·up to "
                                  "float16 before silu_backward and silu's derivative again: "
                                  "d/dgate at (1, 7) got −0.31201172, reference −0.31220365, "
@@ -649,11 +669,13 @@ LIBRARY = Library(
                 findings={
                     "FALSIFY-GELU-020": Finding(
                         kind="deviation",
+                        repro="torch_gelu_tanh_derivative_cancellation.py",
                         evidence="tanh-form double backward: ∂S/∂x(0, 2) = 0.00246294192 vs the "
                                  "reference's 0.00246308346, |diff| 1.42e-07 > bound 7.36e-08 "
                                  "(eps·ref_max). " + GELU_TANH_D),
                     "FALSIFY-GELU-023": Finding(
                         kind="deviation",
+                        repro="torch_gelu_tanh_derivative_cancellation.py",
                         evidence="tanh-form forward mode: Σ⟨dy, J·t⟩ = 0.0018456893 vs "
                                  "0.0018455702, |diff| 1.19e-07 > bound 7.35e-08 (32·eps·M); "
                                  "gelu's jvp is gelu_backward (auto_element_wise). "
@@ -661,12 +683,12 @@ LIBRARY = Library(
                 }),
         Binding(name="AdamW(foreach=False)", contract="adamw-kernel-v1",
                 binds={"adamw_step": f"{M}:adamw_step", "adamw_run": f"{M}:adamw_run"},
-                dtypes=FLOAT_EXTRA, errors=INT_REFUSAL, not_claimed=ADAMW_NOT_CLAIMED,
+                dtypes=ADAMW_DTYPES, errors=INT_REFUSAL, not_claimed=ADAMW_NOT_CLAIMED,
                 findings=ADAMW_FINDINGS),
         Binding(name="AdamW(foreach=True)", contract="adamw-kernel-v1",
                 binds={"adamw_step": f"{M}:adamw_step_foreach",
                        "adamw_run": f"{M}:adamw_run_foreach"},
-                dtypes=FLOAT_EXTRA, errors=INT_REFUSAL, not_claimed=ADAMW_NOT_CLAIMED,
+                dtypes=ADAMW_DTYPES, errors=INT_REFUSAL, not_claimed=ADAMW_NOT_CLAIMED,
                 findings=ADAMW_FINDINGS),
         Binding(name="AdamW(fused=True)", contract="adamw-kernel-v1",
                 binds={"adamw_step": f"{M}:adamw_step_fused",
@@ -674,6 +696,7 @@ LIBRARY = Library(
                 dtypes=FLOAT_EXTRA, errors=INT_REFUSAL, not_claimed=ADAMW_FUSED_NOT_CLAIMED,
                 findings={**ADAMW_FINDINGS, "FALSIFY-AW-027": Finding(
                     kind="deviation",
+                    repro="torch_fused_adamw_strided_grad.py",
                     evidence="the fused CPU kernel (aten::_fused_adamw_) reads a noncontiguous "
                              "gradient as if it were contiguous: for p.grad = base[:, ::2] with "
                              "base = [[1, 7, 3, 9]] (values 1, 3; stride (4, 2)) and β1 = 0, "
@@ -702,6 +725,7 @@ LIBRARY = Library(
                 findings={
                     "FALSIFY-EMB-003/float16": Finding(
                         kind="deviation",
+                        repro="torch_embedding_fp16_grad_accumulation.py",
                         evidence="the float16 table gradient is accumulated in float16: "
                                  "embedding_dense_backward_cpu index_add_s dy into a grad_weight "
                                  "of dy's dtype, rounding after every repeated id. b = 1, "

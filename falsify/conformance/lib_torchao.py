@@ -126,12 +126,12 @@ _NF4_SHAPES = (
     "weights of the statistical check quantize, and pass.")
 
 
-def _f(evidence, kind="deviation", variant=None):
-    return Finding(kind=kind, evidence=evidence, variant=variant)
+def _f(evidence, kind="deviation", variant=None, repro=None):
+    return Finding(kind=kind, evidence=evidence, variant=variant, repro=repro)
 
 
 _AFFINE_FINDINGS = {
-    **{c: _f(_ONE_COLUMN) for c in (
+    **{c: _f(_ONE_COLUMN, repro="torchao_affine_one_column.py") for c in (
         "FALSIFY-QNT-003/float32", "FALSIFY-QNT-005", "FALSIFY-QNT-007", "FALSIFY-QNT-009",
         "FALSIFY-QNT-011", "FALSIFY-QNT-013", "FALSIFY-QNT-015", "FALSIFY-QNT-019",
         "FALSIFY-QNT-020", "FALSIFY-QNT-022", "FALSIFY-QNT-024", "FALSIFY-QNT-026")},
@@ -139,17 +139,19 @@ _AFFINE_FINDINGS = {
         "choose_qparams_affine clamps the scale to eps = finfo(float32).smallest_normal: an "
         "all-zero row gets scale 1.1754944e-38 where the contract's is 0 (codes 0 in both).",
         kind="variant", variant="scale clamped to the dtype's smallest normal"),
-    **{c: _f(_FP16) for c in ("FALSIFY-QNT-001/float16", "FALSIFY-QNT-002/float16",
+    **{c: _f(_FP16, repro="torchao_affine_fp16_qparams.py")
+       for c in ("FALSIFY-QNT-001/float16", "FALSIFY-QNT-002/float16",
                               "FALSIFY-QNT-003/float16", "FALSIFY-QNT-004/float16",
                               "FALSIFY-QNT-014/float16")},
-    "FALSIFY-QNT-002/float32": _f(_ASYM),
-    "FALSIFY-QNT-004/float32": _f(_ASYM),
-    **{c: _f(_COMPILE16) for c in ("FALSIFY-QNT-040/float16", "FALSIFY-QNT-041/float16",
+    "FALSIFY-QNT-002/float32": _f(_ASYM, repro="torchao_affine_asymmetric_scale_rounding.py"),
+    "FALSIFY-QNT-004/float32": _f(_ASYM, repro="torchao_affine_asymmetric_scale_rounding.py"),
+    **{c: _f(_COMPILE16, repro="torchao_affine_fp16_qparams.py")
+       for c in ("FALSIFY-QNT-040/float16", "FALSIFY-QNT-041/float16",
                                    "FALSIFY-QNT-042/float16", "FALSIFY-QNT-043/float16")},
-    "FALSIFY-QNT-036": _f(_EMPTY_O + " " + _ONE_COLUMN),
-    "FALSIFY-QNT-037": _f(_EMPTY_O),
-    "FALSIFY-QNT-038": _f(_EMPTY_O + " " + _ONE_COLUMN),
-    "FALSIFY-QNT-039": _f(_EMPTY_O),
+    "FALSIFY-QNT-036": _f(_EMPTY_O + " " + _ONE_COLUMN, repro="torchao_affine_empty_weight.py"),
+    "FALSIFY-QNT-037": _f(_EMPTY_O, repro="torchao_affine_empty_weight.py"),
+    "FALSIFY-QNT-038": _f(_EMPTY_O + " " + _ONE_COLUMN, repro="torchao_affine_empty_weight.py"),
+    "FALSIFY-QNT-039": _f(_EMPTY_O, repro="torchao_affine_empty_weight.py"),
 }
 _F64 = ("torchao refuses float64 before any work, but with AssertionError('Unsupported input "
         "dtype: torch.float64') from _quantize_affine_no_dtype_cast (an assert, not a "
@@ -178,7 +180,8 @@ LIBRARY = Library(
                 "NF4Tensor validates no dtype; its shape asserts fire first on the probe "
                 "(AssertionError: 'Number of scalers must be divisible by scaler block "
                 "size')")},
-            findings={"FALSIFY-NF4-006": _f(_NF4_SHAPES), "FALSIFY-NF4-011": _f(_NF4_SHAPES)},
+            findings={"FALSIFY-NF4-006": _f(_NF4_SHAPES, repro="torchao_nf4_small_weight.py"),
+                      "FALSIFY-NF4-011": _f(_NF4_SHAPES, repro="torchao_nf4_small_weight.py")},
         ),
     ),
 )

@@ -371,7 +371,9 @@ _LLAMA_TABLE_FP16 = (
 # both tanh forms: torch's own tanh-GELU derivatives
 _GELU_TANH_AD = {
 
-    "FALSIFY-GELU-023": Finding("deviation", (
+    "FALSIFY-GELU-023": Finding(
+        kind="deviation", repro="transformers_gelu_tanh_derivative_cancellation.py",
+        evidence=(
         "torch's tanh-GELU derivative (the gelu_backward kernel behind "
         "nn.functional.gelu(approximate='tanh'), and autograd of GPT-2's formula, "
         "which agree to 2e-9) evaluates ½·(1 + tanh u) + …, which cancels for "
@@ -380,7 +382,9 @@ _GELU_TANH_AD = {
         "its derivation prescribes. x = [1.0957, -1.8417, -3.6722, -3.8678]: "
         "Σ⟨dy, J·t⟩ = 0.00184569 vs 0.00184557, |diff| 1.19e-7 > 7.35e-8 "
         "(32·eps·Σ|g||t|). The exact form passes.")),
-    "FALSIFY-GELU-020": Finding("deviation", (
+    "FALSIFY-GELU-020": Finding(
+        kind="deviation", repro="transformers_gelu_tanh_derivative_cancellation.py",
+        evidence=(
         "double backward of the tanh form: the same 1 + tanh u cancellation for "
         "negative x (see FALSIFY-GELU-023): ∂S/∂x(0, 3) 3.36591e-4 vs central "
         "difference 3.36493e-4, |diff| 9.74e-8 > 7.36e-8 + 1.06e-8. The exact form "
@@ -431,22 +435,32 @@ LIBRARY = Library(
                     "an fp32 copy of x); transformers promises no recomputing backward"),
             },
             findings={
-                "FALSIFY-RN-015": Finding("deviation", (
+                "FALSIFY-RN-015": Finding(
+                    kind="deviation", repro="transformers_llama_rmsnorm_integer_input.py",
+                    evidence=(
                     "integer x is accepted and rounded through the fp32 normalization: "
                     "LlamaRMSNorm.forward casts x to fp32, normalizes, casts back with "
                     "`.to(input_dtype)` (truncating |x̂| < 1 to 0) and multiplies by the weight; "
                     "x = [4, -3, 2, 0, -2] int64 with w = 1 gives [1, -1, 0, 0, 0].")),
-                "FALSIFY-RN-001/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                "FALSIFY-RN-001/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rmsnorm_fp16_double_rounding.py",
+                    evidence=_LLAMA_RMSNORM_FP16.format(
                     what="got 0.6669921875 vs 0.66749877 at (0, 719), max |err| 1.81e-3 > "
                          "rtol 7.35e-4, 1.04 fp16 ulps off")),
-                "FALSIFY-RN-002/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                "FALSIFY-RN-002/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rmsnorm_fp16_double_rounding.py",
+                    evidence=_LLAMA_RMSNORM_FP16.format(
                     what="got 1.62890625 vs 1.62984678 at (0, 7), max |err| 1.48e-3 > rtol "
                          "4.95e-4, 0.96 fp16 ulps off")),
-                "FALSIFY-RN-006/float16": Finding("deviation", _LLAMA_RMSNORM_FP16.format(
+                "FALSIFY-RN-006/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rmsnorm_fp16_double_rounding.py",
+                    evidence=_LLAMA_RMSNORM_FP16.format(
                     what="d/dx (autograd through the same ops, fp16 intermediates): got "
                          "-1.7294921875 vs -1.73052444 at (0, 66), max |err| 1.03e-3 > rtol "
                          "4.88e-4, 1.06 fp16 ulps off")),
-                "FALSIFY-RN-024/float16": Finding("deviation", (
+                "FALSIFY-RN-024/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rmsnorm_fp16_double_rounding.py",
+                    evidence=(
                     "compiled vs eager d/dw differ: 0.5126953125 (compiled) vs 0.51171875 "
                     "(eager) at (16,), max |err| 3.91e-3 > atol 4.74e-4 + rtol 9.77e-4. Eager "
                     "autograd forms dw from the fp16-rounded normalized rows (`weight * "
@@ -470,7 +484,9 @@ LIBRARY = Library(
                     "transformers promises no recomputing backward"),
             },
             findings={
-                "FALSIFY-RN-015": Finding("deviation", (
+                "FALSIFY-RN-015": Finding(
+                    kind="deviation", repro="transformers_gemma_rmsnorm_integer_input.py",
+                    evidence=(
                     "integer x is accepted and truncated: GemmaRMSNorm.forward normalizes "
                     "x.float(), scales by 1 + w and casts back with `type_as(x)`, so an int64 "
                     "[4, 128] comes back int64; x = [4, -3, 2, 0, -2] with w = 0 gives "
@@ -486,35 +502,51 @@ LIBRARY = Library(
             zero_size={"half": "empty"},  # D = 0: inv_freq is empty, the result [.., 0]
             not_claimed={"FALSIFY-ROPE-016": _JVP},
             findings={
-                **dict.fromkeys(("FALSIFY-ROPE-011", "FALSIFY-ROPE-012"), Finding("deviation", (
+                **dict.fromkeys(("FALSIFY-ROPE-011", "FALSIFY-ROPE-012"), Finding(
+                    kind="deviation", repro="transformers_llama_rope_integer_input.py",
+                    evidence=(
                     "integer x is accepted and returned as integers: LlamaRotaryEmbedding casts "
                     "cos/sin to x's dtype (`cos.to(dtype=x.dtype)`: values in [-1, 1] truncate to "
                     "0 or ±1) and `q * cos + rotate_half(q) * sin` runs in int64, so the "
                     "rotation is lost without an error."))),
-                "FALSIFY-ROPE-001/float32": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-001/float32": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="theta 5e5, pos up to 7583, D = 34: got -3.50091934 vs -3.50092783 at "
                          "(0, 0, 0, 1), max |err| 2.84e-4 > atol 1.97e-6.")),
-                "FALSIFY-ROPE-001/float16": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-001/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="Same example as float32: got -0.67578125 vs -0.67647269 at "
                          "(0, 0, 0, 5), max |err| 4.19e-3 > rtol 4.88e-4.") + _LLAMA_TABLE_FP16),
-                "FALSIFY-ROPE-005/float32": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-005/float32": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="The gradient (autograd of the same ops) rotates dy by the same fp32 "
                          "angles: got 0.48819277 vs 0.48819413 at (0, 0, 0, 2), max |err| "
                          "9.38e-5 > atol 1.09e-6.")),
-                "FALSIFY-ROPE-005/float16": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-005/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="d/dx got 0.20703125 vs 0.20733975, |err| 3.09e-4 > rtol 4.88e-4·|ref| "
                          "+ atol 7.5e-7.") + _LLAMA_TABLE_FP16),
-                "FALSIFY-ROPE-003/float32": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-003/float32": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="Relative position: with positions shifted by c = 851 the inner "
                          "products ⟨R_m q, R_n k⟩ change at 42 of the (s, t) pairs beyond the "
                          "bound, because the fp32 angle error grows with the absolute position "
                          "instead of depending on m − n only.")),
-                "FALSIFY-ROPE-018/float32": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-018/float32": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="The layout check compares each view's result with the reference "
                          "under FALSIFY-ROPE-001's bound; on an expanded view (x stride (36, 36, "
                          "36, 0)) the same table error shows: 0.73888314 vs 0.73888374 at "
                          "(0, 0, 0, 19), |err| 6.05e-7 > atol 5.54e-7 (size-0 dims pass).")),
-                "FALSIFY-ROPE-014/float32": Finding("deviation", _LLAMA_TABLE.format(
+                "FALSIFY-ROPE-014/float32": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=_LLAMA_TABLE.format(
                     what="Double backward (∂S/∂dy: v rotated by the table): -1.43962169 vs "
                          "central difference -1.43962776, |diff| 6.08e-6 > 4.49e-6 + 3.89e-7.")),
             },
@@ -538,11 +570,15 @@ LIBRARY = Library(
                     "can return attention weights); it promises no memory linear in S"),
             },
             findings={
-                "FALSIFY-ATT-036": Finding("deviation", (
+                "FALSIFY-ATT-036": Finding(
+                    kind="deviation", repro="transformers_llama_attention_head_dim_zero.py",
+                    evidence=(
                     "d = 0 is not refused with a clear error: the scaling LlamaAttention uses, "
                     "`head_dim**-0.5`, raises ZeroDivisionError ('0.0 cannot be raised to a "
                     "negative power'); b, g, s = 0 return empty results as the contract asks.")),
-                "FALSIFY-ATT-002/float16": Finding("deviation", (
+                "FALSIFY-ATT-002/float16": Finding(
+                    kind="deviation", repro="transformers_eager_attention_fp16_scores.py",
+                    evidence=(
                     "large logits in fp16: eager_attention_forward computes `matmul(query, "
                     "key.T)` in fp16 and rounds the scores to fp16 before `* scaling`, then "
                     "rounds the fp32 softmax to fp16 (`.to(query.dtype)`) before the fp16 "
@@ -561,7 +597,9 @@ LIBRARY = Library(
             not_claimed={"FALSIFY-ATT-025": _INT_REFUSAL.format(
                 how="RuntimeError 'expected scalar type Float but found Long'")},
             findings={
-                "FALSIFY-ATT-036": Finding("deviation", (
+                "FALSIFY-ATT-036": Finding(
+                    kind="deviation", repro="transformers_sdpa_attention_empty_batch.py",
+                    evidence=(
                     "b = 0 (and s = 0, d = 0) crash instead of returning the empty result: "
                     "sdpa_attention_forward ends with `attn_output.reshape(attn_output.shape[0], "
                     "-1, q_length, value.shape[-1])`, and -1 cannot be inferred from 0 elements "
@@ -576,17 +614,23 @@ LIBRARY = Library(
             dtypes=_FLOAT_EXTRA,  # nn.functional.silu and the product in float64 / bfloat16
             errors=("NotImplementedError",),  # "silu_cpu" not implemented for 'Long'
             findings={
-                "FALSIFY-SWG-001/float16": Finding("deviation", (
+                "FALSIFY-SWG-001/float16": Finding(
+                    kind="deviation", repro="transformers_llama_mlp_swiglu_fp16_double_rounding.py",
+                    evidence=(
                     "LlamaMLP's `act_fn(gate) * up` rounds silu(gate) to fp16 (F.silu returns "
                     "the input dtype) and rounds the product again: two roundings where the "
                     "contract allows one after fp32 arithmetic. got -3.6953125 vs -3.69292319 "
                     "at (0, 0), |err| 2.39e-3 > rtol 4.9e-4·|ref|. silu alone (FALSIFY-SWG-006) "
                     "and all fp32 checks pass.")),
-                "FALSIFY-SWG-002/float16": Finding("deviation", (
+                "FALSIFY-SWG-002/float16": Finding(
+                    kind="deviation", repro="transformers_llama_mlp_swiglu_fp16_double_rounding.py",
+                    evidence=(
                     "as FALSIFY-SWG-001/float16 (silu rounded to fp16, then the product): got "
                     "-0.00175094604 vs -0.00175194646 at (0, 14); max |err| over the example "
                     "0.468 at a large |gate|·|up| (|gate| up to 1e4), beyond rtol 4.95e-4.")),
-                "FALSIFY-SWG-003/float16": Finding("deviation", (
+                "FALSIFY-SWG-003/float16": Finding(
+                    kind="deviation", repro="transformers_llama_mlp_swiglu_fp16_double_rounding.py",
+                    evidence=(
                     "d/dgate through autograd of `act_fn(gate) * up`: dy·up is rounded to fp16, "
                     "then silu's backward rounds again in fp16: got -0.31201172 vs -0.31220365 "
                     "at (1, 7), max |err| 3.67e-3 > rtol 4.9e-4·|ref| + atol 2.56e-5.")),
@@ -609,16 +653,22 @@ LIBRARY = Library(
             errors=("NotImplementedError",),
             findings={
                 **_GELU_TANH_AD,
-                "FALSIFY-GELU-003/float16": Finding("deviation", (
+                "FALSIFY-GELU-003/float16": Finding(
+                    kind="deviation", repro="transformers_gelu_new_fp16.py",
+                    evidence=(
                     "NewGELUActivation evaluates 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) "
                     "op by op in x's dtype: for fp16 each of ~8 operations rounds to fp16, and "
                     "1 + tanh u cancels for negative x. got -0.00915527 vs -0.00945107 at "
                     "(0, 0), 3% off; max |err| 2.04e-3 > rtol 4.89e-4 (885 of 3300 elements). "
                     "fp32 passes; gelu_pytorch_tanh (fp32 internally) passes in fp16.")),
-                "FALSIFY-GELU-004/float16": Finding("deviation", (
+                "FALSIFY-GELU-004/float16": Finding(
+                    kind="deviation", repro="transformers_gelu_new_fp16.py",
+                    evidence=(
                     "as FALSIFY-GELU-003/float16 (fp16 op-by-op evaluation): got -0.01258850 "
                     "vs -0.01234416 at (1, 40), |err| 2.44e-4 > rtol 4.89e-4·|ref| + atol 3e-7.")),
-                "FALSIFY-GELU-006/float16": Finding("deviation", (
+                "FALSIFY-GELU-006/float16": Finding(
+                    kind="deviation", repro="transformers_gelu_new_fp16.py",
+                    evidence=(
                     "the gradient is autograd through the same fp16 operations: got "
                     "-0.00797272 vs -0.00823109 at (0, 0), max |err| 3.88e-3 > rtol 4.88e-4 "
                     "(1118 of 3300 elements).")),

@@ -167,11 +167,13 @@ LIBRARY = Library(
             findings={
                 "FALSIFY-DPO-001/float16": Finding(
                     kind="deviation",
+                    repro="trl_dpo_fp16.py",
                     evidence=("B = 1, π_c = π_r = 0, ref_c = −46.78, ref_r = −125.25 (fp16), "
                               "β = 0.1: TRL 7.8515625, reference 7.847265895 (|err| 4.3e-3, "
                               "bound 1.2e-4 + 4.9e-4 relative). " + _DPO_FP16)),
                 "FALSIFY-DPO-004/float16": Finding(
                     kind="deviation",
+                    repro="trl_dpo_fp16.py",
                     evidence=("B = 10, β = 0.5 (π_c[9] = −34.1, ref_c[9] = −127.25, "
                               "π_r = 0, ref_r = −85): ∂loss/∂π_c[9] TRL −1.72710e-3, "
                               "reference −1.69986e-3 (|err| 2.7e-5, bound 1.8e-5 + 4.9e-4 "
@@ -179,6 +181,7 @@ LIBRARY = Library(
                               "gradient σ(−h) from an fp16-rounded h). " + _DPO_FP16)),
                 "FALSIFY-DPO-011": Finding(
                     kind="deviation",
+                    repro="trl_dpo_integer_logps.py",
                     evidence=("int64 (and int32) log-probs: TRL's loss.mean() raises torch's "
                               "RuntimeError 'mean(): could not infer output dtype. Input dtype "
                               "must be either a floating point or complex dtype. Got: Long' "
@@ -186,6 +189,7 @@ LIBRARY = Library(
                               "dtype (TRL checks no dtype). float64 and bfloat16 are declared")),
                 "FALSIFY-DPO-012": Finding(
                     kind="deviation",
+                    repro="trl_dpo_integer_logps.py",
                     evidence=("int64 (and int32) log-probs through dpo_grad: as FALSIFY-DPO-011, "
                               "TRL's RuntimeError from mean() inside _compute_loss, not an error "
                               "naming the dtype")),
@@ -208,6 +212,7 @@ LIBRARY = Library(
                               "0.0. " + _NO_TOKEN)),
                 "FALSIFY-GRPO-011": Finding(
                     kind="deviation",
+                    repro="trl_grpo_padding_nan.py",
                     evidence=("pads overwritten with logp = −1e4, old = ref = 30 (mask 0 there): "
                               "TRL's loss becomes NaN. _compute_loss evaluates "
                               "exp(ref − logp) − (ref − logp) − 1 = inf at every position and "
@@ -218,6 +223,7 @@ LIBRARY = Library(
                               "A = 1: TRL NaN, our kernel −1.1998")),
                 "FALSIFY-GRPO-006/float16": Finding(
                     kind="deviation",
+                    repro="trl_grpo_fp16_clip.py",
                     evidence=("fp16, ε = 0.2, A = 1.7246, logp − old = 0.1826 (a hand run of the "
                               "same kind; the check's case is (5, 39) of B = 8, T = 40, got "
                               "−1.1955e-2, reference 3.78e-4): ρ = exp(0.1826) rounds to "
@@ -229,11 +235,13 @@ LIBRARY = Library(
                               "in fp16, the contract's in fp32")),
                 "FALSIFY-GRPO-007/float16": Finding(
                     kind="deviation",
+                    repro="trl_grpo_fp16_clip.py",
                     evidence=("β = 0: the same fp16 clip tie as FALSIFY-GRPO-006/float16 "
                               "(ρ and 1 + ε both rounded to 1.2001953125, the unclipped "
                               "gradient ρ·A/n passed where the exact ratio is clipped)")),
                 "FALSIFY-GRPO-015": Finding(
                     kind="deviation",
+                    repro="trl_grpo_loss_dtype.py",
                     evidence=("bfloat16 log-probs are accepted and the loss comes back as "
                               "float32 (a bf16 sum divided by mask.sum().clamp(min=1.0), a "
                               "float32 0-d tensor: type promotion), and int64/int32 log-probs "

@@ -12,6 +12,7 @@ failure classified: `deviates`, `variant <name>`), `UNCLASSIFIED`, `n/a`, `needs
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -254,9 +255,10 @@ def page(data: dict, source: str, contract_ids: set[str]) -> list[str]:
              f"Every binding below runs a contract's torch-backend checks on a third-party "
              f"function (`falsify conformance`), from `{source}`: {len(libs)} "
              f"librar{'y' if len(libs) == 1 else 'ies'}, {len(records)} binding"
-             f"{'' if len(records) == 1 else 's'}, on a CPU without a GPU. *Math* is the equation's values "
-             "and derivatives, per dtype; *policy* the API's promises (dtypes accepted, size-0 "
-             "rules, refusals, determinism, compilation), judged against what the binding "
+             f"{'' if len(records) == 1 else 's'}, on a CPU without a GPU. *Math* is the "
+             "equation's values and derivatives, per dtype; *policy* the API's promises "
+             "(dtypes accepted, size-0 rules, refusals, determinism, compilation), judged "
+             "against what the binding "
              "declares. A failed cell is classified: *deviates* (the library departs from the "
              "math), *variant* (a documented other convention), never left open.", "",
              "| library | binding | contract | " + " | ".join(f"math {d}" for d in dtypes)
@@ -269,11 +271,22 @@ def page(data: dict, source: str, contract_ids: set[str]) -> list[str]:
         a = _anchor(rec)
         lines.append(f"| {_md(rec['library'])} {_md(rec.get('version') or '?')} | "
                      f"{_md(rec['binding'])} | {link} | "
-                     + " | ".join(f"[{_md(v)}](#{a})" for v in c.values()) + " |")
+                     + " | ".join(_page_cell(v, a) for v in c.values()) + " |")
     lines.append("")
     for rec in records:
         lines += _binding_section(rec)
     return lines
+
+
+def _page_cell(text: str, anchor: str) -> str:
+    """A matrix cell on the page: a link to the binding's section. A variant cell names its
+    conventions in the link's title (and in the section), so that the matrix keeps to the
+    width of a page."""
+    m = re.match(r"^variant (.+?) (\d+/\d+.*)$", text)
+    if m:
+        title = _md(m.group(1)).replace('"', "'")
+        return f'[variant {_md(m.group(2))}](#{anchor} "{title}")'
+    return f"[{_md(text)}](#{anchor})"
 
 
 def _binding_section(rec: dict) -> list[str]:

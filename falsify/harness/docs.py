@@ -530,9 +530,11 @@ def _invariance(c: Contract) -> list[str]:
         table(["kind", "holds", "backends / reason"], rows)
 
 
-def _head(title: str, hide_toc: bool = False) -> list[str]:
-    """Front matter (the nav shows the title, not a name guessed from the file) + marker."""
-    hide = ["hide:", "  - toc"] if hide_toc else []
+def _head(title: str, hide_toc: bool = False, hide_nav: bool = False) -> list[str]:
+    """Front matter (the nav shows the title, not a name guessed from the file) + marker;
+    `hide_nav` gives a wide table the width the navigation would take."""
+    items = (["  - navigation"] if hide_nav else []) + (["  - toc"] if hide_toc else [])
+    hide = ["hide:", *items] if items else []
     return ["---", f"title: {title}", *hide, "---", "", GENERATED_MARKER, ""]
 
 
@@ -838,7 +840,7 @@ def render_site(contracts: list[Contract], coverage=None, sources=(),
 
         body = conf.page(conformance[1], conformance[0], {c.id for c in contracts})
         pages[(PAGES_SUBDIR / "conformance.md").as_posix()] = "\n".join(
-            _head("Conformance", hide_toc=True) + body[1:]) + "\n"
+            _head("Conformance", hide_toc=True, hide_nav=True) + body[1:]) + "\n"
     return dict(sorted(pages.items()))
 
 
