@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from falsify.harness.case_spec import pin_admitted
+from falsify.harness.case_spec import pin_admitted, pin_domain
 from falsify.harness.ledger import run_key
 from falsify.harness.plan import equation_of, judges, runs
 
@@ -80,9 +80,8 @@ def outside_variant(contract, binding) -> dict[str, str]:
         for arg, value in found[1].pins.items():
             a = args.get(arg)
             if a is not None and not pin_admitted(a, value):
-                held = a.get("choices", a.get("const"))
                 out[t.id] = (f"outside variant {binding.variant!r}: its input fixes {arg} to "
-                             f"{held!r}, the variant to {value!r}")
+                             f"{pin_domain(a)}, the variant to {value!r}")
                 break
     return out
 

@@ -24,9 +24,25 @@ def dtype_takers(spec: dict, call: dict | None) -> list[str]:
 
 def pin_admitted(argspec: dict, value) -> bool:
     """Whether an input argument's domain holds an equation variant's pinned value: one of its
-    `choices`, its `const`; any value of an argument that is drawn."""
+    `choices`, its `const`; any value of a drawn scalar. Never a drawn array or text: a
+    variant fixes scalars (a loss's reduction, a weight offset), not data."""
+    if "shape" in argspec or "text" in argspec:
+        return False
     if "choices" in argspec:
         return value in argspec["choices"]
     if "const" in argspec:
         return argspec["const"] == value
     return True
+
+
+def pin_domain(argspec: dict) -> str:
+    """What an input argument holds, said where a pinned value lies outside it."""
+    if "shape" in argspec:
+        return "a drawn array"
+    if "text" in argspec:
+        return "drawn text"
+    if "choices" in argspec:
+        return repr(argspec["choices"])
+    if "const" in argspec:
+        return repr(argspec["const"])
+    return f"values {argspec.get('values', [-1.0, 1.0])}"

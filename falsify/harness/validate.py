@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from falsify.harness import case_spec, expr, graph
-from falsify.harness.case_spec import pin_admitted
+from falsify.harness.case_spec import pin_admitted, pin_domain
 from falsify.harness.model import (
     BACKENDS,
     Contract,
@@ -436,9 +436,9 @@ def _binding_rules(ctx, c: Contract, allow_import, import_bindings) -> None:
 
 def _variant_pin_rules(ctx, c: Contract, eq: str, vname: str, pins: dict) -> None:
     """V035: a variant pins an argument some input draws, to a value at least one input's
-    domain holds (its `choices`, its `const`, or any value of a drawn argument). An input whose
-    domain excludes the value is outside the variant (its checks are not applicable to it);
-    a value no input holds would leave the variant nothing to be judged by."""
+    domain holds (its `choices`, its `const`, or any value of a drawn scalar; never an array).
+    An input whose domain excludes the value is outside the variant (its checks are not
+    applicable to it); a value no input holds would leave the variant nothing to be judged by."""
     for arg, value in pins.items():
         path = ("equations", eq, "variants", vname, "pins", arg)
         field_ = f"equations.{eq}.variants.{vname}.pins.{arg}"
@@ -449,7 +449,7 @@ def _variant_pin_rules(ctx, c: Contract, eq: str, vname: str, pins: dict) -> Non
         elif not any(pin_admitted(a, value) for _, a in specs):
             ctx.add("V035", path, field_,
                     f"{value!r} lies outside every input's {arg!r} (" + "; ".join(
-                        f"inputs.{i}: {a.get('choices', a.get('const'))}" for i, a in specs)
+                        f"inputs.{i}: {pin_domain(a)}" for i, a in specs)
                     + "): the variant would be judged by no check")
 
 
