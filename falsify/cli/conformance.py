@@ -144,7 +144,7 @@ def conform(items, contracts, proj, profile: str, workers: int, console) -> list
 
     _check_declarations(items, contracts)
     records = []
-    for round_items in plan.rounds(items, contracts):
+    for round_items in plan.rounds(items):
         records += _run_round(proj, round_items, contracts, profile, workers, console)
     order = {(lib.name, b.name): i for i, (lib, b) in enumerate(items)}
     return sorted(records, key=lambda r: order[(r["library"], r["binding"])])

@@ -125,9 +125,30 @@ LIBRARY = Library(
             binds={"nf4_dequantize": f"{_M}:nf4_dequantize"},
             dtypes=_BF16,
             zero_size=_EMPTY,
-            findings={"FALSIFY-NF4-010": Finding(
-                kind="deviation", evidence=_ROW_T,
-                repro="bitsandbytes_dequantize_4bit_single_row_transpose.py")},
+            findings={
+                "FALSIFY-NF4-010": Finding(
+                    kind="deviation", evidence=_ROW_T,
+                    repro="bitsandbytes_dequantize_4bit_single_row_transpose.py"),
+                "FALSIFY-NF4-004/float32": Finding(
+                    kind="deviation", repro="bitsandbytes_dequantize_4bit_tail_block_absmax.py",
+                    evidence=(
+                        "a 2-D weight's partial tail block is scaled by absmax[0]: found with "
+                        "fresh seeds (FALSIFY_SEED=215562980), [3, 64] at blocksize 128, "
+                        "absmax [63.70, 26.98], codes 0: elements 128 … 191 (row 2) got "
+                        "-63.696167 where code·absmax[1] = -26.978672 (64 of 192 off, bound one "
+                        "fp32 rounding). [192] and [1, 192] decode right, as does any shape the "
+                        "blocksize divides; [2, 96] at 128 and [3, 128] at 256 fail the same "
+                        "way.")),
+                "FALSIFY-NF4-026": Finding(
+                    kind="deviation", repro="bitsandbytes_dequantize_4bit_zero_columns.py",
+                    evidence=(
+                        "n = 0 (a [m, 0] weight) decodes to the empty [m, 0] at blocksizes "
+                        "below 2048 (the native CPU kernel) but raises RuntimeError \"cannot "
+                        "reshape tensor of 0 elements into shape [-1, 0]\" at 2048 and above "
+                        "(the pure-torch fallback); found with fresh seeds (FALSIFY_SEED="
+                        "215562980: m = 7, blocksize 4096). The ci profile's examples draw a "
+                        "small blocksize.")),
+            },
         ),
         Binding(
             name="quantize_4bit → dequantize_4bit",

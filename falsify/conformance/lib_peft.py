@@ -133,6 +133,13 @@ LIBRARY = Library(
                 "FALSIFY-LORA-030": _R0,
             },
             findings={
+                "FALSIFY-LORA-001/float16": Finding(
+                    kind="deviation",
+                    repro="peft_lora_fp16_forward.py",
+                    evidence=_FP16_FORWARD + (
+                        "Found with fresh seeds (FALSIFY_SEED=215562980): [m 1, i 3, o 1, r 3, "
+                        "α 8], x = 1, w = 0.25: got 2.08203125, reference 2.0833333, |err| "
+                        "1.3e-3 > atol 1.46e-5 + rtol 4.88e-4·|ref| = 1.03e-3.")),
                 "FALSIFY-LORA-002/float16": Finding(
                     kind="deviation",
                     repro="peft_lora_fp16_forward.py",

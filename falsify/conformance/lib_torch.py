@@ -545,6 +545,18 @@ TORCH_OUT_DTYPE = ("a wrong out= dtype is refused with RuntimeError (\"Expected 
                    "dtype float, but got double instead\"), not TypeError/ValueError")
 
 
+# found with fresh seeds (FALSIFY_SEED=2533420250), not by the ci profile's fixed examples
+GELU_ERF32 = Finding(
+    kind="deviation", repro="torch_gelu_erf_cancellation.py",
+    evidence="the exact (erf) form in float32 near x = -3.5: got -0.00083980185 vs the "
+             "reference -0.00083880791, |err| 9.94e-7 > atol xmax·eps 9.54e-7 + 4·eps·|ref| "
+             "(1 of 112 elements); arbiter (long double): torch off by 1.7e4 fp32 ulps, the "
+             "reference by 4e-10. Over every float32 in [-3.6, -3.3] the worst is x = "
+             "-3.4801347, |err| 1.05e-6 (0.12 % relative), while torch.erf itself is within "
+             "0.1 ulp there: the kernel is ~20x less accurate than the 1 + erf(x/√2) "
+             "cancellation with that erf allows. The ci profile's examples draw no x in the "
+             "band.")
+
 LIBRARY = Library(
     name="torch",
     distribution="torch",
@@ -667,6 +679,7 @@ LIBRARY = Library(
                 binds={"gelu": f"{M}:gelu"},
                 dtypes=FLOAT_EXTRA, errors=("NotImplementedError",),
                 findings={
+                    "FALSIFY-GELU-001/float32": GELU_ERF32,
                     "FALSIFY-GELU-020": Finding(
                         kind="deviation",
                         repro="torch_gelu_tanh_derivative_cancellation.py",

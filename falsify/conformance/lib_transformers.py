@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import torch
 
+from falsify.conformance.lib_torch import GELU_ERF32
 from falsify.conformance.registry import Binding, Finding, Library, into
 
 
@@ -514,6 +515,13 @@ LIBRARY = Library(
                     evidence=_LLAMA_TABLE.format(
                     what="theta 5e5, pos up to 7583, D = 34: got -3.50091934 vs -3.50092783 at "
                          "(0, 0, 0, 1), max |err| 2.84e-4 > atol 1.97e-6.")),
+                "FALSIFY-ROPE-002/float16": Finding(
+                    kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
+                    evidence=(
+                    "norm preservation, |y|² = |x|² per rotated pair, fails at 1 position "
+                    "((0, 1, 4, 15) of b = 1, s = 2, h = 6, half = 20; fresh seed 2533420250): "
+                    "the rotation is applied with a table rounded like FALSIFY-ROPE-001's.")
+                    + _LLAMA_TABLE_FP16),
                 "FALSIFY-ROPE-001/float16": Finding(
                     kind="deviation", repro="transformers_llama_rope_fp32_angles.py",
                     evidence=_LLAMA_TABLE.format(
@@ -642,7 +650,7 @@ LIBRARY = Library(
             binds={"gelu": f"{_M}:act_gelu"},
             dtypes=_FLOAT_EXTRA,  # nn.functional.gelu computes float64 in float64
             errors=("NotImplementedError",),  # "GeluKernelImpl" not implemented for 'Long'
-            findings=_GELU_TANH_AD,
+            findings={**_GELU_TANH_AD, "FALSIFY-GELU-001/float32": GELU_ERF32},
         ),
         Binding(
             name='ACT2FN["gelu"/"gelu_new"]',
@@ -653,6 +661,7 @@ LIBRARY = Library(
             errors=("NotImplementedError",),
             findings={
                 **_GELU_TANH_AD,
+                "FALSIFY-GELU-001/float32": GELU_ERF32,  # its exact half is ACT2FN["gelu"]
                 "FALSIFY-GELU-003/float16": Finding(
                     kind="deviation", repro="transformers_gelu_new_fp16.py",
                     evidence=(
@@ -682,6 +691,7 @@ LIBRARY = Library(
             # the dtypes check calls the exact form (ACT2FN["gelu"]): NotImplementedError
             errors=("NotImplementedError",),
             findings={
+                "FALSIFY-GELU-001/float32": GELU_ERF32,  # its exact half is ACT2FN["gelu"]
                 "FALSIFY-GELU-003/float16": Finding("deviation", (
                     "FastGELUActivation evaluates 0.5·x·(1 + tanh(x·0.7978845608·(1 + "
                     "0.044715·x²))) op by op in x's dtype: in fp16 every operation rounds, and "
@@ -727,6 +737,11 @@ LIBRARY = Library(
                     "the gradient is autograd through the same fp16 operations: got "
                     "-0.00823211670 vs -0.00822024774 at (0, 0), max |err| 2.42e-3 > rtol "
                     "4.88e-4 (784 of 3300 elements)."), repro="transformers_gelu_python_fp16.py"),
+                "FALSIFY-GELU-002/float16": Finding("deviation", (
+                    "the same fp16 erf formula at the wide input (fresh seed 2533420250): x = "
+                    "-2, got -0.04541015625 vs -0.04550026390, |err| 9.0e-5 > rtol 4.89e-4·|ref| "
+                    "+ atol 1.0e-6; arbiter (long double): 2.95 fp16 ulps off, the reference "
+                    "6.5e-18."), repro="transformers_gelu_python_fp16.py"),
                 "FALSIFY-GELU-015": Finding("variant", (
                     "int64 x is accepted and returned as float32 [4, 128]: x / math.sqrt(2.0) "
                     "promotes the integers to float32 and the erf form is evaluated there (x = "

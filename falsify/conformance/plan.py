@@ -2,9 +2,9 @@
 
 A binding is judged by the contract's torch-backend checks of the equations it binds — the
 checks of an equation it does not bind would run our own function and say nothing about the
-library — less the checks it declares not claimed. Bindings share a pytest session (one worker
-start, warm imports) unless they touch the same equation of one contract: those go into
-successive sessions ("rounds").
+library — less the checks it declares not claimed. Bindings of different contracts share a
+pytest session (one worker start, warm imports); bindings of one contract go into successive
+sessions ("rounds").
 """
 
 from __future__ import annotations
@@ -118,36 +118,14 @@ def bind_key(contract_id: str, equation: str) -> str:
     return f"{contract_id}:{equation}.{BACKEND}"
 
 
-def _touches(contract, binding) -> set | None:
-    """The equations a binding's session changes: those it binds; None (every equation of its
-    contract) when it follows a variant with references of its own, since those replace the
-    references other bindings' checks of the contract are judged by (a backward's, say)."""
-    v = binding.variant
-    if v and any(eq.variants[v].reference for eq in contract.equations.values()
-                 if v in eq.variants):
-        return None
-    return set(binding.binds)
-
-
-def rounds(items: list[tuple], contracts: dict) -> list[list[tuple]]:
-    """(library, binding) pairs into pytest sessions, in order: a binding joins the first
-    session where no other binding of its contract touches an equation it touches (two
-    functions bound to one equation, or one judged against a reference another replaced,
-    cannot share a run). Bindings of different contracts, and of disjoint equations of one
-    contract (gguf's per-format dequantizers), share one worker start and warm imports."""
-    sessions: list[list[tuple]] = []
+def rounds(items: list[tuple]) -> list[list[tuple]]:
+    """(library, binding) pairs into pytest sessions, in order: the n-th binding of every
+    contract in session n. Two bindings of one contract never share a session, even when they
+    bind different equations: a check of one equation may call another equation's binding (a
+    round trip quantizes with one function and dequantizes with the other), and would then
+    judge the other binding's function where the contract's own was meant."""
+    by_contract: dict[str, list[tuple]] = {}
     for lib, b in items:
-        c = contracts[b.contract]
-        mine = _touches(c, b)
-        for s in sessions:
-            same = [o for _, o in s if o.contract == b.contract]
-            if all(_disjoint(mine, _touches(c, o)) for o in same):
-                s.append((lib, b))
-                break
-        else:
-            sessions.append([(lib, b)])
-    return sessions
-
-
-def _disjoint(a: set | None, b: set | None) -> bool:
-    return a is not None and b is not None and not (a & b)
+        by_contract.setdefault(b.contract, []).append((lib, b))
+    depth = max((len(v) for v in by_contract.values()), default=0)
+    return [[v[i] for v in by_contract.values() if i < len(v)] for i in range(depth)]

@@ -142,8 +142,8 @@ def _reuse_key(item) -> str | None:
     return "run:" + ledger.run_key(kw)
 
 
-def _example(excinfo) -> str | None:
-    notes = getattr(excinfo.value, "__notes__", None) or []
+def _example(e: BaseException) -> str | None:
+    notes = getattr(e, "__notes__", None) or []
     text = "\n".join(n for n in notes if "Falsifying" in n or "case=" in n or "Case(" in n)
     return text[:4000] or None
 
@@ -195,11 +195,13 @@ def pytest_runtest_makereport(item, call):
                 profile=runtime.profile_name(), seed=runtime.run_seed(),
                 gpu=runtime.gpu_name())
     if exc is not None and status != "passed":
-        first = str(exc.value).splitlines()[0] if str(exc.value) else ""
-        base["message"] = f"{exc.typename}: {first}"[:1000]
-        base["example"] = _example(exc)
-        if getattr(exc.value, "evidence", None):  # the arbiter's verdict and tolerance terms
-            base["evidence"] = exc.value.evidence
+        e, n = runtime.first_failure(exc.value)  # a group: its first failure, and the count
+        first = str(e).splitlines()[0] if str(e) else ""
+        base["message"] = (f"{type(e).__name__}: {first}" + (
+            f" (the first of {n} distinct failures)" if n > 1 else ""))[:1000]
+        base["example"] = _example(e) or _example(exc.value)
+        if getattr(e, "evidence", None):  # the arbiter's verdict and tolerance terms
+            base["evidence"] = e.evidence
     if check:
         kw = check.kwargs
         c = runtime.contract(kw["contract"])

@@ -54,6 +54,17 @@ def is_falsification(e: BaseException) -> bool:
     return isinstance(e, AssertionError) and not isinstance(e, Unproven)
 
 
+def first_failure(e: BaseException) -> tuple[BaseException, int]:
+    """(the first of Hypothesis' distinct failures, how many there were): a group's own
+    message says only how many it holds; its first member carries the message, the falsifying
+    example (its notes) and the arbiter's evidence."""
+    n = 1
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        n = max(n, len(e.exceptions))
+        e = e.exceptions[0]
+    return e, n
+
+
 class Unproven(AssertionError):
     """A symbolic check that timed out or returned unknown: never counted as passed."""
 
