@@ -1,5 +1,6 @@
 """The compile check kind: torch.compile against eager, forward and backward, graph breaks
-counted, no silent fallback when compilation cannot run; V029/V030; the softmax mutant that is
+counted, a recompilation for a new size refused unless declared, no silent fallback when
+compilation cannot run; V029/V030; the softmax mutant that is
 wrong only when compiled dies to this kind and to no other."""
 
 from __future__ import annotations
@@ -71,6 +72,53 @@ def test_graph_breaks_fail_unless_allowed_and_are_reported(tmp_path):
     compile_kind.reset()
     allowed = _contract(tmp_path, "breaks_the_graph", dict(COMPILE, max_graph_breaks=1))
     assert _run(allowed)["graph_breaks"] == 1
+
+
+def _two_sizes(c, n=2):
+    """The check run on two cases of different row counts (both ≥ 2): one compiled function
+    serves both, as it serves a check's examples."""
+    from falsify.harness import cases
+
+    spec = c.inputs[c.checks[n].spec["input"]]
+    first = cases.pinned_cases(spec, "float32", None)[0]
+    run_check(c, n, "torch", "float32", first)
+    other = dict(spec, examples=[{"m": 5, "n": 17}])
+    return run_check(c, n, "torch", "float32", cases.pinned_cases(other, "float32", None)[0])
+
+
+def test_a_recompile_for_a_new_size_fails_unless_the_dim_is_declared(tmp_path):
+    assert _two_sizes(_contract(tmp_path, "honest"))["shape_recompiles"] == []
+    compile_kind.reset()
+    with pytest.raises(runtime.CheckFailed, match=r"1 recompilation\(s\) for a new tensor size "
+                                                  r"under torch.compile: x.shape\[0\] \(m\) 3 → 5"):
+        _two_sizes(_contract(tmp_path, "chunked_over_rows"))
+    compile_kind.reset()
+    declared = dict(COMPILE, specializes={"dims": ["m"], "why": "a chunk loop"})
+    detail = _two_sizes(_contract(tmp_path, "chunked_over_rows", declared))
+    assert detail["shape_recompiles"] == ["x.shape[0] (m) 3 → 5"]
+
+
+def test_shape_recompiles_ignore_sizes_zero_and_one():
+    texts = ["0/0: tensor 'x' size mismatch at index 0. expected 8, actual 5",
+             "0/1: tensor 'x' size mismatch at index 0. expected 5, actual 1",
+             "0/2: tensor 'kwargs['w']' size mismatch at index 1. expected 0, actual 3",
+             "0/3: tensor 'kwargs['w']' size mismatch at index 1. expected 3, actual 4",
+             "0/4: label_smoothing == 0.1", "0/0: tensor 'x' size mismatch at index 0. "
+             "expected 8, actual 5"]
+    assert compile_kind.shape_recompiles(texts) == [("w", 1, 3, 4), ("x", 0, 8, 5)]
+
+
+def test_v029_specializes_names_a_dim_of_the_input(tmp_path):
+    bad = dict(COMPILE, specializes={"dims": ["T"], "why": "a chunk loop"})
+    rep = _contract(tmp_path, "honest", bad, expect_errors=True)
+    assert any(f.rule == "V029" and "specializes names 'T', not a dim of input 'rows'"
+               in f.message for f in rep.errors), rep.errors
+
+
+def test_the_cross_entropy_mutant_that_chunks_over_t_when_compiled_is_killed():
+    """MUT-CE-006: bit-identical eagerly, a recompilation per sequence length compiled."""
+    r = runtime.assert_killed("cross-entropy-kernel-v1", "MUT-CE-006")
+    assert r.killed_by.startswith("FALSIFY-CE-029") and "recompilation" in r.message, r
 
 
 def test_no_cxx_compiler_is_an_error_not_a_pass(tmp_path, monkeypatch):

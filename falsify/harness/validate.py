@@ -46,7 +46,8 @@ Errors (native mode):
   V029 a compile check without a bound (neither `parity` nor `tolerance`), or whose
        `parity`/`gradient` is not a parity/gradient check of the same equation on
        torch, lacks a tolerance for a dtype the compile check runs, or names dims or `wrt`
-       arguments its input does not have; or a compile check on a backend other than torch
+       arguments its input does not have (`specializes` too); or a compile check on a
+       backend other than torch
   V030 an equation with a backward on torch (a gradient check runs it there) whose compile
        checks never name a `gradient`: forward compiled, backward not
   V031 a `text:` argument that cannot be drawn as declared: min_size > max_size, or combined
@@ -839,6 +840,14 @@ def _check_compile(ctx, c: Contract, t, base, fname, inp) -> None:
             ctx.add("V029", base + ("check", "backends"), fname + ".check.backends",
                     f"{t.id}: the compile kind runs torch bindings only, not {b!r} (Triton "
                     "kernels are compiled already; the reference is numpy)")
+    named = (spec.get("specializes") or {}).get("dims") or []
+    dims = inp.get("dims") if isinstance(inp, dict) and isinstance(inp.get("dims"), dict) else {}
+    for d in named:
+        if d not in dims:
+            ctx.add("V029", base + ("check", "specializes", "dims"),
+                    fname + ".check.specializes.dims",
+                    f"{t.id}: specializes names {d!r}, not a dim of input "
+                    f"{spec.get('input')!r} (those: {', '.join(dims) or 'none'})")
     eqname = equation_of(c, t)
     dtypes = [r.variant for r in runs(c, t)]
     for key, kind in (("parity", "parity"), ("gradient", "gradient")):

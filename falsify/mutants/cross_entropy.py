@@ -139,3 +139,31 @@ def second_order_through_saved_lse(logits, labels, ignore_index=-100, reduction=
     tce.check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
     return _SecondOrderOnSavedLse.apply(logits, labels, ignore_index, reduction, float(z_loss),
                                         float(label_smoothing))
+
+
+# ---------------------------------------------------------------- compiled shapes
+class _ChunkLoopOverT(tce._CrossEntropy):
+    """The real kernel, with its token-chunk loop a plain range(0, T, TOKEN_CHUNK) in every
+    mode (the torch backend before `spans`): bit-identical eagerly, but Dynamo reads T as a
+    number, so a compiled model recompiles for every new sequence length."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, ignore_index, reduction, z_loss, label_smoothing):
+        T = logits.shape[0]
+        loss = torch.empty(T, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(T, dtype=torch.float32, device=logits.device)
+        for r0 in range(0, T, tce.TOKEN_CHUNK):
+            sl = slice(r0, r0 + tce.TOKEN_CHUNK)
+            loss[sl], lse[sl] = tce.rows_forward(logits[sl], labels[sl], ignore_index, z_loss,
+                                                 label_smoothing)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.cfg = (ignore_index, reduction, z_loss, label_smoothing)
+        return tce.reduce_rows(loss, labels, ignore_index, reduction).to(logits.dtype)
+
+
+def chunk_loop_over_t(logits, labels, ignore_index=-100, reduction="mean", z_loss=0.0,
+                      label_smoothing=0.0):
+    tce.check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing)
+    labels = tce._bounded(labels, ignore_index, logits.shape[1])
+    return _ChunkLoopOverT.apply(logits, labels, ignore_index, reduction, float(z_loss),
+                                 float(label_smoothing))

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "827ac304dd16e3594249740be5ab943d84b70a1e2e8170dee9ed8e437ca94f0e"
+SHA256 = "fdb7989ecd4519f8c5a1036b8073b2e06a983bbea6a95cd9cee91f3dd57465cb"
 CONTRACT = rt.library_contract("cross-entropy-kernel-v1.yaml", SHA256)
 
 
@@ -999,3 +999,9 @@ def test_mut_ce_004():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-005", obligation="CE-EQV-006", backend="torch")
 def test_mut_ce_005():
     rt.assert_killed(CONTRACT, "MUT-CE-005")
+
+
+# MUT-CE-006 → CE-CMP-001: the token-chunk loop is range(0, T, 1024) under torch.compile too (the torch backend before its chunks became one span when compiled): bit-identical eagerly, a recompilation for every new sequence length compiled
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-CE-006", obligation="CE-CMP-001", backend="torch")
+def test_mut_ce_006():
+    rt.assert_killed(CONTRACT, "MUT-CE-006")

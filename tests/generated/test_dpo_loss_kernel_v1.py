@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "0f9eedad50c9a2dcb8248f8d82db04b78c8d729c058d150bf60862edd0df1ab1"
+SHA256 = "e2c8d2479e02a940872232a23e3dd7dddb88d29b817dcd579604c2e00892477a"
 CONTRACT = rt.library_contract("dpo-loss-kernel-v1.yaml", SHA256)
 
 

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "33cba5265a54cb30aaad6849d45940245285a0dbc144727dbd387da6a8c3c807"
+SHA256 = "0557a3f409e917b816ffa7c58034a6f5a52a7b8fdacd6f2533be4e108f729ae5"
 CONTRACT = rt.library_contract("fused-linear-cross-entropy-kernel-v1.yaml", SHA256)
 
 

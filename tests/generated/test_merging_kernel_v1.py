@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "318e248d581dab6b1efc4a861707fcc4f1e4418dfeff9ea8b8549ccceb0266d4"
+SHA256 = "6982d733db0361e8811a642c9191f0e9628408c32c6479dde3451ddb897beb97"
 CONTRACT = rt.library_contract("merging-kernel-v1.yaml", SHA256)
 
 

@@ -21,6 +21,15 @@ validation is not mistaken for a graph break:
   require grad, its `outputs` receive its upstream gradients (the same dy, rounded to the case
   dtype), and autograd's gradients through the compiled call are compared with those through
   the eager call, under that check's tolerance doubled the same way.
+- shape recompiles: a recompilation because a tensor size changed between two sizes ≥ 2
+  (Dynamo's guard failure "size mismatch at index i. expected a, actual b"). Sizes stay
+  symbolic under `dynamic=True` unless the kernel's Python reads one as a number: a chunk loop
+  `range(0, T, C)`, a `min(T, …)`, a shape put into a set. Every such read is a guard, and a
+  compiled model then recompiles for each new sequence length or batch size until Dynamo's
+  recompile limit sends the frame back to eager, silently. One fails the check, unless the
+  dim it changed is declared in `specializes: {dims, why}` (a chunk loop that bounds memory
+  must read its size); those are recorded in the detail. Sizes 0 and 1 are specialized by Dynamo itself
+  (broadcasting can depend on them), so a recompile to or from them never counts.
 - graph breaks: Dynamo's reasons (torch._dynamo.utils.counters["graph_break"]), counted as
   distinct reasons over every compilation of the check. More than `max_graph_breaks` (default
   0) fails: a break splits the kernel into separately compiled pieces with eager Python
@@ -44,6 +53,7 @@ version and the compiler, and torch decides where it lives before any check runs
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -155,11 +165,56 @@ def _scalars(case) -> dict:
     return expr.scalar_args(case.args)
 
 
+_SIZE_MISMATCH = re.compile(r"tensor '(.+?)' size mismatch at index (\d+)\. "
+                            r"expected (\d+), actual (\d+)")
+
+
+def shape_recompiles(failures) -> list[tuple[str, int, int, int]]:
+    """The distinct recompilations in Dynamo's guard-failure texts caused by a tensor size
+    changing between two sizes ≥ 2 (the kernel specialized on that size): (argument, axis,
+    size before, size after)."""
+    out = set()
+    for text in failures:
+        for name, index, a, b in _SIZE_MISMATCH.findall(str(text)):
+            if int(a) >= 2 and int(b) >= 2:
+                inner = re.fullmatch(r"(?:kwargs|args)\[['\"]?(.+?)['\"]?\]", name)
+                out.add((inner.group(1) if inner else name, int(index), int(a), int(b)))
+    return sorted(out)
+
+
+def _dim_of(ctx, arg: str, axis: int):
+    """The input's name for axis `axis` of argument `arg` (None when it has none)."""
+    spec = (ctx.contract.inputs.get(ctx.spec.get("input")) or {}).get("args", {}).get(arg)
+    shape = spec.get("shape") if isinstance(spec, dict) else None
+    return shape[axis] if isinstance(shape, list) and axis < len(shape) else None
+
+
 def _graph_state() -> dict:
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters, guard_failures
 
     reasons = sorted(counters["graph_break"])
-    return {"graphs": int(counters["stats"]["unique_graphs"]), "reasons": reasons}
+    failures = [t for texts in guard_failures.values() for t in texts]
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "reasons": reasons,
+            "shape_recompiles": shape_recompiles(failures)}
+
+
+def _judge_recompiles(ctx, state) -> list[str]:
+    """Fail on a recompilation for a new size of a dim the check does not declare in
+    `specializes` (with the reason the kernel must read it); the declared ones, described."""
+    allowed = set((ctx.spec.get("specializes") or {}).get("dims") or ())
+    seen, bad = [], []
+    for arg, axis, a, b in state["shape_recompiles"]:
+        dim = _dim_of(ctx, arg, axis)
+        text = f"{arg}.shape[{axis}]" + (f" ({dim})" if dim is not None else "") + f" {a} → {b}"
+        (seen if dim in allowed else bad).append(text)
+    if bad:
+        raise CheckFailed(
+            f"{len(bad)} recompilation(s) for a new tensor size under torch.compile: "
+            f"{'; '.join(bad[:5])}. The kernel's Python reads the size as a number (a chunk "
+            "loop over range(0, n, c), min(n, ...), a shape hashed into a set), so a compiled "
+            "model recompiles for every new size of it (declare the dim in `specializes`, "
+            "with why, if the kernel must)")
+    return seen
 
 
 def run(ctx, case):
@@ -207,7 +262,9 @@ def run(ctx, case):
             compare(gc[w], ge[w], atol, rtol,
                     f"compiled (got) vs eager (reference), d/d{w}", None, terms)
         state = _graph_state()  # the backward compiles on first use
+    specialized = _judge_recompiles(ctx, state)
     return {"graph_breaks": len(state["reasons"]), "graphs": state["graphs"],
+            "shape_recompiles": specialized,
             "backward": bool(wrt), "dynamic": True,
             "torch": torch.__version__.split("+")[0]}
 

@@ -12,6 +12,11 @@ recomputed chunk by chunk from the saved lse, times the upstream scale of that r
 reduction "none" (a vector: Liger #968 read dy[0] for every row), dy for "sum", dy/n for
 "mean" with n the count of non-ignored rows. Ignored rows get exactly 0.
 
+Under torch.compile the chunks are one block each way (`spans`): a Python loop over
+range(0, T, C) reads T as a number, so Dynamo would specialize the compiled graph to each
+sequence length and recompile for every new one; Inductor fuses the whole-row reductions
+itself, without storing a [T, V] softmax either.
+
 The loss is returned in the logits dtype (as F.cross_entropy does), computed in fp32 and
 rounded once; the gradient is in the logits dtype.
 """
@@ -27,6 +32,14 @@ __all__ = ["cross_entropy", "cross_entropy_grad"]
 
 TOKEN_CHUNK = 1024
 VOCAB_CHUNK = 2048
+
+
+def spans(n, chunk: int) -> list[tuple]:
+    """(start, stop) of each chunk of range(n); one span (0, n) under torch.compile, where n
+    stays a symbolic size instead of being read as a number (see the module docstring)."""
+    if torch.compiler.is_compiling():
+        return [(0, n)]
+    return [(a, min(n, a + chunk)) for a in range(0, n, chunk)]
 
 
 def check_ce_args(logits, labels, ignore_index, reduction, z_loss, label_smoothing,
@@ -72,8 +85,8 @@ def rows_forward(z, labels, ignore_index, z_loss, label_smoothing):
     m = torch.full((R,), float("-inf"), dtype=torch.float32, device=z.device)
     d = torch.zeros(R, dtype=torch.float32, device=z.device)
     zsum = torch.zeros(R, dtype=torch.float32, device=z.device)
-    for c0 in range(0, V, VOCAB_CHUNK):
-        zc = z[:, c0:c0 + VOCAB_CHUNK].float()
+    for c0, c1 in spans(V, VOCAB_CHUNK):
+        zc = z[:, c0:c1].float()
         m_new = torch.maximum(m, zc.amax(dim=1))
         d = d * torch.exp(m - m_new) + torch.exp(zc - m_new[:, None]).sum(dim=1)
         m = m_new
@@ -100,8 +113,7 @@ def rows_grad(z, labels, lse, scale, ignore_index, z_loss, label_smoothing, out=
     scale = torch.where(valid, scale, torch.zeros_like(scale))
     safe_y = torch.where(valid, labels, torch.zeros_like(labels)).long()
     factor = (1.0 + 2.0 * z_loss * lse) if z_loss else torch.ones_like(lse)
-    for c0 in range(0, V, VOCAB_CHUNK):
-        c1 = min(V, c0 + VOCAB_CHUNK)
+    for c0, c1 in spans(V, VOCAB_CHUNK):
         p = torch.exp(z[:, c0:c1].float() - lse[:, None])
         g = p * factor[:, None] - label_smoothing / V
         hit = (safe_y >= c0) & (safe_y < c1)
@@ -135,8 +147,8 @@ class _CrossEntropy(torch.autograd.Function):
         T = logits.shape[0]
         loss = torch.empty(T, dtype=torch.float32, device=logits.device)
         lse = torch.empty(T, dtype=torch.float32, device=logits.device)
-        for r0 in range(0, T, TOKEN_CHUNK):
-            sl = slice(r0, r0 + TOKEN_CHUNK)
+        for r0, r1 in spans(T, TOKEN_CHUNK):
+            sl = slice(r0, r1)
             loss[sl], lse[sl] = rows_forward(logits[sl], labels[sl], ignore_index, z_loss,
                                              label_smoothing)
         ctx.save_for_backward(logits, labels, lse)
@@ -153,13 +165,13 @@ class _CrossEntropy(torch.autograd.Function):
             # intermediate of the forward, a constant to autograd: softmax = exp(z − lse) built
             # on it would silently lose the −softmax·softmaxᵀ half of the Hessian. Recompute it
             # from the logits with the forward's own operations (bit-identical values).
-            lse = torch.cat([rows_forward(logits[r0:r0 + TOKEN_CHUNK], labels[r0:r0 + TOKEN_CHUNK],
-                                          ignore_index, z_loss, label_smoothing)[1]
-                             for r0 in range(0, T, TOKEN_CHUNK)])
+            lse = torch.cat([rows_forward(logits[r0:r1], labels[r0:r1], ignore_index, z_loss,
+                                          label_smoothing)[1]
+                             for r0, r1 in spans(T, TOKEN_CHUNK)])
         scale = upstream_scale(dy, reduction, labels, ignore_index, T)
         dz = torch.empty_like(logits)
-        for r0 in range(0, T, TOKEN_CHUNK):
-            sl = slice(r0, r0 + TOKEN_CHUNK)
+        for r0, r1 in spans(T, TOKEN_CHUNK):
+            sl = slice(r0, r1)
             rows_grad(logits[sl], labels[sl], lse[sl], scale[sl], ignore_index, z_loss,
                       label_smoothing, out=dz[sl])
         return dz, None, None, None, None, None

@@ -19,7 +19,9 @@ def check_dpo_args(*logps, beta):
     if any(not isinstance(t, torch.Tensor) for t in logps):
         raise TypeError("log-probs must be torch tensors")
     require("dpo_loss", CHECKED, **{f"logps[{i}]": t for i, t in enumerate(logps)})
-    if len({tuple(t.shape) for t in logps}) != 1 or logps[0].dim() != 1:
+    # shapes compared pairwise, not hashed into a set: under torch.compile hashing a symbolic
+    # size reads it as a number, which specializes the graph to each batch size
+    if logps[0].dim() != 1 or any(t.shape != logps[0].shape for t in logps[1:]):
         raise ValueError("the four log-prob vectors must share one 1-D shape")
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
         raise ValueError(f"beta={beta!r}: must be finite and > 0")
