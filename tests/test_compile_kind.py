@@ -98,6 +98,16 @@ def test_a_recompile_for_a_new_size_fails_unless_the_dim_is_declared(tmp_path):
     assert detail["shape_recompiles"] == ["x.shape[0] (m) 3 → 5"]
 
 
+def test_hitting_the_recompile_limit_names_the_sizes_that_forced_it(tmp_path, monkeypatch):
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    with pytest.raises(runtime.CheckFailed, match=r"FailOnRecompileLimitHit.*1 of the "
+                                                  r"recompilations were for a new tensor size: "
+                                                  r"x.shape\[0\] 3 → 5"):
+        _two_sizes(_contract(tmp_path, "chunked_over_rows"))
+
+
 def test_shape_recompiles_ignore_sizes_zero_and_one():
     texts = ["0/0: tensor 'x' size mismatch at index 0. expected 8, actual 5",
              "0/1: tensor 'x' size mismatch at index 0. expected 5, actual 1",

@@ -5,7 +5,7 @@ from hypothesis import example, given
 
 from falsify.harness import runtime as rt
 
-SHA256 = "74e9cd9febfd43339607c7071298c141b7a97b1dffc71766103cdea059b95b2c"
+SHA256 = "dfe823eb975afc0dace108bf3aa5bf59e7831e7948e39fb00babcd770d5daac2"
 CONTRACT = rt.library_contract("fused-linear-kd-kernel-v1.yaml", SHA256)
 
 

@@ -132,6 +132,11 @@ def _call_compiled(fn, *args, **kwargs):
         if isinstance(e, CompileUnavailable):
             raise
         msg = " ".join(str(e).split())
+        if type(e).__name__ == "FailOnRecompileLimitHit":  # say which sizes forced them
+            seen = _graph_state()["shape_recompiles"]
+            msg += (f"; {len(seen)} of the recompilations were for a new tensor size: " +
+                    "; ".join(f"{a}.shape[{i}] {x} → {y}" for a, i, x, y in seen[:5])
+                    if seen else "")
         raise CheckFailed(f"torch.compile failed: {type(e).__name__}: {msg[:1500]}") from e
 
 
