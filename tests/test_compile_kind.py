@@ -98,11 +98,11 @@ def test_a_recompile_for_a_new_size_fails_unless_the_dim_is_declared(tmp_path):
     assert detail["shape_recompiles"] == ["x.shape[0] (m) 3 → 5"]
 
 
-def test_hitting_the_recompile_limit_names_the_sizes_that_forced_it(tmp_path, monkeypatch):
+def test_hitting_the_recompile_limit_names_the_sizes_that_forced_it(tmp_path):
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    with pytest.raises(runtime.CheckFailed, match=r"FailOnRecompileLimitHit.*1 of the "
+    # Dynamo's own patch (monkeypatch's undo would delete the config entry)
+    with torch._dynamo.config.patch(recompile_limit=1), pytest.raises(runtime.CheckFailed, match=r"FailOnRecompileLimitHit.*1 of the "
                                                   r"recompilations were for a new tensor size: "
                                                   r"x.shape\[0\] 3 → 5"):
         _two_sizes(_contract(tmp_path, "chunked_over_rows"))
