@@ -139,7 +139,8 @@ def sample_group(model, prompt: list[int], n: int, max_new: int, temperature: fl
     done = torch.zeros(n, dtype=torch.bool, device=dev)
     lengths = torch.zeros(n, dtype=torch.long, device=dev)
     for _ in range(max_new):
-        logits = model(x[:, -model.cfg.max_seq_len:])[:, -1, :].float() / temperature
+        logits = model(x[:, -model.cfg.max_seq_len:], last_only=True)[:, -1, :].float() / \
+            temperature
         probs = torch.softmax(top_p_filter(logits, top_p), dim=-1)
         nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         nxt = torch.where(done, torch.full_like(nxt, stop_id), nxt)

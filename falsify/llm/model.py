@@ -191,9 +191,13 @@ class Transformer(nn.Module):
                 else:
                     p.normal_(0.0, self.cfg.init_std)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B, S] int64 -> logits [B, S, V]."""
-        return self.head(self.hidden(ids))
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """ids [B, S] int64 -> logits [B, S, V]; with `last_only`, [B, 1, V] at the last
+        position (sampling reads no other: the LM head, a quarter of the tiny model's GEMM
+        work per token, then runs on one row per sequence instead of S). Through forward, so
+        a wrapper's hooks (DDP, FSDP's unsharding) run as for a full call."""
+        h = self.hidden(ids)
+        return self.head(h[:, -1:] if last_only else h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """hidden states [..., H] -> logits [..., V]: the LM head is the embedding matrix
@@ -274,7 +278,7 @@ def generate(model: Transformer, ids: torch.Tensor, max_new_tokens: int,
     out = ids
     for _ in range(max_new_tokens):
         window = out[:, -model.cfg.max_seq_len:]
-        logits = model(window)[:, -1, :].float()
+        logits = model(window, last_only=True)[:, -1, :].float()
         if temperature <= 0:
             nxt = logits.argmax(-1, keepdim=True)
         else:
