@@ -102,9 +102,10 @@ def test_hitting_the_recompile_limit_names_the_sizes_that_forced_it(tmp_path):
     import torch._dynamo
 
     # Dynamo's own patch (monkeypatch's undo would delete the config entry)
-    with torch._dynamo.config.patch(recompile_limit=1), pytest.raises(runtime.CheckFailed, match=r"FailOnRecompileLimitHit.*1 of the "
-                                                  r"recompilations were for a new tensor size: "
-                                                  r"x.shape\[0\] 3 → 5"):
+    want = (r"FailOnRecompileLimitHit.*1 of the recompilations were for a new tensor size: "
+            r"x.shape\[0\] 3 → 5")
+    with torch._dynamo.config.patch(recompile_limit=1), \
+            pytest.raises(runtime.CheckFailed, match=want):
         _two_sizes(_contract(tmp_path, "chunked_over_rows"))
 
 

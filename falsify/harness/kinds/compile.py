@@ -28,8 +28,9 @@ validation is not mistaken for a graph break:
   compiled model then recompiles for each new sequence length or batch size until Dynamo's
   recompile limit sends the frame back to eager, silently. One fails the check, unless the
   dim it changed is declared in `specializes: {dims, why}` (a chunk loop that bounds memory
-  must read its size); those are recorded in the detail. Sizes 0 and 1 are specialized by Dynamo itself
-  (broadcasting can depend on them), so a recompile to or from them never counts.
+  must read its size); those are recorded in the detail. Sizes 0 and 1 are specialized by
+  Dynamo itself (broadcasting can depend on them), so a recompile to or from them never
+  counts.
 - graph breaks: Dynamo's reasons (torch._dynamo.utils.counters["graph_break"]), counted as
   distinct reasons over every compilation of the check. More than `max_graph_breaks` (default
   0) fails: a break splits the kernel into separately compiled pieces with eager Python

@@ -14,8 +14,8 @@ reduction "none" (a vector: Liger #968 read dy[0] for every row), dy for "sum", 
 
 Under torch.compile the chunks are one block each way (`spans`): a Python loop over
 range(0, T, C) reads T as a number, so Dynamo would specialize the compiled graph to each
-sequence length and recompile for every new one; Inductor fuses the whole-row reductions
-itself, without storing a [T, V] softmax either.
+sequence length and recompile for every new one. The chunks bound eager memory; a compiled
+graph's buffers are Inductor's to plan (it fuses the row reductions into its own loops).
 
 The loss is returned in the logits dtype (as F.cross_entropy does), computed in fp32 and
 rounded once; the gradient is in the logits dtype.
