@@ -68,3 +68,48 @@ def score_rewards_negated(reward, problems, completions, on_error):
     s = score_rewards(reward, problems, completions, on_error)
     s.rewards = [-r for r in s.rewards]
     return s
+
+
+def sample_group_times_temperature(model, prompt, n, max_new, temperature, top_p, generator,
+                                   stop_id, stop_ids=None):
+    """MUT: the logits multiplied by the temperature instead of divided (z·T = z/(1/T))."""
+    from falsify.llm.grpo import sample_group
+
+    return sample_group(model, prompt, n, max_new, 1.0 / temperature, top_p, generator,
+                        stop_id, stop_ids)
+
+
+def sample_group_with_autograd(model, prompt, n, max_new, temperature, top_p, generator,
+                               stop_id, stop_ids=None):
+    """MUT: the sampler without its no_grad: every rollout forward records an autograd graph
+    (the same tokens, the memory and time of a training forward)."""
+    import torch
+
+    from falsify.llm.grpo import sample_group
+
+    with torch.enable_grad():
+        return sample_group.__wrapped__(model, prompt, n, max_new, temperature, top_p,
+                                        generator, stop_id, stop_ids)
+
+
+def sample_group_in_train_mode(model, prompt, n, max_new, temperature, top_p, generator,
+                               stop_id, stop_ids=None):
+    """MUT: the sampler's model.eval() dropped: rollouts are drawn with dropout on."""
+    from falsify.llm.grpo import sample_group
+
+    model.eval = lambda: model  # the call the sampler makes changes nothing
+    try:
+        return sample_group(model, prompt, n, max_new, temperature, top_p, generator, stop_id,
+                            stop_ids)
+    finally:
+        del model.eval
+
+
+def sample_group_one_token_long(model, prompt, n, max_new, temperature, top_p, generator,
+                                stop_id, stop_ids=None):
+    """MUT: a completion that stopped keeps one token past its stop token (the pad after it)."""
+    from falsify.llm.grpo import sample_group
+
+    outs = sample_group(model, prompt, n, max_new, temperature, top_p, generator, stop_id,
+                        stop_ids)
+    return [o + [stop_id] if len(o) < max_new else o for o in outs]

@@ -277,3 +277,69 @@ def update_direction_run(backend, dtype="float32", steps=4, seed=0):
 
 def lead_space_reward(prompt, completion, problem) -> float:
     return float(completion[:1] == " ")
+
+
+def sampler_run(backend, dtype="float32", seed=0, temperature=0.5, top_p=0.8, n=4000,
+                max_new=8):
+    """The sampler against what it must draw from, computed here: the first tokens of n
+    completions of one prompt, against softmax(topp(z/T)) of the model's own last-position
+    logits in float64 (z from a full forward in eval mode, the nucleus cut by the same rule:
+    the mass of the more likely tokens before a token already reaches top_p drops it). Every
+    token's frequency within 6 binomial standard deviations of its probability (two-sided,
+    about 2e-9 per token, 1e-6 over the vocabulary), every filtered token never drawn. Each
+    block's forward records its mode and whether autograd is on (a sampler in train mode, or
+    building graphs, is a different function or a training forward's memory), and the model's
+    mode is back to what it was. A second call with stop tokens: each completion ends at its
+    first stop token, which it keeps, or after max_new tokens, never with a token past it."""
+    import numpy as np
+    import torch
+
+    from falsify.llm import data as data_mod
+    from falsify.probes.qlora_finetune import tiny_base
+
+    sample = _bound("sample_group", backend)
+    model = tiny_base(seed, 0.08, **TINY)
+    model.train()
+    seen = []
+    hooks = [b.register_forward_pre_hook(
+        lambda mod, args: seen.append((mod.training, torch.is_grad_enabled())))
+        for b in model.layers]
+    prompt = data_mod.encode(_tokenizer(), _problems(1)[0].prompt)[-24:]
+
+    model.eval()
+    with torch.no_grad():
+        z = model(torch.tensor([prompt]))[0, -1].double().numpy() / temperature
+    model.train()
+    seen.clear()
+    order = np.argsort(-z, kind="stable")
+    ps = np.exp(z[order] - z[order].max())
+    ps /= ps.sum()
+    before = np.cumsum(ps) - ps
+    kept = order[before < top_p]
+    p = np.zeros_like(z)
+    p[kept] = np.exp(z[kept] - z[kept].max())
+    p /= p.sum()
+
+    g = torch.Generator().manual_seed(seed)
+    first = [o[0] for o in sample(model, prompt, n, 1, temperature, top_p, g, 0)]
+    f = np.bincount(first, minlength=z.size) / n
+    sd = np.sqrt(np.maximum(p * (1 - p), 1e-300) / n)
+    worst_z = float(np.max(np.where(p > 0, np.abs(f - p) / sd, 0.0)))
+    filtered_drawn = int(np.count_nonzero((p == 0) & (f > 0)))
+    forwards, train_fw, grad_fw = len(seen), sum(t for t, _ in seen), sum(g for _, g in seen)
+    restored = model.training
+
+    stops = [int(t) for t in kept[:3]]  # likely tokens, so completions often stop early
+    g = torch.Generator().manual_seed(seed + 1)
+    outs = sample(model, prompt, 64, max_new, temperature, top_p, g, 0, torch.tensor(stops))
+    stop_set = set(stops) | {0}
+    well_ended = all(len(o) <= max_new and not (set(o[:-1]) & stop_set)
+                     and (len(o) == max_new or o[-1] in stop_set) for o in outs)
+    for h in hooks:
+        h.remove()
+    return {"worst_z": worst_z, "filtered_drawn": filtered_drawn, "kept": int(kept.size),
+            "vocab": int(z.size), "cut_margin": float(np.min(np.abs(before - top_p))),
+            "forwards": forwards, "train_mode_forwards": int(train_fw),
+            "grad_forwards": int(grad_fw), "mode_restored": bool(restored),
+            "well_ended": well_ended, "stopped_early": sum(len(o) < max_new for o in outs),
+            "ran_full": sum(len(o) == max_new for o in outs)}

@@ -4,7 +4,7 @@ import pytest
 
 from falsify.harness import runtime as rt
 
-SHA256 = "7c5d00550a1741bdf10e17682076e6aea4bc14460cb2b5724bd89c3fe2e94344"
+SHA256 = "6aef0a85fc03e765b275453a51ccc7e18cdd54cf0dec4d65b339b778d1d6f3ea"
 CONTRACT = rt.library_contract("grpo-finetune-v1.yaml", SHA256)
 
 
@@ -56,6 +56,12 @@ def test_falsify_gft_007__torch__float32():
 def test_falsify_gft_008__torch__float32():
     rt.execute(CONTRACT, "FALSIFY-GFT-008", "torch", "float32", None)
 
+# FALSIFY-GFT-009 → GFT-SMP-001 (training): The sampler draws what it must
+
+@pytest.mark.falsify(contract=CONTRACT, obligation="GFT-SMP-001", check="FALSIFY-GFT-009", backend="torch", variant="float32")
+def test_falsify_gft_009__torch__float32():
+    rt.execute(CONTRACT, "FALSIFY-GFT-009", "torch", "float32", None)
+
 
 # MUT-GFT-001 → GFT-REF-001: reference = the current policy (adapters left on): the KL term pulls toward itself and is always 0
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-001", obligation="GFT-REF-001", backend="torch")
@@ -97,3 +103,27 @@ def test_mut_gft_006():
 @pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-007", obligation="GFT-REF-002", backend="torch")
 def test_mut_gft_007():
     rt.assert_killed(CONTRACT, "MUT-GFT-007")
+
+
+# MUT-GFT-008 → GFT-SMP-001: logits multiplied by the temperature instead of divided (a survivor of falsify mutate: every other probe samples at T = 1)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-008", obligation="GFT-SMP-001", backend="torch")
+def test_mut_gft_008():
+    rt.assert_killed(CONTRACT, "MUT-GFT-008")
+
+
+# MUT-GFT-009 → GFT-SMP-001: the sampler's no_grad dropped: the same tokens, with an autograd graph per rollout forward (a survivor of falsify mutate)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-009", obligation="GFT-SMP-001", backend="torch")
+def test_mut_gft_009():
+    rt.assert_killed(CONTRACT, "MUT-GFT-009")
+
+
+# MUT-GFT-010 → GFT-SMP-001: the sampler's model.eval() dropped: rollouts drawn in train mode, with dropout on where the model has it (a survivor of falsify mutate)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-010", obligation="GFT-SMP-001", backend="torch")
+def test_mut_gft_010():
+    rt.assert_killed(CONTRACT, "MUT-GFT-010")
+
+
+# MUT-GFT-011 → GFT-SMP-001: a completion that stopped keeps the pad token after its stop token (a survivor of falsify mutate: the length bookkeeping)
+@pytest.mark.falsify_mutant(contract=CONTRACT, mutant="MUT-GFT-011", obligation="GFT-SMP-001", backend="torch")
+def test_mut_gft_011():
+    rt.assert_killed(CONTRACT, "MUT-GFT-011")
