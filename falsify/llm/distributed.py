@@ -162,7 +162,7 @@ class DistParts:
 class _Root(torch.nn.Module):
     """The module DDP or FSDP wraps, so their hooks see every call that reads the weights:
     forward(x, y) is the model's fused loss sum (the training step), forward(x) its logits
-    (evaluation, sampling)."""
+    (evaluation; sampling passes last_only, as Transformer.forward takes it)."""
 
     def __init__(self, model):
         super().__init__()
@@ -172,9 +172,9 @@ class _Root(torch.nn.Module):
     def cfg(self):
         return self.model.cfg
 
-    def forward(self, x, y=None):
+    def forward(self, x, y=None, last_only=False):
         if y is None:
-            return self.model(x)
+            return self.model(x, last_only=last_only)
         return self.model.loss_sum(x, y, IGNORE_INDEX)[0]
 
 
