@@ -144,6 +144,18 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+def test_last_only_logits_are_the_last_row_of_the_full_logits():
+    """Sampling's head at one position is the full forward's last row (the same hidden state
+    through the same head; a GEMM of one row may round differently, by a few ulps)."""
+    m = build_model(SMALL, "torch", seed=0).eval()
+    ids = torch.randint(0, SMALL.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full, last = m(ids), m(ids, last_only=True)
+    assert last.shape == (3, 1, SMALL.vocab_size)
+    torch.testing.assert_close(last, full[:, -1:], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(last, full[:, -2:-1], rtol=1e-5, atol=1e-6)
+
+
 def test_generate_greedy_is_deterministic_and_respects_length():
     m = build_model(SMALL, "torch", seed=0)
     prompt = torch.tensor([[1, 2, 3]])

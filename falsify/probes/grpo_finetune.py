@@ -326,7 +326,8 @@ def sampler_run(backend, dtype="float32", seed=0, temperature=0.5, top_p=0.8, n=
     sd = np.sqrt(np.maximum(p * (1 - p), 1e-300) / n)
     worst_z = float(np.max(np.where(p > 0, np.abs(f - p) / sd, 0.0)))
     filtered_drawn = int(np.count_nonzero((p == 0) & (f > 0)))
-    forwards, train_fw, grad_fw = len(seen), sum(t for t, _ in seen), sum(g for _, g in seen)
+    forwards = len(seen)
+    train_fw, grad_fw = sum(t for t, _ in seen), sum(on for _, on in seen)
     restored = model.training
 
     stops = [int(t) for t in kept[:3]]  # likely tokens, so completions often stop early
